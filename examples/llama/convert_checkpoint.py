@@ -1,0 +1,92 @@
+"""Converts a LLaMA-family model (Hugging Face folder or llama.cpp GGUF file) into our
+checkpoint folder: config.json, rank{N}.safetensors for each tensor-parallel rank, and the
+tokenizer files.
+
+    python examples/llama/convert_checkpoint.py --gguf_file model.gguf --output_dir ckpt
+    python examples/llama/convert_checkpoint.py --model_dir hf_model --output_dir ckpt \
+        --dtype float16 --tp_size 2
+
+--dtype auto (the default) keeps the source's precision: the dtype a Hugging Face config
+records (float32 if none), and float32 for GGUF, whose dequantised weights are exact only
+in float32.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from tensorrt_llm.mapping import Mapping
+from tensorrt_llm.models.llama import convert
+from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, save_checkpoint
+from tensorrt_llm.tokenizer_utils import save_tokenizer
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model_dir", type=Path, help="Hugging Face model folder")
+    source.add_argument("--gguf_file", type=Path, help="llama.cpp GGUF file")
+    parser.add_argument("--output_dir", type=Path, required=True)
+    parser.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto")
+    parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks to write")
+    args = parser.parse_args(argv)
+    if args.model_dir is not None and not args.model_dir.is_dir():
+        parser.error(f"--model_dir {args.model_dir} is not a folder")
+    if args.gguf_file is not None and not args.gguf_file.is_file():
+        parser.error(f"--gguf_file {args.gguf_file} is not a file")
+    if args.tp_size < 1:
+        parser.error("--tp_size must be >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.perf_counter()
+    mapping = Mapping(world_size=args.tp_size, tp_size=args.tp_size)
+    dtype = None if args.dtype == "auto" else args.dtype
+    try:
+        if args.gguf_file is not None:
+            source = args.gguf_file
+            reader = convert.open_gguf(source)
+            config = convert.config_from_gguf(source, dtype or "float32", mapping, reader=reader)
+
+            def rank_weights(rank):
+                return convert.load_weights_from_gguf(source, config, mapping.with_rank(rank),
+                                                      reader=reader)
+        else:
+            source = args.model_dir
+            config = convert.config_from_hf(source, dtype, mapping)
+
+            def rank_weights(rank):
+                return convert.load_weights_from_hf(source, config, mapping.with_rank(rank))
+
+        stats = {"tensors": 0, "elements": 0, "bytes": 0}
+
+        def counted(weights):
+            stats["tensors"] += len(weights)
+            stats["elements"] += sum(t.numel() for t in weights.values())
+            stats["bytes"] += sum(t.numel() * t.element_size() for t in weights.values())
+            return weights
+
+        # A generator: each rank is converted, written and freed before the next.
+        save_checkpoint(args.output_dir, config,
+                        (counted(rank_weights(r)) for r in range(mapping.world_size)))
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    tokenizer_files = save_tokenizer(source, args.output_dir)
+
+    print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, "
+          f"hidden {config.hidden_size}, vocab {config.vocab_size}, dtype {config.dtype}, "
+          f"tp_size {mapping.tp_size}")
+    print(f"  {stats['tensors']} tensors, {stats['elements'] / 1e6:.1f}M elements, "
+          f"{stats['bytes'] / 2**20:.1f} MiB over {mapping.world_size} rank file(s)")
+    if tokenizer_files:
+        print(f"  tokenizer: {', '.join(p.name for p in tokenizer_files)}")
+    else:
+        print(f"  warning: no tokenizer files found in {source}", file=sys.stderr)
+    print(f"  {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

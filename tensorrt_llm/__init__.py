@@ -1,0 +1,1 @@
+"""tensorrt_llm: convert, build and run LLMs on our own engine backend."""

@@ -1,0 +1,1 @@
+"""The LLaMA family (LLaMA 1-3, SmolLM2, TinyLlama, ...)."""

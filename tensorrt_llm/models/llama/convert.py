@@ -1,0 +1,347 @@
+"""LLaMA-family checkpoint converters: Hugging Face or GGUF -> our checkpoint (config + rank weights).
+
+Both sources are read through one getter keyed by Hugging Face tensor names, so the
+tensor-parallel split (`_rank_weights`) is written once. Tensors are read, converted and
+split one at a time: peak memory is the output weights plus a few source tensors.
+
+Tensor-parallel layout of a rank's weights (see docs/architecture.md for the names):
+- qkv: the rank's slice of q heads, then of kv heads, then of v heads, concatenated by rows;
+- dense (o_proj) and mlp.proj (down_proj): split by columns, bias (if any) kept whole;
+- mlp.gate / mlp.fc: split by rows;
+- vocab_embedding and the norms: whole on every rank;
+- lm_head: split by vocab rows. When tp_size does not divide vocab_size, the vocabulary is
+  padded with zero rows to `config.vocab_size_padded`; a model must drop logits past
+  `config.vocab_size`. Absent when `share_embedding_table`.
+"""
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ...mapping import Mapping
+from ..modeling_utils import MODEL_DTYPES, PretrainedConfig
+
+ARCHITECTURE = "LlamaForCausalLM"
+
+# Hugging Face hidden_act names -> ours.
+_HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "relu": "relu", "gelu": "gelu",
+                "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+# ---------------------------------------------------------------------------- configs
+
+def _rotary_scaling_from_hf(params: dict | None) -> dict | None:
+    """A transformers rope_scaling / rope_parameters dict -> our rotary_scaling form."""
+    if not params:
+        return None
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return None
+    if rope_type == "linear":
+        return {"type": "linear", "factor": float(params["factor"])}
+    if rope_type == "llama3":
+        return {"type": "llama3", "factor": float(params["factor"]),
+                "low_freq_factor": float(params["low_freq_factor"]),
+                "high_freq_factor": float(params["high_freq_factor"]),
+                "original_max_position_embeddings": int(params["original_max_position_embeddings"])}
+    raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: linear, llama3)")
+
+
+def _dtype_name(dtype) -> str | None:
+    """A torch dtype or its name (transformers writes either) -> our dtype name."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if name not in MODEL_DTYPES:
+        raise ValueError(f"unsupported source dtype {dtype!r}")
+    return name
+
+
+def config_from_hf(hf_config_or_dir, dtype: str | None = None,
+                   mapping: Mapping | None = None) -> PretrainedConfig:
+    """Our config from a transformers LlamaConfig or a Hugging Face model folder.
+
+    dtype None follows the source's recorded dtype, float32 where it records none.
+    """
+    hf = hf_config_or_dir
+    if isinstance(hf, (str, Path)):
+        if not Path(hf).is_dir():
+            raise FileNotFoundError(f"Hugging Face model folder not found: {hf}")
+        import transformers
+        hf = transformers.AutoConfig.from_pretrained(str(hf))
+    if hf.model_type != "llama":
+        raise ValueError(f"unsupported architecture {getattr(hf, 'architectures', None)} "
+                         f"(model_type {hf.model_type!r}); this converter handles model_type 'llama'")
+    if hf.hidden_act not in _HIDDEN_ACTS:
+        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}")
+    # transformers >= 5 keeps rope_theta and the scaling in rope_parameters; older configs
+    # have rope_theta and rope_scaling attributes.
+    rope = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    rope_theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    source_dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    return PretrainedConfig(
+        architecture=ARCHITECTURE,
+        dtype=dtype or _dtype_name(source_dtype) or "float32",
+        num_hidden_layers=hf.num_hidden_layers,
+        num_attention_heads=hf.num_attention_heads,
+        num_key_value_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size,
+        vocab_size=hf.vocab_size,
+        position_embedding_type="rope_gpt_neox",
+        max_position_embeddings=hf.max_position_embeddings,
+        hidden_act=_HIDDEN_ACTS[hf.hidden_act],
+        norm_epsilon=hf.rms_norm_eps,
+        rotary_base=float(rope_theta),
+        rotary_scaling=_rotary_scaling_from_hf(rope),
+        rotary_pct=float(rope.get("partial_rotary_factor", 1.0)),
+        head_size=getattr(hf, "head_dim", None),
+        mapping=mapping or Mapping(),
+        share_embedding_table=bool(getattr(hf, "tie_word_embeddings", False)),
+        attn_bias=bool(getattr(hf, "attention_bias", False)),
+        mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+    )
+
+
+def open_gguf(path):
+    """A gguf.GGUFReader (parsing the metadata takes seconds; pass it to both loaders)."""
+    import gguf
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    return gguf.GGUFReader(str(path))
+
+
+def _gguf_value(reader, key: str, default=None):
+    field = reader.get_field(key)
+    if field is None:
+        if default is None:
+            raise ValueError(f"GGUF metadata has no {key!r}")
+        return default
+    return field.contents()
+
+
+def config_from_gguf(path, dtype: str = "float32", mapping: Mapping | None = None,
+                     reader=None) -> PretrainedConfig:
+    """Our config from a llama.cpp GGUF file's metadata.
+
+    The weights are dequantised to float32, so float32 keeps them exact; float16/bfloat16
+    round them once more.
+    """
+    reader = reader or open_gguf(path)
+    arch = _gguf_value(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; this converter handles 'llama'")
+    tensor_names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in tensor_names:
+        # llama.cpp stores Llama-3.1 rope scaling as a table of per-frequency factors, not
+        # the parameters our rotary_scaling needs.
+        raise ValueError("GGUF rope_freqs (llama3 rope scaling) is not supported")
+    scaling_type = _gguf_value(reader, "llama.rope.scaling.type", "none")
+    if scaling_type == "none":
+        rotary_scaling = None
+    elif scaling_type == "linear":
+        rotary_scaling = {"type": "linear",
+                          "factor": float(_gguf_value(reader, "llama.rope.scaling.factor"))}
+    else:
+        raise ValueError(f"unsupported GGUF rope scaling type {scaling_type!r}")
+
+    hidden = int(_gguf_value(reader, "llama.embedding_length"))
+    heads = int(_gguf_value(reader, "llama.attention.head_count"))
+    head_size = int(_gguf_value(reader, "llama.attention.key_length", hidden // heads))
+    rotary_dim = int(_gguf_value(reader, "llama.rope.dimension_count", head_size))
+    return PretrainedConfig(
+        architecture=ARCHITECTURE,
+        dtype=dtype,
+        num_hidden_layers=int(_gguf_value(reader, "llama.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(_gguf_value(reader, "llama.attention.head_count_kv", heads)),
+        hidden_size=hidden,
+        intermediate_size=int(_gguf_value(reader, "llama.feed_forward_length")),
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        position_embedding_type="rope_gpt_neox",  # after undoing llama.cpp's Q/K permutation
+        max_position_embeddings=int(_gguf_value(reader, "llama.context_length")),
+        hidden_act="silu",
+        norm_epsilon=float(_gguf_value(reader, "llama.attention.layer_norm_rms_epsilon")),
+        rotary_base=float(_gguf_value(reader, "llama.rope.freq_base", 10000.0)),
+        rotary_scaling=rotary_scaling,
+        rotary_pct=rotary_dim / head_size,
+        head_size=head_size,
+        mapping=mapping or Mapping(),
+        share_embedding_table="output.weight" not in tensor_names,
+        attn_bias="blk.0.attn_q.bias" in tensor_names,
+        mlp_bias="blk.0.ffn_gate.bias" in tensor_names,
+    )
+
+
+# ---------------------------------------------------------------------------- weights
+
+Getter = Callable[[str], torch.Tensor]
+
+
+def _narrow(t: torch.Tensor, dim: int, tp_size: int, tp_rank: int) -> torch.Tensor:
+    size = t.shape[dim] // tp_size
+    return t.narrow(dim, tp_rank * size, size)
+
+
+def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedConfig,
+                  mapping: Mapping) -> dict[str, torch.Tensor]:
+    """One rank's weights from a getter of Hugging Face-named tensors (HF row order)."""
+    if mapping.pp_size != 1:
+        raise ValueError("pipeline-parallel checkpoints are not supported (pp_size must be 1)")
+    if (mapping.world_size, mapping.tp_size) != (config.mapping.world_size, config.mapping.tp_size):
+        raise ValueError(f"mapping {mapping} does not match the config's {config.mapping}")
+    tp, rank = mapping.tp_size, mapping.tp_rank
+
+    def take(name: str, dim: int | None = None) -> torch.Tensor:
+        t = get(name)
+        if dim is not None:
+            t = _narrow(t, dim, tp, rank)
+        # copy=True: a narrowed view would keep the whole source tensor alive.
+        return t.to(config.torch_dtype, copy=True)
+
+    out = {"transformer.vocab_embedding.weight": take("model.embed_tokens.weight")}
+    layers = range(config.num_hidden_layers)
+    for i in tqdm(layers, desc=f"converting rank {mapping.rank}", unit="layer", disable=None):
+        hf, ours = f"model.layers.{i}.", f"transformer.layers.{i}."
+        out[ours + "input_layernorm.weight"] = take(hf + "input_layernorm.weight")
+        for kind in ("weight", "bias") if config.attn_bias else ("weight",):
+            out[ours + f"attention.qkv.{kind}"] = torch.cat(
+                [take(hf + f"self_attn.{p}_proj.{kind}", 0) for p in "qkv"])
+        out[ours + "attention.dense.weight"] = take(hf + "self_attn.o_proj.weight", 1)
+        if config.attn_bias:
+            out[ours + "attention.dense.bias"] = take(hf + "self_attn.o_proj.bias")
+        out[ours + "post_layernorm.weight"] = take(hf + "post_attention_layernorm.weight")
+        for ours_name, hf_name in (("gate", "gate_proj"), ("fc", "up_proj")):
+            out[ours + f"mlp.{ours_name}.weight"] = take(hf + f"mlp.{hf_name}.weight", 0)
+            if config.mlp_bias:
+                out[ours + f"mlp.{ours_name}.bias"] = take(hf + f"mlp.{hf_name}.bias", 0)
+        out[ours + "mlp.proj.weight"] = take(hf + "mlp.down_proj.weight", 1)
+        if config.mlp_bias:
+            out[ours + "mlp.proj.bias"] = take(hf + "mlp.down_proj.bias")
+    out["transformer.ln_f.weight"] = take("model.norm.weight")
+
+    if not config.share_embedding_table:
+        if not has("lm_head.weight"):
+            raise ValueError("the source has no lm_head.weight but its config does not tie "
+                             "the embeddings")
+        lm_head = get("lm_head.weight")
+        padding = config.vocab_size_padded - lm_head.shape[0]
+        if padding:
+            lm_head = torch.nn.functional.pad(lm_head, (0, 0, 0, padding))
+        out["lm_head.weight"] = _narrow(lm_head, 0, tp, rank).to(config.torch_dtype, copy=True)
+    return out
+
+
+class _HFTensors:
+    """Tensors of a Hugging Face model folder, read one at a time.
+
+    safetensors files are opened per tensor, so no mapping of a whole (multi-GB) file stays
+    resident while the converted weights accumulate.
+    """
+
+    def __init__(self, model_dir):
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"Hugging Face model folder not found: {model_dir}")
+        self._bin_cache: tuple[Path, dict] | None = None
+        for index_name, single_name in (("model.safetensors.index.json", "model.safetensors"),
+                                        ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+            index = model_dir / index_name
+            if index.is_file():
+                weight_map = json.loads(index.read_text())["weight_map"]
+                self._files = {k: model_dir / v for k, v in weight_map.items()}
+                return
+            single = model_dir / single_name
+            if single.is_file():
+                self._files = {k: single for k in self._keys(single)}
+                return
+        raise FileNotFoundError(f"no model.safetensors[.index.json] or pytorch_model.bin"
+                                f"[.index.json] in {model_dir}")
+
+    @staticmethod
+    def _keys(path: Path) -> list[str]:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+            with safe_open(path, framework="pt") as f:
+                return list(f.keys())
+        return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+
+    def has(self, name: str) -> bool:
+        return name in self._files
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._files:
+            raise KeyError(f"tensor {name!r} not in the Hugging Face checkpoint")
+        path = self._files[name]
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+            with safe_open(path, framework="pt") as f:
+                return f.get_tensor(name)
+        # .bin shards are pickles: load (memory-mapped) once per shard, keep the current one.
+        if self._bin_cache is None or self._bin_cache[0] != path:
+            self._bin_cache = (path, torch.load(path, map_location="cpu", weights_only=True,
+                                                mmap=True))
+        return self._bin_cache[1][name]
+
+
+def load_weights_from_hf(model_dir_or_model, config: PretrainedConfig,
+                         mapping: Mapping | None = None) -> dict[str, torch.Tensor]:
+    """One rank's weights (our names, config.dtype) from a Hugging Face folder or a
+    transformers model object. mapping defaults to config.mapping (its rank)."""
+    mapping = mapping or config.mapping
+    if isinstance(model_dir_or_model, (str, Path)):
+        source = _HFTensors(model_dir_or_model)
+        return _rank_weights(source.get, source.has, config, mapping)
+    state = model_dir_or_model.state_dict()
+    return _rank_weights(state.__getitem__, state.__contains__, config, mapping)
+
+
+def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undoes llama.cpp's Q/K permutation, back to Hugging Face's rotate-halves row order.
+
+    llama.cpp stores each head's rows interleaved as pairs (x0, x_{d/2}), (x1, x_{d/2+1}), ...
+    for GPT-J-style rotation: rows viewed [head, d/2, 2] in the file are [head, 2, d/2] in HF.
+    """
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_name(hf_name: str) -> str:
+    """Hugging Face tensor name -> llama.cpp's."""
+    fixed = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    if hf_name in fixed:
+        return fixed[hf_name]
+    layer, rest = hf_name.removeprefix("model.layers.").split(".", 1)
+    module, kind = rest.rsplit(".", 1)
+    module = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}[module]
+    return f"blk.{layer}.{module}.{kind}"
+
+
+def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | None = None,
+                           reader=None) -> dict[str, torch.Tensor]:
+    """One rank's weights (our names, config.dtype) from a llama.cpp GGUF file, dequantised."""
+    import gguf
+    mapping = mapping or config.mapping
+    reader = reader or open_gguf(path)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def get(hf_name: str) -> torch.Tensor:
+        t = tensors[_gguf_name(hf_name)]
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        w = w.reshape(tuple(reversed(t.shape.tolist())))  # GGUF lists dims innermost first
+        if ".self_attn.q_proj." in hf_name:
+            w = _unpermute_rotary_rows(w, config.num_attention_heads)
+        elif ".self_attn.k_proj." in hf_name:
+            w = _unpermute_rotary_rows(w, config.num_key_value_heads)
+        return torch.from_numpy(np.array(w, dtype=np.float32))  # own, writable copy
+
+    return _rank_weights(get, lambda hf_name: _gguf_name(hf_name) in tensors, config, mapping)

@@ -1,0 +1,247 @@
+"""`PretrainedConfig` and the checkpoint folder format.
+
+A checkpoint folder holds `config.json` (one `PretrainedConfig`, shared by every rank) and
+`rank{N}.safetensors` for N in [0, world_size): the weights rank N loads, named as in
+docs/architecture.md "Checkpoint weight names".
+"""
+import copy
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+import safetensors.torch
+import torch
+
+from ..mapping import Mapping
+
+# Architecture names a checkpoint may declare. `tensorrt_llm/models/__init__.py` adds the
+# keys of its MODEL_MAP, so a config is rejected before a build looks for a missing class.
+KNOWN_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
+
+MODEL_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+POSITION_EMBEDDING_TYPES = ("rope_gpt_neox", "rope_gptj", "learned_absolute", "alibi")
+HIDDEN_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
+ROTARY_SCALING_KEYS = {
+    "linear": {"type", "factor"},
+    "llama3": {"type", "factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"},
+}
+
+CONFIG_NAME = "config.json"
+
+
+def rank_weights_name(rank: int) -> str:
+    return f"rank{rank}.safetensors"
+
+
+def pad_vocab_size(vocab_size: int, tp_size: int) -> int:
+    """The vocabulary rounded up to a multiple of tp_size (rows of a vocab-split lm_head)."""
+    return math.ceil(vocab_size / tp_size) * tp_size
+
+
+@dataclasses.dataclass
+class PretrainedConfig:
+    architecture: str
+    dtype: str
+    num_hidden_layers: int
+    num_attention_heads: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    num_key_value_heads: int | None = None  # None: the same as num_attention_heads
+    logits_dtype: str = "float32"
+    position_embedding_type: str = "rope_gpt_neox"
+    max_position_embeddings: int = 2048
+    hidden_act: str = "silu"
+    norm_epsilon: float = 1e-5
+    rotary_base: float = 10000.0
+    rotary_scaling: dict | None = None
+    rotary_pct: float = 1.0
+    head_size: int | None = None  # None: hidden_size // num_attention_heads
+    quantization: dict = dataclasses.field(default_factory=lambda: {"quant_algo": None})
+    mapping: Mapping = dataclasses.field(default_factory=Mapping)
+    share_embedding_table: bool = False
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    # Keys this class does not know, kept so that a load/save round trip loses nothing.
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_size is None:
+            self._check_positive_int("num_attention_heads")
+            self._check_positive_int("hidden_size")
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"PretrainedConfig: num_attention_heads ({self.num_attention_heads}) must divide "
+                    f"hidden_size ({self.hidden_size}), or head_size must be given")
+            self.head_size = self.hidden_size // self.num_attention_heads
+        self.validate()
+
+    def _check_positive_int(self, name: str):
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"PretrainedConfig: {name} must be a positive integer, got {value!r}")
+
+    def validate(self):
+        """Raises ValueError naming the first inconsistent field."""
+        if self.architecture not in KNOWN_ARCHITECTURES:
+            raise ValueError(f"PretrainedConfig: unknown architecture {self.architecture!r}; "
+                             f"known: {sorted(KNOWN_ARCHITECTURES)}")
+        for name in ("dtype", "logits_dtype"):
+            if getattr(self, name) not in MODEL_DTYPES:
+                raise ValueError(f"PretrainedConfig: {name} must be one of {list(MODEL_DTYPES)}, "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+                     "intermediate_size", "vocab_size", "max_position_embeddings", "head_size"):
+            self._check_positive_int(name)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"PretrainedConfig: num_key_value_heads ({self.num_key_value_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads})")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(f"PretrainedConfig: position_embedding_type must be one of "
+                             f"{POSITION_EMBEDDING_TYPES}, got {self.position_embedding_type!r}")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"PretrainedConfig: hidden_act must be one of {HIDDEN_ACTS}, "
+                             f"got {self.hidden_act!r}")
+        if not self.norm_epsilon > 0:
+            raise ValueError(f"PretrainedConfig: norm_epsilon must be > 0, got {self.norm_epsilon!r}")
+        if not self.rotary_base > 0:
+            raise ValueError(f"PretrainedConfig: rotary_base must be > 0, got {self.rotary_base!r}")
+        if not 0 < self.rotary_pct <= 1:
+            raise ValueError(f"PretrainedConfig: rotary_pct must be in (0, 1], got {self.rotary_pct!r}")
+        rotary_dim = self.head_size * self.rotary_pct
+        if rotary_dim != int(rotary_dim) or int(rotary_dim) % 2:
+            raise ValueError(f"PretrainedConfig: head_size * rotary_pct ({self.head_size} * "
+                             f"{self.rotary_pct}) must be an even integer")
+        self._validate_rotary_scaling()
+        if any(value is not None for value in self.quantization.values()):
+            raise ValueError(f"PretrainedConfig: quantized checkpoints are not supported, "
+                             f"got quantization={self.quantization!r}")
+        self._validate_mapping()
+        clashes = set(self.extra) & {f.name for f in dataclasses.fields(self)}
+        if clashes:
+            raise ValueError(f"PretrainedConfig: extra keys {sorted(clashes)} clash with fields")
+
+    def _validate_rotary_scaling(self):
+        scaling = self.rotary_scaling
+        if scaling is None:
+            return
+        if not isinstance(scaling, dict) or scaling.get("type") not in ROTARY_SCALING_KEYS:
+            raise ValueError(f"PretrainedConfig: rotary_scaling must be None or a dict with type in "
+                             f"{list(ROTARY_SCALING_KEYS)}, got {scaling!r}")
+        expected = ROTARY_SCALING_KEYS[scaling["type"]]
+        if set(scaling) != expected:
+            raise ValueError(f"PretrainedConfig: rotary_scaling of type {scaling['type']!r} needs "
+                             f"exactly the keys {sorted(expected)}, got {sorted(scaling)}")
+        if not scaling["factor"] > 0:
+            raise ValueError(f"PretrainedConfig: rotary_scaling factor must be > 0, got {scaling!r}")
+
+    def _validate_mapping(self):
+        tp = self.mapping.tp_size
+        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            if getattr(self, name) % tp:
+                raise ValueError(f"PretrainedConfig: tp_size ({tp}) must divide {name} "
+                                 f"({getattr(self, name)})")
+        if self.num_hidden_layers % self.mapping.pp_size:
+            raise ValueError(f"PretrainedConfig: pp_size ({self.mapping.pp_size}) must divide "
+                             f"num_hidden_layers ({self.num_hidden_layers})")
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_size * self.rotary_pct)
+
+    @property
+    def vocab_size_padded(self) -> int:
+        """Rows of lm_head over all TP ranks: vocab_size rounded up to a multiple of tp_size."""
+        return pad_vocab_size(self.vocab_size, self.mapping.tp_size)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return MODEL_DTYPES[self.dtype]
+
+    def set_rank(self, rank: int):
+        """Makes this the config of one rank (the same file serves every rank)."""
+        self.mapping = self.mapping.with_rank(rank)
+
+    def to_dict(self) -> dict:
+        d = {f.name: copy.deepcopy(getattr(self, f.name))
+             for f in dataclasses.fields(self) if f.name not in ("mapping", "extra")}
+        mapping = self.mapping.to_dict()
+        del mapping["rank"]  # config.json is shared by all ranks
+        d["mapping"] = mapping
+        d.update(copy.deepcopy(self.extra))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PretrainedConfig":
+        d = copy.deepcopy(d)
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in kwargs]
+        if missing:
+            raise ValueError(f"PretrainedConfig: missing required keys {missing}")
+        if "mapping" in kwargs:
+            kwargs["mapping"] = Mapping.from_dict(kwargs["mapping"])
+        extra = {k: v for k, v in d.items() if k not in names}
+        return cls(**kwargs, extra=extra)
+
+    def to_json_file(self, path):
+        Path(path).write_text(json.dumps(self.to_dict(), indent=4) + "\n")
+
+    @classmethod
+    def from_json_file(cls, path) -> "PretrainedConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir, rank: int = 0) -> "PretrainedConfig":
+        path = Path(checkpoint_dir) / CONFIG_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint folder {checkpoint_dir}")
+        config = cls.from_json_file(path)
+        config.set_rank(rank)
+        return config
+
+
+def save_checkpoint(output_dir, config: PretrainedConfig,
+                    weights_per_rank: Iterable[dict[str, torch.Tensor]]) -> list[Path]:
+    """Writes config.json and one rank{N}.safetensors per item of weights_per_rank.
+
+    weights_per_rank is consumed in rank order, one rank at a time, so a generator keeps
+    only one rank's weights in memory. Returns the paths written.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(output_dir / CONFIG_NAME)
+    paths = [output_dir / CONFIG_NAME]
+    num_ranks = 0
+    for rank, weights in enumerate(weights_per_rank):
+        if rank >= config.mapping.world_size:
+            raise ValueError(f"save_checkpoint: more weight sets than world_size "
+                             f"({config.mapping.world_size})")
+        for name, tensor in weights.items():
+            if tensor.is_floating_point() and tensor.dtype != config.torch_dtype:
+                raise ValueError(f"save_checkpoint: rank {rank} weight {name} is {tensor.dtype}, "
+                                 f"config dtype is {config.dtype}")
+        path = output_dir / rank_weights_name(rank)
+        safetensors.torch.save_file({k: v.contiguous() for k, v in weights.items()}, path,
+                                    metadata={"format": "pt"})
+        paths.append(path)
+        num_ranks += 1
+    if num_ranks != config.mapping.world_size:
+        raise ValueError(f"save_checkpoint: got weights for {num_ranks} ranks, world_size is "
+                         f"{config.mapping.world_size}")
+    return paths
+
+
+def load_checkpoint_weights(checkpoint_dir, rank: int = 0) -> dict[str, torch.Tensor]:
+    path = Path(checkpoint_dir) / rank_weights_name(rank)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path.name} in checkpoint folder {checkpoint_dir}")
+    return safetensors.torch.load_file(path)
