@@ -14,13 +14,14 @@ from typing import Iterable
 import safetensors.torch
 import torch
 
+from .._utils import str_dtype_to_torch
 from ..mapping import Mapping
 
 # Architecture names a checkpoint may declare. `tensorrt_llm/models/__init__.py` adds the
 # keys of its MODEL_MAP, so a config is rejected before a build looks for a missing class.
 KNOWN_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
 
-MODEL_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MODEL_DTYPES = ("float32", "float16", "bfloat16")
 POSITION_EMBEDDING_TYPES = ("rope_gpt_neox", "rope_gptj", "learned_absolute", "alibi")
 HIDDEN_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 ROTARY_SCALING_KEYS = {
@@ -162,7 +163,7 @@ class PretrainedConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return MODEL_DTYPES[self.dtype]
+        return str_dtype_to_torch(self.dtype)
 
     def set_rank(self, rank: int):
         """Makes this the config of one rank (the same file serves every rank)."""

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..._utils import canonical_dtype
 from ...mapping import Mapping
 from ..modeling_utils import MODEL_DTYPES, PretrainedConfig
 
@@ -54,7 +55,7 @@ def _dtype_name(dtype) -> str | None:
     """A torch dtype or its name (transformers writes either) -> our dtype name."""
     if dtype is None:
         return None
-    name = str(dtype).removeprefix("torch.")
+    name = canonical_dtype(dtype)
     if name not in MODEL_DTYPES:
         raise ValueError(f"unsupported source dtype {dtype!r}")
     return name
