@@ -1,0 +1,242 @@
+"""Choosing the next token from logits: penalties, then greedy or random sampling.
+
+Order, as in Hugging Face transformers (processors before warpers):
+  1. repetition / presence / frequency penalties and min_length, on the raw logits;
+  2. greedy rows take the argmax;
+  3. sampling rows: temperature, top-k, top-p (nucleus), then one random draw.
+Everything is computed in float32 on the logits' device, without host syncs.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingConfig:
+    """How to pick tokens for one request.
+
+    Greedy decoding is `top_k == 1` or `temperature == 0`. Otherwise tokens are drawn from
+    softmax(logits / temperature), restricted to the `top_k` most likely tokens (0: no
+    limit) and then to the smallest set whose probability reaches `top_p` (1.0 or 0.0: no
+    limit; 0.0 is accepted as "off" as TensorRT-LLM spells it). The draw uses
+    `random_seed` (None: a nondeterministic seed).
+
+    Penalties look at the prompt and the tokens generated so far:
+      repetition_penalty: seen logits l become l / p if l > 0 else l * p (transformers'
+        RepetitionPenaltyLogitsProcessor); 1.0 is off.
+      presence_penalty: subtracted once from every seen token's logit; 0.0 is off.
+      frequency_penalty: subtracted once per occurrence of a token; 0.0 is off.
+    min_length: `end_id` cannot be chosen before this many tokens have been generated
+      (transformers' MinNewTokensLengthLogitsProcessor).
+    num_beams, length_penalty: beam search, not supported yet.
+    """
+    end_id: int
+    pad_id: int | None = None  # None: end_id
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    random_seed: int | None = None
+    num_beams: int = 1
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_length: int = 0
+    length_penalty: float = 1.0
+
+    def __post_init__(self):
+        if self.pad_id is None:
+            self.pad_id = self.end_id
+        _require(_is_int(self.end_id) and self.end_id >= 0, "end_id", "an int >= 0", self.end_id)
+        _require(_is_int(self.pad_id) and self.pad_id >= 0, "pad_id", "an int >= 0", self.pad_id)
+        _require(math.isfinite(self.temperature) and self.temperature >= 0, "temperature",
+                 "a finite number >= 0", self.temperature)
+        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k", "an int >= 0", self.top_k)
+        _require(0.0 <= self.top_p <= 1.0, "top_p", "in [0, 1]", self.top_p)
+        _require(self.random_seed is None or _is_int(self.random_seed), "random_seed",
+                 "None or an int", self.random_seed)
+        _require(_is_int(self.num_beams) and self.num_beams >= 1, "num_beams", "an int >= 1",
+                 self.num_beams)
+        _require(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+                 "repetition_penalty", "a finite number > 0", self.repetition_penalty)
+        for name in ("presence_penalty", "frequency_penalty", "length_penalty"):
+            _require(math.isfinite(getattr(self, name)), name, "finite", getattr(self, name))
+        _require(_is_int(self.min_length) and self.min_length >= 0, "min_length",
+                 "an int >= 0", self.min_length)
+        if self.num_beams > 1:
+            raise NotImplementedError(f"beam search (num_beams={self.num_beams}) is not "
+                                      f"supported yet; use num_beams=1")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.top_k == 1 or self.temperature == 0.0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, name: str, what: str, value) -> None:
+    if not ok:
+        raise ValueError(f"SamplingConfig.{name} must be {what}, got {value!r}")
+
+
+def make_generator(random_seed: int | None, device) -> torch.Generator:
+    """A generator on `device` (sampling draws on the logits' device) seeded with
+    `random_seed`, or nondeterministically when it is None."""
+    generator = torch.Generator(device=device)
+    if random_seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(random_seed)
+    return generator
+
+
+Configs = SamplingConfig | Sequence[SamplingConfig]
+
+
+def _per_row(values: list, device, dtype):
+    """A Python scalar when every row agrees (broadcasts for free), else a [B, 1] tensor."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    return torch.tensor(values, dtype=dtype, device=device).unsqueeze(1)
+
+
+def _as_list(config: Configs, batch_size: int) -> list[SamplingConfig]:
+    if isinstance(config, SamplingConfig):
+        return [config] * batch_size
+    configs = list(config)
+    if len(configs) != batch_size:
+        raise ValueError(f"got {len(configs)} sampling configs for {batch_size} rows of logits")
+    return configs
+
+
+def _token_counts(token_ids: torch.Tensor, sequence_lengths: torch.Tensor,
+                  vocab_size: int) -> torch.Tensor:
+    """float32 [B, V]: occurrences of each token in token_ids[b, :sequence_lengths[b]]."""
+    ids = token_ids.long()
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    valid = (positions < sequence_lengths.to(ids.device).unsqueeze(1)) & (ids >= 0) & (ids < vocab_size)
+    # Ignored entries are counted in an extra column that is dropped.
+    ids = torch.where(valid, ids, vocab_size)
+    counts = torch.zeros(ids.shape[0], vocab_size + 1, dtype=torch.float32, device=ids.device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def process_logits(logits: torch.Tensor, config: Configs, *, token_ids: torch.Tensor | None = None,
+                   context_lengths: torch.Tensor | None = None,
+                   sequence_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply penalties and min_length. Returns float32 logits [B, V]; the input is unchanged.
+
+    token_ids [B, S]: row b holds its prompt and generated tokens in
+    token_ids[b, :sequence_lengths[b]]; the first context_lengths[b] of them are the prompt.
+    Needed only when a penalty (token_ids, sequence_lengths) or min_length
+    (context_lengths, sequence_lengths) is active.
+    """
+    logits = logits.float()
+    batch_size, vocab_size = logits.shape
+    configs = _as_list(config, batch_size)
+    device = logits.device
+    repetition = _per_row([c.repetition_penalty for c in configs], device, torch.float32)
+    presence = _per_row([c.presence_penalty for c in configs], device, torch.float32)
+    frequency = _per_row([c.frequency_penalty for c in configs], device, torch.float32)
+    min_length = _per_row([c.min_length for c in configs], device, torch.int64)
+
+    if not (_is_off(repetition, 1.0) and _is_off(presence, 0.0) and _is_off(frequency, 0.0)):
+        if token_ids is None or sequence_lengths is None:
+            raise ValueError("penalties need token_ids and sequence_lengths")
+        counts = _token_counts(token_ids, sequence_lengths, vocab_size)
+        seen = counts > 0
+        penalised = torch.where(logits < 0, logits * repetition, logits / repetition)
+        logits = torch.where(seen, penalised, logits)
+        logits = logits - presence * seen - frequency * counts
+
+    if not _is_off(min_length, 0):
+        if context_lengths is None or sequence_lengths is None:
+            raise ValueError("min_length needs context_lengths and sequence_lengths")
+        generated = (sequence_lengths.to(device) - context_lengths.to(device)).long().unsqueeze(1)
+        end_ids = torch.tensor([c.end_id for c in configs], device=device).unsqueeze(1)
+        too_short = generated < min_length
+        end_logits = logits.gather(1, end_ids).masked_fill(too_short, -math.inf)
+        logits = logits.scatter(1, end_ids, end_logits)
+    return logits
+
+
+def _is_off(param, off_value) -> bool:
+    return not isinstance(param, torch.Tensor) and param == off_value
+
+
+def _candidates(logits: torch.Tensor, configs: list[SamplingConfig]):
+    """Tokens a sampling row may draw and their (unnormalised) probabilities.
+
+    Returns (probs [B, K], token ids [B, K]), K = the largest top_k, or the vocabulary when
+    a row has no top-k limit. Only then is the full vocabulary sorted.
+    """
+    device = logits.device
+    vocab_size = logits.shape[1]
+    top_ks = [c.top_k if 0 < c.top_k < vocab_size else vocab_size for c in configs]
+    width = max(top_ks)
+    if width < vocab_size:
+        values, ids = torch.topk(logits, width, dim=-1)
+    else:
+        values, ids = torch.sort(logits, dim=-1, descending=True)
+
+    top_k = _per_row(top_ks, device, torch.int64)
+    if not _is_off(top_k, width):
+        values = values.masked_fill(torch.arange(width, device=device) >= top_k, -math.inf)
+    # Greedy rows (temperature 0) are answered by argmax; 1.0 only keeps them finite here.
+    temperature = _per_row([c.temperature or 1.0 for c in configs], device, torch.float32)
+    probs = torch.softmax(values / temperature, dim=-1)
+
+    top_p = _per_row([c.top_p if 0.0 < c.top_p < 1.0 else math.inf for c in configs], device,
+                     torch.float32)
+    if not _is_off(top_p, math.inf):
+        # Drop a token when the more likely ones already reach top_p. The most likely token
+        # has 0 before it and is always kept.
+        mass_before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill(mass_before >= top_p, 0.0)
+    return probs, ids
+
+
+def sample(logits: torch.Tensor, config: Configs, generator: torch.Generator | None = None, *,
+           token_ids: torch.Tensor | None = None, context_lengths: torch.Tensor | None = None,
+           sequence_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Next token of each row: int32 [B] on the logits' device.
+
+    `config` is one SamplingConfig for all rows or one per row. `generator` must live on
+    the logits' device (see make_generator); all rows draw from it, so per-request seeds
+    need one call per request. See process_logits for the other arguments.
+    """
+    configs = _as_list(config, logits.shape[0])
+    logits = process_logits(logits, configs, token_ids=token_ids,
+                            context_lengths=context_lengths, sequence_lengths=sequence_lengths)
+    greedy = logits.argmax(dim=-1)
+    if all(c.is_greedy for c in configs):
+        return greedy.int()
+    probs, ids = _candidates(logits, configs)
+    # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability
+    # p_i / sum(p) -- a draw without normalising and without multinomial's host sync.
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    # A zero draw would make 0 / 0 = NaN, which argmax would pick for a discarded token.
+    noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+    sampled = ids.gather(1, (probs / noise).argmax(dim=-1, keepdim=True)).squeeze(1)
+    greedy_rows = _per_row([c.is_greedy for c in configs], logits.device, torch.bool)
+    if isinstance(greedy_rows, torch.Tensor):
+        sampled = torch.where(greedy_rows.squeeze(1), greedy, sampled)
+    return sampled.int()
+
+
+def sampling_distribution(logits: torch.Tensor, config: Configs, **history) -> torch.Tensor:
+    """float32 [B, V]: the probabilities `sample` draws each row's token from (one-hot for
+    greedy rows). `history`: process_logits' keyword arguments."""
+    configs = _as_list(config, logits.shape[0])
+    logits = process_logits(logits, configs, **history)
+    probs, ids = _candidates(logits, configs)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    dist = torch.zeros_like(logits).scatter(1, ids, probs)
+    greedy = torch.zeros_like(logits).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    rows = torch.tensor([c.is_greedy for c in configs], device=logits.device).unsqueeze(1)
+    return torch.where(rows, greedy, dist)
