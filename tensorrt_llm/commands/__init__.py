@@ -1,0 +1,1 @@
+"""Console commands installed with the wheel (trtllm-build, ...)."""

@@ -1,0 +1,74 @@
+"""trtllm-build: checkpoint folder -> engine folder, one engine per rank."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..builder import BuildConfig, EngineError, build
+from ..models import MODEL_MAP
+from ..models.modeling_utils import PretrainedConfig
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="trtllm-build", description=__doc__)
+    p.add_argument("--checkpoint_dir", required=True, help="folder with config.json + rank*.safetensors")
+    p.add_argument("--output_dir", required=True, help="engine folder to write")
+    d = BuildConfig()
+    p.add_argument("--max_batch_size", type=int, default=d.max_batch_size)
+    p.add_argument("--max_input_len", type=int, default=d.max_input_len)
+    p.add_argument("--max_seq_len", type=int, default=None,
+                   help="default: max_input_len + 1024, capped by the model's max_position_embeddings")
+    p.add_argument("--max_num_tokens", type=int, default=None)
+    p.add_argument("--max_beam_width", type=int, default=d.max_beam_width)
+    p.add_argument("--tokens_per_block", type=int, default=d.tokens_per_block)
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="cast the checkpoint's weights to this dtype (default: keep the checkpoint's)")
+    p.add_argument("--target_device", default=d.target_device,
+                   help="'auto' (this machine's GPU, else any), 'any', or e.g. cuda:sm_90")
+    p.add_argument("--no_rewrite", action="store_true", help="skip the graph-rewriting passes")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    ckpt = Path(args.checkpoint_dir)
+    try:
+        config = PretrainedConfig.from_checkpoint(ckpt)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"trtllm-build: {e}", file=sys.stderr)
+        return 2
+    if config.architecture not in MODEL_MAP:
+        print(f"trtllm-build: architecture {config.architecture!r} is not supported "
+              f"(known: {', '.join(sorted(MODEL_MAP))})", file=sys.stderr)
+        return 2
+    build_config = BuildConfig(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
+                               max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens,
+                               max_beam_width=args.max_beam_width, tokens_per_block=args.tokens_per_block,
+                               target_device=args.target_device,
+                               optimizations=[] if args.no_rewrite else BuildConfig().optimizations)
+    model_cls = MODEL_MAP[config.architecture]
+    world = config.mapping.world_size
+    total_bytes = 0
+    for rank in range(world):
+        try:
+            model = model_cls.from_checkpoint(ckpt, rank=rank, dtype=args.dtype)
+            engine = build(model, build_config)
+        except (ValueError, EngineError) as e:
+            print(f"trtllm-build: {e}", file=sys.stderr)
+            return 2
+        path = engine.save(args.output_dir)
+        total_bytes += path.stat().st_size
+        s = engine.config["build_summary"]
+        print(f"[rank {rank}/{world}] layers: {s['layers_before_rewriting']} defined, "
+              f"{s['layers_after_rewriting']} after rewriting "
+              f"({', '.join(f'{k}: {v}' for k, v in s['rewrites'].items()) or 'no rewrites'})")
+    print(f"Engine written to {args.output_dir}: {world} rank(s), {total_bytes / 2**20:.1f} MiB, "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

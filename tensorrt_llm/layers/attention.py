@@ -1,0 +1,66 @@
+"""Self-attention over the paged KV cache: fused QKV projection, RoPE, gpt_attention, dense."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import functional as F
+from ..functional import Tensor
+from ..module import Module
+from .linear import ColumnLinear, RowLinear
+
+
+@dataclass
+class AttentionInputs:
+    """The runtime inputs every attention layer of a network shares."""
+    position_ids: Tensor
+    kv_cache_pool: Tensor
+    block_tables: Tensor
+    sequence_lengths: Tensor
+    context_lengths: Tensor
+    host_context_lengths: Tensor
+    rotary_cos_sin: Optional[Tensor] = None  # [max_positions, rotary_dim] table
+    alibi_slopes: Optional[Tensor] = None
+
+
+class Attention(Module):
+
+    def __init__(self, layer_idx: int, hidden_size: int, num_attention_heads: int,
+                 num_kv_heads: int, head_size: int, bias: bool = False,
+                 dense_bias: bool = False, position_embedding_type: str = "rope_gpt_neox",
+                 rotary_dim: int = 0, sliding_window: Optional[int] = None,
+                 dtype: str = "float32", tp_size: int = 1):
+        super().__init__()
+        if num_attention_heads % tp_size or num_kv_heads % tp_size:
+            raise ValueError(f"{num_attention_heads} heads / {num_kv_heads} KV heads are not divisible "
+                             f"by tp_size {tp_size}")
+        self.layer_idx = layer_idx
+        self.num_heads = num_attention_heads // tp_size
+        self.num_kv_heads = num_kv_heads // tp_size
+        self.head_size = head_size
+        self.position_embedding_type = position_embedding_type
+        self.rotary_dim = rotary_dim or head_size
+        self.sliding_window = sliding_window
+        q, kv = num_attention_heads * head_size, num_kv_heads * head_size
+        self.qkv = ColumnLinear(hidden_size, q + 2 * kv, bias, dtype, tp_size)
+        self.dense = RowLinear(q, hidden_size, dense_bias, dtype, tp_size)
+
+    def forward(self, hidden: Tensor, inputs: AttentionInputs) -> Tensor:
+        qkv = self.qkv(hidden)
+        q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        q, k, v = F.split(qkv, [q_size, kv_size, kv_size], dim=-1)
+        if self.position_embedding_type in ("rope_gpt_neox", "rope_gptj"):
+            is_neox = self.position_embedding_type == "rope_gpt_neox"
+            q = F.rotary_embedding(q, inputs.position_ids, inputs.rotary_cos_sin, num_heads=self.num_heads,
+                                   head_dim=self.head_size, rotary_dim=self.rotary_dim, is_neox=is_neox)
+            k = F.rotary_embedding(k, inputs.position_ids, inputs.rotary_cos_sin,
+                                   num_heads=self.num_kv_heads, head_dim=self.head_size,
+                                   rotary_dim=self.rotary_dim, is_neox=is_neox)
+        context = F.gpt_attention(q, k, v, inputs.kv_cache_pool, inputs.block_tables,
+                                  inputs.sequence_lengths, inputs.context_lengths,
+                                  inputs.host_context_lengths, inputs.alibi_slopes,
+                                  layer_idx=self.layer_idx, num_heads=self.num_heads,
+                                  num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
+                                  tokens_per_block=inputs.kv_cache_pool.shape[4],
+                                  sliding_window=self.sliding_window)
+        return self.dense(context)

@@ -1,0 +1,99 @@
+"""PretrainedModel and the decoder-only causal LM every model of the zoo specialises.
+
+A model defines its network when called under `net_guard`: `prepare_inputs` adds the
+runtime inputs (docs/architecture.md, "Runtime inputs of an LLM engine") and `forward`
+adds the layers and marks `logits` as the output.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from .. import functional as F
+from ..builder import BuildConfig, cast_weights
+from ..functional import Tensor
+from ..layers import AttentionInputs
+from ..module import Module
+from ..network import default_net
+from .modeling_utils import PretrainedConfig, load_checkpoint_weights
+
+
+class PretrainedModel(Module):
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.config = config
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig) -> "PretrainedModel":
+        return cls(config)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str | Path, rank: int = 0,
+                        dtype: Optional[str] = None) -> "PretrainedModel":
+        """The model of one rank with its weights bound; `dtype` casts them."""
+        config = PretrainedConfig.from_checkpoint(checkpoint_dir, rank=rank)
+        weights = load_checkpoint_weights(checkpoint_dir, rank)
+        if dtype is not None and dtype != config.dtype:
+            config.dtype = dtype
+            weights = cast_weights(weights, dtype)
+        model = cls(config)
+        model.load(weights)
+        return model
+
+
+class DecoderModelForCausalLM(PretrainedModel):
+    """transformer (embedding, decoder layers, ln_f) + lm_head over packed tokens."""
+
+    def prepare_inputs(self, build_config: BuildConfig) -> dict[str, Tensor]:
+        cfg = self.config
+        bc = build_config
+        net = default_net()
+        tokens = ("num_tokens", (1, min(bc.max_num_tokens, 256), bc.max_num_tokens))
+        batch = ("batch_size", (1, bc.max_batch_size // 2 + 1, bc.max_batch_size))
+        max_blocks = -(-bc.max_seq_len // bc.tokens_per_block)
+        kv_heads = cfg.num_key_value_heads // cfg.mapping.tp_size
+        inputs = {
+            "input_ids": net.add_input("input_ids", "int32", [-1], {0: tokens}),
+            "position_ids": net.add_input("position_ids", "int32", [-1], {0: tokens}),
+            "last_token_ids": net.add_input("last_token_ids", "int64", [-1], {0: tokens}),
+            "kv_cache_pool": net.add_input(
+                "kv_cache_pool", cfg.dtype,
+                [cfg.num_hidden_layers, -1, 2, kv_heads, bc.tokens_per_block, cfg.head_size],
+                {1: ("num_blocks", (1, bc.max_batch_size * max_blocks,
+                                    bc.max_batch_size * max_blocks * 64))}),
+            "block_tables": net.add_input("block_tables", "int32", [-1, -1],
+                                          {0: batch, 1: ("max_blocks_per_seq", (1, max_blocks, max_blocks))}),
+            "sequence_lengths": net.add_input("sequence_lengths", "int32", [-1], {0: batch}),
+            "context_lengths": net.add_input("context_lengths", "int32", [-1], {0: batch}),
+            "host_context_lengths": net.add_input("host_context_lengths", "int32", [-1], {0: batch}),
+        }
+        self._max_positions = bc.max_seq_len
+        return inputs
+
+    def rotary_table(self) -> Optional[Tensor]:
+        cfg = self.config
+        if not cfg.position_embedding_type.startswith("rope"):
+            return None
+        table = F.rope_cos_sin_cache(self._max_positions, cfg.rotary_dim, cfg.rotary_base,
+                                     cfg.rotary_scaling)
+        return F.constant(table, name="rotary_cos_sin")
+
+    def forward(self, input_ids, position_ids, last_token_ids, kv_cache_pool, block_tables,
+                sequence_lengths, context_lengths, host_context_lengths) -> Tensor:
+        attn = AttentionInputs(position_ids, kv_cache_pool, block_tables, sequence_lengths,
+                               context_lengths, host_context_lengths, rotary_cos_sin=self.rotary_table())
+        hidden = self.transformer(input_ids, attn)
+        # Only the rows whose logits are asked for go through ln_f and lm_head.
+        hidden = F.index_select(hidden, 0, last_token_ids)
+        hidden = self.transformer.ln_f(hidden)
+        if self.config.share_embedding_table:
+            logits = F.linear(hidden, self.transformer.vocab_embedding.weight.tensor)
+        else:
+            logits = self.lm_head(hidden)
+        if self.config.mapping.tp_size > 1:
+            raise NotImplementedError("tensor-parallel lm_head gather is not implemented yet")
+        if logits.dtype != self.config.logits_dtype:
+            logits = F.cast(logits, self.config.logits_dtype)
+        default_net().mark_output(logits, "logits")
+        return logits

@@ -1,0 +1,54 @@
+"""LLaMA: RMSNorm, rotary attention with grouped-query heads, SiLU-gated MLP."""
+from __future__ import annotations
+
+from ...layers import Attention, AttentionInputs, Embedding, GatedMLP, RmsNorm
+from ...layers.linear import ColumnLinear
+from ...module import Module, ModuleList
+from ..decoder import DecoderModelForCausalLM
+from ..modeling_utils import PretrainedConfig
+
+
+class LLaMADecoderLayer(Module):
+
+    def __init__(self, config: PretrainedConfig, layer_idx: int):
+        super().__init__()
+        c = config
+        tp = c.mapping.tp_size
+        self.input_layernorm = RmsNorm(c.hidden_size, c.norm_epsilon, c.dtype)
+        self.attention = Attention(layer_idx, c.hidden_size, c.num_attention_heads,
+                                   c.num_key_value_heads, c.head_size,
+                                   bias=c.attn_bias, dense_bias=c.attn_bias,
+                                   position_embedding_type=c.position_embedding_type,
+                                   rotary_dim=c.rotary_dim, dtype=c.dtype, tp_size=tp)
+        self.post_layernorm = RmsNorm(c.hidden_size, c.norm_epsilon, c.dtype)
+        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias, c.dtype, tp)
+
+    def forward(self, hidden, attn: AttentionInputs):
+        hidden = hidden + self.attention(self.input_layernorm(hidden), attn)
+        return hidden + self.mlp(self.post_layernorm(hidden))
+
+
+class LLaMAModel(Module):
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.vocab_embedding = Embedding(config.vocab_size, config.hidden_size, config.dtype)
+        self.layers = ModuleList([LLaMADecoderLayer(config, i)
+                                  for i in range(config.num_hidden_layers)])
+        self.ln_f = RmsNorm(config.hidden_size, config.norm_epsilon, config.dtype)
+
+    def forward(self, input_ids, attn: AttentionInputs):
+        hidden = self.vocab_embedding(input_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, attn)
+        return hidden
+
+
+class LLaMAForCausalLM(DecoderModelForCausalLM):
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__(config)
+        self.transformer = LLaMAModel(config)
+        if not config.share_embedding_table:
+            self.lm_head = ColumnLinear(config.hidden_size, config.vocab_size_padded, False,
+                                        config.dtype, config.mapping.tp_size)

@@ -1,0 +1,97 @@
+"""ModelRunner: load an engine folder and generate from it, the way run.py users expect."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .._utils import str_dtype_to_torch
+from ..builder import Engine
+from ..logger import logger
+from .generation import GenerationSession, ModelLimits
+from .kv_cache_manager import KVCacheConfig, KVCacheManager, allocate_pool
+from .sampling import SamplingConfig
+from .session import Session
+
+_cpu_notice_shown = False
+
+
+def default_device() -> torch.device:
+    """The GPU where there is one; otherwise the CPU, said once in one line."""
+    global _cpu_notice_shown
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if not _cpu_notice_shown:
+        print("[tensorrt_llm] No GPU found: running on the CPU with the reference kernels.")
+        _cpu_notice_shown = True
+    return torch.device("cpu")
+
+
+class ModelRunner:
+
+    def __init__(self, engine: Engine, device: torch.device,
+                 kv_cache_free_gpu_mem_fraction: float = 0.9,
+                 max_tokens_in_paged_kv_cache: Optional[int] = None):
+        self.engine = engine
+        self.device = device
+        cfg = engine.pretrained_config
+        bc = engine.build_config
+        self.config = cfg
+        self.build_config = bc
+        self.session = Session.from_engine(engine, device)
+
+        num_layers = cfg["num_hidden_layers"]
+        num_kv_heads = max(1, cfg["num_key_value_heads"] // cfg["mapping"]["tp_size"])
+        head_dim = cfg.get("head_size") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        dtype = str_dtype_to_torch(cfg["dtype"])
+        tpb = bc.tokens_per_block
+        max_blocks_per_seq = -(-bc.max_seq_len // tpb)
+        num_blocks = KVCacheConfig(kv_cache_free_gpu_mem_fraction, max_tokens_in_paged_kv_cache).num_blocks(
+            device, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            tokens_per_block=tpb, dtype=dtype, max_batch_size=bc.max_batch_size, max_seq_len=bc.max_seq_len)
+        self.kv_cache = KVCacheManager(num_blocks, tpb, max_blocks_per_seq)
+        self.kv_cache_pool = allocate_pool(num_blocks, num_layers, num_kv_heads, tpb, head_dim,
+                                           dtype, device)
+        limits = ModelLimits(vocab_size=cfg["vocab_size"], max_batch_size=bc.max_batch_size,
+                             max_input_len=bc.max_input_len, max_seq_len=bc.max_seq_len,
+                             max_num_tokens=bc.max_num_tokens)
+        self.generation = GenerationSession(self.session, limits, self.kv_cache, self.kv_cache_pool)
+        logger.info(f"engine on {device}: KV cache of {num_blocks} blocks x {tpb} tokens")
+
+    @classmethod
+    def from_dir(cls, engine_dir: str | Path, rank: int = 0, device=None, **kwargs) -> "ModelRunner":
+        device = torch.device(device) if device is not None else default_device()
+        engine = Engine.from_dir(engine_dir, rank=rank, device=device)
+        return cls(engine, device, **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config["vocab_size"]
+
+    def generate(self, batch_input_ids, max_new_tokens: int = 32, end_id: Optional[int] = None,
+                 pad_id: Optional[int] = None, temperature: float = 1.0, top_k: int = 1,
+                 top_p: float = 0.0, random_seed: Optional[int] = None, streaming: bool = False,
+                 return_dict: bool = True, output_generation_logits: bool = False,
+                 return_context_logits: bool = False, **sampling_kwargs):
+        """Generate for a list of 1-D token-id tensors (or lists).
+
+        Returns `{"output_ids": [B, 1, max_prompt + max_new_tokens], "sequence_lengths": [B, 1]}`
+        (plus logits when asked); with `streaming=True` a generator of such dicts, one per step.
+        """
+        sampling = SamplingConfig(end_id=end_id, pad_id=pad_id,
+                                  temperature=temperature, top_k=top_k, top_p=top_p,
+                                  random_seed=random_seed, **sampling_kwargs)
+        steps = self.generation.generate(list(batch_input_ids), sampling, max_new_tokens,
+                                         output_generation_logits, return_context_logits)
+        if streaming:
+            return (_shape(out, return_dict) for out in steps)
+        out = None
+        for out in steps:
+            pass
+        return _shape(out, return_dict)
+
+
+def _shape(out: dict, return_dict: bool):
+    out = {k: v for k, v in out.items() if k != "done"}
+    return out if return_dict else out["output_ids"]

