@@ -1,0 +1,256 @@
+"""`REFERENCE_OPS`: the meaning of every graph op in plain PyTorch.
+
+`REFERENCE_OPS[op](*inputs, **attrs)` returns a tensor, or a tuple with one tensor per
+layer output. They run on CPU and CUDA in float32/float16/bfloat16; norms, softmax and
+rotary embedding compute in float32 and return the input dtype. They are also the CPU
+runtime, so the hot ones (attention, rotary, norms, linear, embedding) avoid needless
+copies. `constant` layers have no entry: executors read `network.weights` directly.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ._utils import keep_freed_host_memory, str_dtype_to_torch
+
+# These ops are the CPU runtime: their large temporaries must not page-fault on every call.
+keep_freed_host_memory()
+
+
+def embedding(ids, weight):
+    return weight.index_select(0, ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+
+
+def matmul(a, b, *, transa=False, transb=False):
+    return torch.matmul(a.mT if transa else a, b.mT if transb else b)
+
+
+def linear(x, weight, bias=None):
+    return F.linear(x, weight, bias)
+
+
+def rms_norm(x, weight=None, *, eps):
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return out if weight is None else out * weight
+
+
+def fused_add_rms_norm(x, residual, weight=None, *, eps):
+    total = x + residual
+    return rms_norm(total, weight, eps=eps), total
+
+
+def layer_norm(x, weight=None, bias=None, *, eps):
+    h = x.shape[-1:]
+    w = None if weight is None else weight.float()
+    b = None if bias is None else bias.float()
+    return F.layer_norm(x.float(), h, w, b, eps).to(x.dtype)
+
+
+def softmax(x, *, dim):
+    return torch.softmax(x, dim, dtype=torch.float32).to(x.dtype)
+
+
+def silu_and_mul(x):
+    half = x.shape[-1] // 2
+    return F.silu(x[..., :half]) * x[..., half:]
+
+
+def gelu_and_mul(x, *, approximate="none"):
+    half = x.shape[-1] // 2
+    return F.gelu(x[..., :half], approximate=approximate) * x[..., half:]
+
+
+def rotary_embedding(x, position_ids, cos_sin_cache, *, num_heads, head_dim, rotary_dim, is_neox):
+    """Rotate each head's first rotary_dim dims by its token's position (in float32)."""
+    num_tokens = x.shape[0]
+    heads = x.reshape(num_tokens, num_heads, head_dim)
+    cos, sin = cos_sin_cache.index_select(0, position_ids).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, r/2]
+    rot = heads[..., :rotary_dim].float()
+    if is_neox:  # halves
+        x1, x2 = rot.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:  # interleaved pairs
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    out = out.to(x.dtype)
+    if rotary_dim < head_dim:
+        out = torch.cat((out, heads[..., rotary_dim:]), dim=-1)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+# ---- paged attention ---------------------------------------------------------------------
+
+
+def _write_kv(cache, k, v, block_tables, sequence_lengths, context_lengths, tokens_per_block, decode):
+    """Token t of sequence b goes to position p = past_b + i: block block_tables[b, p // tpb],
+    slot p % tpb of cache [num_blocks, 2, KV, tpb, D]."""
+    num_tokens = k.shape[0]
+    device = k.device
+    if decode:  # one new token per sequence: token b is sequence b's last position
+        seq_of_token = torch.arange(num_tokens, device=device)
+        positions = sequence_lengths.long() - 1
+    else:
+        ctx = context_lengths.long()
+        seq_of_token = torch.repeat_interleave(torch.arange(ctx.shape[0], device=device), ctx,
+                                               output_size=num_tokens)
+        first_token = torch.cumsum(ctx, 0) - ctx
+        past = sequence_lengths.long() - ctx
+        positions = (past - first_token)[seq_of_token] + torch.arange(num_tokens, device=device)
+    blocks = block_tables[seq_of_token, positions // tokens_per_block]
+    slots = positions % tokens_per_block
+    kv_heads, head_dim = cache.shape[2], cache.shape[4]
+    rows = torch.stack((k.reshape(num_tokens, kv_heads, head_dim), v.reshape(num_tokens, kv_heads, head_dim)), 1)
+    cache.permute(0, 3, 1, 2, 4)[blocks, slots] = rows  # [block, slot] -> [2, KV, D]
+
+
+def _gather_kv(cache, block_tables):
+    """Keys and values [KV, B, nb * tpb, D] of the blocks in block_tables [B, nb]: one gather
+    straight into the layout the attention matmuls read."""
+    batch, num_blocks = block_tables.shape
+    _, _, kv_heads, tpb, head_dim = cache.shape
+    kv = cache.permute(1, 2, 0, 3, 4).index_select(2, block_tables.reshape(-1))  # [2, KV, B * nb, tpb, D]
+    kv = kv.view(2, kv_heads, batch, num_blocks * tpb, head_dim)
+    return kv[0], kv[1]
+
+
+def _blocks_to_read(sequence_lengths, block_tables, tokens_per_block) -> int:
+    """How many block-table columns hold cached tokens. On the CPU reading the lengths is
+    free; on a GPU it would sync, so every column is read and the mask does the rest."""
+    if sequence_lengths.device.type != "cpu" or sequence_lengths.numel() == 0:
+        return block_tables.shape[1]
+    return min(block_tables.shape[1], -(-int(sequence_lengths.max()) // tokens_per_block))
+
+
+def _attend(q, k, v, q_positions, scale, alibi_slopes, sliding_window):
+    """q [B, Tq, Hq, D] at absolute positions q_positions [B, Tq]; k/v [KV, B, S, D] hold
+    positions 0..S-1. Key j is visible to a query at p when p - window < j <= p.
+    Returns [B, Tq, Hq * D]."""
+    batch, num_q, num_heads, head_dim = q.shape
+    kv_heads, num_keys = k.shape[0], k.shape[2]
+    group = num_heads // kv_heads
+    # Query heads h = kv * group + g read KV head kv: one matmul per KV head covers the group.
+    qf = (q.float() * scale).view(batch, num_q, kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)
+    qf = qf.reshape(kv_heads, batch, group * num_q, head_dim)
+    scores = torch.matmul(qf, k.float().transpose(-1, -2)).view(kv_heads, batch, group, num_q, num_keys)
+    distance = torch.arange(num_keys, device=q.device) - q_positions.unsqueeze(-1)  # j - p, [B, Tq, S]
+    if alibi_slopes is not None:
+        scores = scores + alibi_slopes.float().view(kv_heads, 1, group, 1, 1) * distance.unsqueeze(1)
+    hidden = distance > 0
+    if sliding_window is not None:
+        hidden |= distance <= -sliding_window
+    scores.masked_fill_(hidden.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(kv_heads, batch, group * num_q, num_keys)
+    out = torch.matmul(probs, v.float()).view(kv_heads, batch, group, num_q, head_dim)
+    return out.permute(1, 3, 0, 2, 4).reshape(batch, num_q, num_heads * head_dim).to(q.dtype)
+
+
+def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                  alibi_slopes=None, *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
+                  sliding_window=None):
+    num_tokens = q.shape[0]
+    cache = kv_cache_pool[layer_idx]
+    new_tokens = host_context_lengths.tolist()
+    decode = all(n == 1 for n in new_tokens)
+    _write_kv(cache, k, v, block_tables, sequence_lengths, context_lengths, tokens_per_block, decode)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    queries = q.reshape(num_tokens, num_heads, head_dim)
+
+    if decode:  # all sequences at once, each query at its sequence's last position
+        blocks = block_tables[:, :_blocks_to_read(sequence_lengths, block_tables, tokens_per_block)]
+        keys, values = _gather_kv(cache, blocks)
+        positions = (sequence_lengths.long() - 1).unsqueeze(1)
+        out = _attend(queries.unsqueeze(1), keys, values, positions, scale, alibi_slopes, sliding_window)
+        return out.view(num_tokens, num_heads * head_dim)
+
+    outs = []
+    start = 0
+    for b, n in enumerate(new_tokens):  # host lengths: slicing the packed tokens needs no sync
+        seq_len = sequence_lengths[b:b + 1]
+        blocks = block_tables[b:b + 1, :_blocks_to_read(seq_len, block_tables, tokens_per_block)]
+        keys, values = _gather_kv(cache, blocks)
+        positions = (seq_len.long() - n + torch.arange(n, device=q.device)).unsqueeze(0)
+        out = _attend(queries[start:start + n].unsqueeze(0), keys, values, positions, scale, alibi_slopes,
+                      sliding_window)
+        outs.append(out.view(n, num_heads * head_dim))
+        start += n
+    return torch.cat(outs) if outs else q.new_empty(0, num_heads * head_dim)
+
+
+# ---- shape manipulation -------------------------------------------------------------------
+
+
+def concat(*xs, dim):
+    return torch.cat(xs, dim)
+
+
+def split(x, *, sizes, dim):
+    return tuple(torch.split(x, sizes, dim))
+
+
+def slice_(x, *, dim, start, end=None):
+    return x[(builtins.slice(None),) * dim + (builtins.slice(start, end),)]
+
+
+def view(x, *, shape):
+    return x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(shape)])
+
+
+def squeeze(x, *, dim):
+    if x.shape[dim] != 1:
+        raise ValueError(f"squeeze: dim {dim} of {list(x.shape)} is not 1")
+    return x.squeeze(dim)
+
+
+def allreduce(x):
+    """Sum over the default process group once torch.distributed runs with > 1 ranks."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return x
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+
+
+REFERENCE_OPS: dict[str, Callable] = {
+    "embedding": embedding,
+    "matmul": matmul,
+    "linear": linear,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": lambda x, *, exponent: torch.pow(x, exponent),
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "softmax": softmax,
+    "layer_norm": layer_norm,
+    "rms_norm": rms_norm,
+    "fused_add_rms_norm": fused_add_rms_norm,
+    "silu_and_mul": silu_and_mul,
+    "gelu_and_mul": gelu_and_mul,
+    "rotary_embedding": rotary_embedding,
+    "gpt_attention": gpt_attention,
+    "concat": concat,
+    "split": split,
+    "slice": slice_,
+    "view": view,
+    "transpose": lambda x, *, dim0, dim1: x.transpose(dim0, dim1),
+    "permute": lambda x, *, dims: x.permute(dims),
+    "unsqueeze": lambda x, *, dim: x.unsqueeze(dim),
+    "squeeze": squeeze,
+    "gather": lambda x, index, *, dim: torch.gather(x, dim, index.long()),
+    "index_select": lambda x, index, *, dim: torch.index_select(x, dim, index),
+    "cast": lambda x, *, dtype: x.to(str_dtype_to_torch(dtype)),
+    "where": torch.where,
+    "argmax": lambda x, *, dim, keepdim=False: torch.argmax(x, dim, keepdim),
+    "allreduce": allreduce,
+}
