@@ -348,9 +348,8 @@ class Network:
             if self.is_input(new) or new in self._outputs or new in self._debug_outputs:
                 raise ValueError(f"cannot let {new!r} take over output name {old!r}: it is an input or "
                                  f"output itself")
-            external = old
-            self.rename_tensor(old, self._fresh_tensor_name(old + "_replaced"))
-            self.rename_tensor(new, external)
+            self._rename(old, self._fresh_tensor_name(old + "_replaced"))  # the result lists keep `old`
+            self._rename(new, old)
         return changed
 
     def _fresh_tensor_name(self, base: str) -> str:
@@ -361,8 +360,15 @@ class Network:
         return name
 
     def rename_tensor(self, old: str, new: str) -> None:
+        """Rename a tensor everywhere, output and debug-output lists included."""
         if old == new:
             return
+        self._rename(old, new)
+        self._outputs = [new if n == old else n for n in self._outputs]
+        self._debug_outputs = [new if n == old else n for n in self._debug_outputs]
+
+    def _rename(self, old: str, new: str) -> None:
+        """Rename a tensor in the layers that make and read it."""
         if new in self._tensors:
             raise ValueError(f"cannot rename {old!r} to {new!r}: network {self.name!r} already has that tensor")
         if self.is_input(old):
@@ -379,8 +385,6 @@ class Network:
             layer._inputs = tuple(new if n == old else n for n in layer._inputs)
         if consumers:
             self._consumers[new] = consumers
-        self._outputs = [new if n == old else n for n in self._outputs]
-        self._debug_outputs = [new if n == old else n for n in self._debug_outputs]
 
     def mark_removed(self, layer: Layer) -> None:
         """Step 4 of a rewrite: the layer stays until remove_marked_layers()."""
@@ -403,6 +407,10 @@ class Network:
                 self._consumers[name].remove(layer)
         del self._layer_by_name[layer.name]
         self._layers.remove(layer)
+        layer.removed = True
+        self.flayer_infos.pop(layer.name, None)
+        for key in [k for k, t in self.parameter_tensors.items() if t.name in layer.outputs]:
+            del self.parameter_tensors[key]
 
     def remove_marked_layers(self) -> int:
         marked = [layer for layer in self._layers if layer.removed]
