@@ -179,6 +179,8 @@ def config_from_gguf(path, dtype: str = "float32", mapping: Mapping | None = Non
 
 # ---------------------------------------------------------------------------- weights
 
+# Returns the named tensor in Hugging Face row order; the caller owns it (no alias of a
+# model's parameters), so converting it in place of copying is safe.
 Getter = Callable[[str], torch.Tensor]
 
 
@@ -196,12 +198,17 @@ def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedCon
         raise ValueError(f"mapping {mapping} does not match the config's {config.mapping}")
     tp, rank = mapping.tp_size, mapping.tp_rank
 
-    def take(name: str, dim: int | None = None) -> torch.Tensor:
+    def take(name: str, dim: int | None = None, rows: int | None = None) -> torch.Tensor:
         t = get(name)
+        if rows is not None and rows > t.shape[0]:
+            t = torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0]))
         if dim is not None:
             t = _narrow(t, dim, tp, rank)
-        # copy=True: a narrowed view would keep the whole source tensor alive.
-        return t.to(config.torch_dtype, copy=True)
+        t = t.to(config.torch_dtype)
+        if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+            # a narrowed view would keep the whole source tensor alive
+            t = t.clone(memory_format=torch.contiguous_format)
+        return t
 
     out = {"transformer.vocab_embedding.weight": take("model.embed_tokens.weight")}
     layers = range(config.num_hidden_layers)
@@ -228,11 +235,7 @@ def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedCon
         if not has("lm_head.weight"):
             raise ValueError("the source has no lm_head.weight but its config does not tie "
                              "the embeddings")
-        lm_head = get("lm_head.weight")
-        padding = config.vocab_size_padded - lm_head.shape[0]
-        if padding:
-            lm_head = torch.nn.functional.pad(lm_head, (0, 0, 0, padding))
-        out["lm_head.weight"] = _narrow(lm_head, 0, tp, rank).to(config.torch_dtype, copy=True)
+        out["lm_head.weight"] = take("lm_head.weight", 0, rows=config.vocab_size_padded)
     return out
 
 
@@ -297,7 +300,7 @@ def load_weights_from_hf(model_dir_or_model, config: PretrainedConfig,
         source = _HFTensors(model_dir_or_model)
         return _rank_weights(source.get, source.has, config, mapping)
     state = model_dir_or_model.state_dict()
-    return _rank_weights(state.__getitem__, state.__contains__, config, mapping)
+    return _rank_weights(lambda name: state[name].clone(), state.__contains__, config, mapping)
 
 
 def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -343,6 +346,7 @@ def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | No
             w = _unpermute_rotary_rows(w, config.num_attention_heads)
         elif ".self_attn.k_proj." in hf_name:
             w = _unpermute_rotary_rows(w, config.num_key_value_heads)
-        return torch.from_numpy(np.array(w, dtype=np.float32))  # own, writable copy
+        # F32 tensors are read-only views of the file: copy those (only)
+        return torch.from_numpy(np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
 
     return _rank_weights(get, lambda hf_name: _gguf_name(hf_name) in tensors, config, mapping)
