@@ -1,0 +1,48 @@
+# User commands. Each recipe's logic lives here or in build_wheel.py / scripts/; tasks.py
+# (invoke, for the development loop) calls these targets rather than repeating them.
+#
+#   make wheel      build the C++/CUDA module and the wheel into dist/
+#   make install    the same, then pip install the wheel
+#   make develop    build the module into tensorrt_llm/ and install this checkout editable
+#   make test       install dev requirements, build (CUDA sources too when nvcc exists), run pytest
+#   make clean      remove build folders and the copied module
+#
+# Variables: PYTHON, CUDA_ARCHS (default 80-real;90-real; "native" on a GPU machine), JOBS,
+# DIST_DIR, BUILD_ARGS (more build_wheel.py flags), PYTEST_ARGS, TORCH_SPEC.
+
+PYTHON      ?= python3
+CUDA_ARCHS  ?= 80-real;90-real
+DIST_DIR    ?= dist
+JOBS        ?=
+BUILD_ARGS  ?=
+PYTEST_ARGS ?=
+# Installed only when no torch is importable (a CUDA torch already there is kept).
+TORCH_SPEC  ?= torch==2.13.0
+
+BUILD_WHEEL = $(PYTHON) build_wheel.py -a "$(CUDA_ARCHS)" --dist_dir "$(DIST_DIR)" $(if $(JOBS),-j $(JOBS)) $(BUILD_ARGS)
+
+.PHONY: help deps wheel install develop test clean
+
+help:
+	@sed -n '3,14p' Makefile
+
+deps:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_SPEC)"
+	$(PYTHON) -m pip install --disable-pip-version-check -r requirements-dev.txt
+
+wheel:
+	$(BUILD_WHEEL)
+
+install:
+	$(BUILD_WHEEL) --install
+
+develop:
+	$(BUILD_WHEEL) --skip_building_wheel --install
+
+test: deps
+	$(BUILD_WHEEL)
+	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf cpp/build build/setuptools
+	rm -f tensorrt_llm/bindings.*.so

@@ -1,0 +1,367 @@
+// The pybind11 module tensorrt_llm.bindings.
+//
+// Each kernel function checks its arguments here (shapes, dtypes, strides, devices) and raises
+// ValueError / TypeError naming the tensors before anything reaches the GPU; the launchers
+// in cpp/kernels/ can then rely on the shapes. The module never links libtorch: tensors come
+// in as (data_ptr, dtype_code, shape, strides, device) tuples, the stream as an int.
+#include "build_info.h"
+#include "tensor_arg.h"
+#include "tensorrt_llm/kernels.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace py = pybind11;
+using namespace tensorrt_llm;
+
+namespace {
+
+constexpr std::initializer_list<DType> kFloatTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+// Runs fn, prefixing the messages of argument errors with the op name ("rms_norm: ...").
+template <typename Fn>
+void withOpName(char const* op, Fn&& fn) {
+    auto prefixed = [op](char const* what) {
+        std::string msg = what;
+        std::string const prefix = std::string(op) + ": ";
+        return msg.rfind(prefix, 0) == 0 ? msg : prefix + msg;
+    };
+    try {
+        fn();
+    } catch (py::type_error const& e) {
+        throw py::type_error(prefixed(e.what()));
+    } catch (std::invalid_argument const& e) {
+        throw std::invalid_argument(prefixed(e.what()));
+    } catch (std::runtime_error const& e) {
+        throw std::runtime_error(prefixed(e.what()));
+    }
+}
+
+void checkFitsInt(char const* op, char const* what, int64_t v) {
+    if (v > std::numeric_limits<int32_t>::max()) {
+        throw std::invalid_argument(std::string(op) + ": " + what + " = " + std::to_string(v) + " is too large");
+    }
+}
+
+void rmsNorm(py::handle outObj, py::handle xObj, py::handle weightObj, double eps, uintptr_t stream,
+             py::handle residualObj, py::handle residualOutObj) {
+    char const* op = "rms_norm";
+    TensorArg out = toTensorArg(outObj, "out");
+    TensorArg x = toTensorArg(xObj, "x");
+    TensorArg weight = toTensorArg(weightObj, "weight");
+    bool const hasResidual = !residualObj.is_none();
+    if (hasResidual != !residualOutObj.is_none()) {
+        throw std::invalid_argument("rms_norm: residual and residual_out must be given together");
+    }
+    checkDim(x, 2);
+    checkDtype(x, kFloatTypes);
+    checkSameDtype(x, weight);
+    checkSameDtype(x, out);
+    checkShape(weight, {x.size(1)});
+    checkSameShape(x, out);
+    if (x.size(1) == 0) throw std::invalid_argument("rms_norm: x has an empty last dimension");
+    if (!(eps >= 0.0) || !std::isfinite(eps)) {
+        throw std::invalid_argument("rms_norm: eps must be finite and >= 0, got " + std::to_string(eps));
+    }
+    checkLastDimContiguous(x);
+    checkContiguous(weight);
+    checkLastDimContiguous(out);
+    checkNonOverlapping(out);
+    checkFitsInt(op, "rows", x.size(0));
+    std::vector<TensorArg const*> all = {&out, &x, &weight};
+    TensorArg residual, residualOut;
+    if (hasResidual) {
+        residual = toTensorArg(residualObj, "residual");
+        residualOut = toTensorArg(residualOutObj, "residual_out");
+        checkSameDtype(x, residual);
+        checkSameDtype(x, residualOut);
+        checkSameShape(x, residual);
+        checkSameShape(x, residualOut);
+        checkLastDimContiguous(residual);
+        checkLastDimContiguous(residualOut);
+        checkNonOverlapping(residualOut);
+        all.push_back(&residual);
+        all.push_back(&residualOut);
+    }
+    int const device = checkSameCudaDevice(op, all);
+    prepare(device, all, stream);
+
+    RmsNormParams p{};
+    p.out = out.data();
+    p.x = x.data();
+    p.weight = weight.data();
+    p.residual = hasResidual ? residual.data() : nullptr;
+    p.residualOut = hasResidual ? residualOut.data() : nullptr;
+    p.rows = x.size(0);
+    p.hidden = x.size(1);
+    p.xRowStride = x.stride(0);
+    p.outRowStride = out.stride(0);
+    p.residualRowStride = hasResidual ? residual.stride(0) : 0;
+    p.residualOutRowStride = hasResidual ? residualOut.stride(0) : 0;
+    p.eps = static_cast<float>(eps);
+    p.dtype = x.dtype;
+    py::gil_scoped_release release;
+    launchRmsNorm(p, reinterpret_cast<void*>(stream));
+}
+
+void rotaryEmbedding(py::handle qObj, py::handle kObj, py::handle positionsObj, py::handle cacheObj, bool isNeox,
+                     uintptr_t stream) {
+    char const* op = "rotary_embedding";
+    TensorArg q = toTensorArg(qObj, "q");
+    TensorArg k = toTensorArg(kObj, "k");
+    TensorArg positions = toTensorArg(positionsObj, "positions");
+    TensorArg cache = toTensorArg(cacheObj, "cos_sin_cache");
+    checkDim(q, 3);
+    checkDim(k, 3);
+    checkDim(positions, 1);
+    checkDim(cache, 2);
+    checkDtype(q, kFloatTypes);
+    checkSameDtype(q, k);
+    checkDtype(positions, {DType::kInt32, DType::kInt64});
+    checkDtype(cache, {DType::kFloat32});
+    if (k.size(0) != q.size(0) || positions.size(0) != q.size(0)) {
+        throw std::invalid_argument("rotary_embedding: token counts differ: q " + q.shapeStr() + ", k " + k.shapeStr()
+                                    + ", positions " + positions.shapeStr());
+    }
+    if (k.size(2) != q.size(2)) {
+        throw std::invalid_argument("rotary_embedding: head sizes differ: q " + q.shapeStr() + ", k " + k.shapeStr());
+    }
+    int64_t const headDim = q.size(2);
+    int64_t const rotaryDim = cache.size(1);
+    if (rotaryDim % 2 != 0 || rotaryDim > headDim) {
+        throw std::invalid_argument("rotary_embedding: cos_sin_cache " + cache.shapeStr()
+                                    + " needs an even rotary_dim <= head_dim " + std::to_string(headDim));
+    }
+    checkLastDimContiguous(q);
+    checkLastDimContiguous(k);
+    checkNonOverlapping(q);
+    checkNonOverlapping(k);
+    checkContiguous(positions);
+    checkContiguous(cache);
+    checkFitsInt(op, "tokens", q.size(0));
+    checkFitsInt(op, "heads * rotary_dim", (q.size(1) + k.size(1)) * rotaryDim);
+    std::vector<TensorArg const*> all = {&q, &k, &positions, &cache};
+    int const device = checkSameCudaDevice(op, all);
+    prepare(device, all, stream);
+
+    RotaryParams p{};
+    p.q = q.data();
+    p.k = k.data();
+    p.positions = positions.data();
+    p.cosSinCache = static_cast<float const*>(cache.data());
+    p.tokens = q.size(0);
+    p.qHeads = q.size(1);
+    p.kHeads = k.size(1);
+    p.headDim = headDim;
+    p.rotaryDim = rotaryDim;
+    p.maxPositions = cache.size(0);
+    p.qTokenStride = q.stride(0);
+    p.qHeadStride = q.stride(1);
+    p.kTokenStride = k.stride(0);
+    p.kHeadStride = k.stride(1);
+    p.isNeox = isNeox;
+    p.dtype = q.dtype;
+    p.positionsDtype = positions.dtype;
+    py::gil_scoped_release release;
+    launchRotaryEmbedding(p, reinterpret_cast<void*>(stream));
+}
+
+void actAndMul(char const* op, Activation act, py::handle outObj, py::handle xObj, uintptr_t stream) {
+    TensorArg out = toTensorArg(outObj, "out");
+    TensorArg x = toTensorArg(xObj, "x");
+    checkDim(x, 2);
+    checkDim(out, 2);
+    checkDtype(x, kFloatTypes);
+    checkSameDtype(x, out);
+    if (x.size(1) % 2 != 0) {
+        throw std::invalid_argument(std::string(op) + ": the last dimension of x " + x.shapeStr() + " must be even");
+    }
+    checkShape(out, {x.size(0), x.size(1) / 2});
+    checkLastDimContiguous(x);
+    checkLastDimContiguous(out);
+    checkNonOverlapping(out);
+    std::vector<TensorArg const*> all = {&out, &x};
+    int const device = checkSameCudaDevice(op, all);
+    prepare(device, all, stream);
+
+    ActAndMulParams p{};
+    p.out = out.data();
+    p.x = x.data();
+    p.rows = x.size(0);
+    p.inter = x.size(1) / 2;
+    p.xRowStride = x.stride(0);
+    p.outRowStride = out.stride(0);
+    p.act = act;
+    p.dtype = x.dtype;
+    if (p.inter == 0) return;
+    py::gil_scoped_release release;
+    launchActAndMul(p, reinterpret_cast<void*>(stream));
+}
+
+void pagedKvWrite(py::handle keyObj, py::handle valueObj, py::handle cacheObj, py::handle blockTablesObj,
+                  py::handle cuSeqlensObj, py::handle pastLengthsObj, uintptr_t stream) {
+    char const* op = "paged_kv_write";
+    TensorArg key = toTensorArg(keyObj, "key");
+    TensorArg value = toTensorArg(valueObj, "value");
+    TensorArg cache = toTensorArg(cacheObj, "kv_cache");
+    TensorArg blockTables = toTensorArg(blockTablesObj, "block_tables");
+    TensorArg cuSeqlens = toTensorArg(cuSeqlensObj, "cu_seqlens");
+    TensorArg pastLengths = toTensorArg(pastLengthsObj, "past_lengths");
+    checkDim(key, 3);
+    checkDim(cache, 5);
+    checkDim(blockTables, 2);
+    checkDim(cuSeqlens, 1);
+    checkDim(pastLengths, 1);
+    checkDtype(key, kFloatTypes);
+    checkSameDtype(key, value);
+    checkSameDtype(key, cache);
+    checkDtype(blockTables, {DType::kInt32});
+    checkDtype(cuSeqlens, {DType::kInt32});
+    checkDtype(pastLengths, {DType::kInt32});
+    checkSameShape(key, value);
+    int64_t const kvHeads = key.size(1);
+    int64_t const headDim = key.size(2);
+    if (cache.size(1) != 2 || cache.size(2) != kvHeads || cache.size(4) != headDim) {
+        throw std::invalid_argument("paged_kv_write: kv_cache " + cache.shapeStr()
+                                    + " must be [num_blocks, 2, num_kv_heads, tokens_per_block, head_dim] with key "
+                                    + key.shapeStr());
+    }
+    if (cache.size(3) == 0) throw std::invalid_argument("paged_kv_write: kv_cache has tokens_per_block = 0");
+    int64_t const batch = blockTables.size(0);
+    checkShape(cuSeqlens, {batch + 1});
+    checkShape(pastLengths, {batch});
+    checkLastDimContiguous(key);
+    checkLastDimContiguous(value);
+    checkContiguous(cache);
+    checkContiguous(blockTables);
+    checkContiguous(cuSeqlens);
+    checkContiguous(pastLengths);
+    checkFitsInt(op, "tokens", key.size(0));
+    checkFitsInt(op, "batch", batch);
+    std::vector<TensorArg const*> all = {&key, &value, &cache, &blockTables, &cuSeqlens, &pastLengths};
+    int const device = checkSameCudaDevice(op, all);
+    prepare(device, all, stream);
+
+    PagedKvWriteParams p{};
+    p.key = key.data();
+    p.value = value.data();
+    p.kvCache = cache.data();
+    p.blockTables = static_cast<int32_t const*>(blockTables.data());
+    p.cuSeqlens = static_cast<int32_t const*>(cuSeqlens.data());
+    p.pastLengths = static_cast<int32_t const*>(pastLengths.data());
+    p.tokens = key.size(0);
+    p.batch = batch;
+    p.maxBlocks = blockTables.size(1);
+    p.numBlocks = cache.size(0);
+    p.kvHeads = kvHeads;
+    p.tokensPerBlock = cache.size(3);
+    p.headDim = headDim;
+    p.keyTokenStride = key.stride(0);
+    p.keyHeadStride = key.stride(1);
+    p.valueTokenStride = value.stride(0);
+    p.valueHeadStride = value.stride(1);
+    p.dtype = key.dtype;
+    if (p.maxBlocks == 0 || p.numBlocks == 0 || headDim == 0 || kvHeads == 0) return;
+    py::gil_scoped_release release;
+    launchPagedKvWrite(p, reinterpret_cast<void*>(stream));
+}
+
+py::dict buildInfoDict() {
+    BuildInfo const& b = buildInfo();
+    py::dict info;
+    info["version"] = b.version;
+    info["git_commit"] = b.gitCommit;
+    info["build_type"] = b.buildType;
+    info["cxx_compiler"] = b.cxxCompiler;
+    info["cuda"] = cudaKernelsCompiled();
+    info["cuda_version"] = cudaKernelsCompiled() ? py::object(py::str(b.cudaVersion)) : py::object(py::none());
+    py::list archs;
+    if (cudaKernelsCompiled()) {
+        std::string const list = b.cudaArchitectures;  // "sm_80;sm_90"
+        size_t start = 0;
+        while (start < list.size()) {
+            size_t end = list.find(';', start);
+            if (end == std::string::npos) end = list.size();
+            if (end > start) archs.append(list.substr(start, end - start));
+            start = end + 1;
+        }
+    }
+    info["cuda_architectures"] = archs;
+    info["pybind11_version"] = b.pybind11Version;
+    return info;
+}
+
+} // namespace
+
+PYBIND11_MODULE(bindings, m) {
+    m.doc() = "tensorrt_llm compiled kernels (C++/CUDA, no libtorch). Use them through tensorrt_llm.kernels.";
+
+    py::dict dtypes;
+    for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kInt64}) {
+        dtypes[dtypeName(d)] = static_cast<int>(d);
+    }
+    m.attr("DTYPES") = dtypes;
+    m.attr("__version__") = buildInfo().version;
+    m.attr("cuda_kernels_compiled") = cudaKernelsCompiled();
+
+    m.def("build_info", &buildInfoDict,
+          "Package version, git commit, CUDA version and compiled GPU architectures (empty for a CPU-only build).");
+
+    m.def(
+        "rms_norm",
+        [](py::handle out, py::handle x, py::handle weight, double eps, uintptr_t stream, py::handle residual,
+           py::handle residualOut) {
+            withOpName("rms_norm", [&] { rmsNorm(out, x, weight, eps, stream, residual, residualOut); });
+        },
+        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("stream"),
+          py::arg("residual") = py::none(), py::arg("residual_out") = py::none(),
+          "out = rmsnorm(x [+ residual]) * weight over rows of [rows, hidden]; with a residual, residual_out = "
+          "x + residual.");
+    m.def(
+        "rotary_embedding",
+        [](py::handle q, py::handle k, py::handle positions, py::handle cache, bool isNeox, uintptr_t stream) {
+            withOpName("rotary_embedding", [&] { rotaryEmbedding(q, k, positions, cache, isNeox, stream); });
+        },
+        py::arg("q"), py::arg("k"), py::arg("positions"),
+          py::arg("cos_sin_cache"), py::arg("is_neox"), py::arg("stream"),
+          "Rotary embedding in place on q [T, Hq, D] and k [T, KV, D]. Out-of-range positions leave the token "
+          "unchanged.");
+    m.def(
+        "silu_and_mul",
+        [](py::handle out, py::handle x, uintptr_t stream) {
+            withOpName("silu_and_mul", [&] { actAndMul("silu_and_mul", Activation::kSilu, out, x, stream); });
+        },
+        py::arg("out"), py::arg("x"), py::arg("stream"), "out = silu(x[:, :I]) * x[:, I:]");
+    m.def(
+        "gelu_and_mul",
+        [](py::handle out, py::handle x, std::string const& approximate, uintptr_t stream) {
+            withOpName("gelu_and_mul", [&] {
+                Activation act;
+                if (approximate == "none") {
+                    act = Activation::kGelu;
+                } else if (approximate == "tanh") {
+                    act = Activation::kGeluTanh;
+                } else {
+                    throw std::invalid_argument("approximate must be 'none' or 'tanh', got '" + approximate + "'");
+                }
+                actAndMul("gelu_and_mul", act, out, x, stream);
+            });
+        },
+        py::arg("out"), py::arg("x"), py::arg("approximate"), py::arg("stream"),
+        "out = gelu(x[:, :I]) * x[:, I:]");
+    m.def(
+        "paged_kv_write",
+        [](py::handle key, py::handle value, py::handle cache, py::handle blockTables, py::handle cuSeqlens,
+           py::handle pastLengths, uintptr_t stream) {
+            withOpName("paged_kv_write",
+                       [&] { pagedKvWrite(key, value, cache, blockTables, cuSeqlens, pastLengths, stream); });
+        },
+        py::arg("key"), py::arg("value"), py::arg("kv_cache"),
+          py::arg("block_tables"), py::arg("cu_seqlens"), py::arg("past_lengths"), py::arg("stream"),
+          "Scatter new K/V rows into kv_cache [num_blocks, 2, KV, tpb, D]. Invalid block ids / positions are "
+          "skipped (nothing written).");
+}

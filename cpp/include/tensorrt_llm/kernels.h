@@ -1,0 +1,118 @@
+// Kernel entry points of tensorrt_llm.bindings.
+//
+// Plain C++ (no CUDA or pybind11 headers) so that the bindings can be compiled by the host
+// compiler and the CPU-only build can provide the same symbols. Every launcher takes raw
+// device pointers, sizes and strides in elements, and the CUDA stream as an opaque pointer.
+// The arguments are validated by the caller (bindings/validate.cpp) before a launcher runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tensorrt_llm {
+
+// Dtype codes shared with Python (tensorrt_llm/kernels/_bindings.py reads them from the
+// module's DTYPES dict, never hard-codes them).
+enum class DType : int {
+    kFloat32 = 0,
+    kFloat16 = 1,
+    kBFloat16 = 2,
+    kInt32 = 3,
+    kInt64 = 4,
+};
+
+char const* dtypeName(DType dtype);
+int dtypeSize(DType dtype);
+
+// True when this build contains the CUDA kernels.
+bool cudaKernelsCompiled();
+
+// Makes `device` current for the calling thread, checks that every pointer is device (or
+// managed) memory of that device, launches nothing. Throws std::invalid_argument naming the
+// tensor when a pointer is not on `device`, std::runtime_error on CUDA errors (no GPU, ...).
+struct NamedPointer {
+    std::string name;
+    void const* ptr;
+};
+void prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* stream);
+
+struct RmsNormParams {
+    void* out;                 // [rows, hidden]
+    void const* x;             // [rows, hidden]
+    void const* weight;        // [hidden], contiguous
+    void const* residual;      // [rows, hidden] or nullptr
+    void* residualOut;         // [rows, hidden] (x + residual) or nullptr
+    int64_t rows;
+    int64_t hidden;
+    int64_t xRowStride;
+    int64_t outRowStride;
+    int64_t residualRowStride;
+    int64_t residualOutRowStride;
+    float eps;
+    DType dtype;
+};
+void launchRmsNorm(RmsNormParams const& p, void* stream);
+
+struct RotaryParams {
+    void* q;                   // [tokens, qHeads, headDim], last dim contiguous
+    void* k;                   // [tokens, kHeads, headDim], last dim contiguous
+    void const* positions;     // [tokens], int32 or int64, contiguous
+    float const* cosSinCache;  // [maxPositions, rotaryDim], float32, contiguous
+    int64_t tokens;
+    int64_t qHeads;
+    int64_t kHeads;
+    int64_t headDim;
+    int64_t rotaryDim;
+    int64_t maxPositions;
+    int64_t qTokenStride;
+    int64_t qHeadStride;
+    int64_t kTokenStride;
+    int64_t kHeadStride;
+    bool isNeox;
+    DType dtype;
+    DType positionsDtype;
+};
+void launchRotaryEmbedding(RotaryParams const& p, void* stream);
+
+enum class Activation : int {
+    kSilu = 0,
+    kGelu = 1,      // exact, erf
+    kGeluTanh = 2,  // tanh approximation
+};
+
+struct ActAndMulParams {
+    void* out;                 // [rows, inter]
+    void const* x;             // [rows, 2 * inter]
+    int64_t rows;
+    int64_t inter;
+    int64_t xRowStride;
+    int64_t outRowStride;
+    Activation act;
+    DType dtype;
+};
+void launchActAndMul(ActAndMulParams const& p, void* stream);
+
+struct PagedKvWriteParams {
+    void const* key;           // [tokens, kvHeads, headDim], last dim contiguous
+    void const* value;         // [tokens, kvHeads, headDim], last dim contiguous
+    void* kvCache;             // [numBlocks, 2, kvHeads, tokensPerBlock, headDim], contiguous
+    int32_t const* blockTables;  // [batch, maxBlocks], contiguous
+    int32_t const* cuSeqlens;    // [batch + 1]
+    int32_t const* pastLengths;  // [batch]
+    int64_t tokens;
+    int64_t batch;
+    int64_t maxBlocks;
+    int64_t numBlocks;
+    int64_t kvHeads;
+    int64_t tokensPerBlock;
+    int64_t headDim;
+    int64_t keyTokenStride;
+    int64_t keyHeadStride;
+    int64_t valueTokenStride;
+    int64_t valueHeadStride;
+    DType dtype;
+};
+void launchPagedKvWrite(PagedKvWriteParams const& p, void* stream);
+
+} // namespace tensorrt_llm

@@ -1,0 +1,98 @@
+// Small device helpers shared by the kernels: dtype conversion, 16-byte packs, reductions,
+// dtype dispatch and launch-error checking.
+#pragma once
+
+#include "tensorrt_llm/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace tensorrt_llm {
+
+// ---- float <-> storage type ----
+template <typename T>
+__device__ __forceinline__ float toFloat(T v);
+template <>
+__device__ __forceinline__ float toFloat<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float toFloat<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float toFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T fromFloat(float v);
+template <>
+__device__ __forceinline__ float fromFloat<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half fromFloat<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// N elements of T loaded or stored as one access (16 bytes when N = 16 / sizeof(T)).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+    T v[N];
+};
+
+// Elements per 16-byte access.
+template <typename T>
+constexpr int kVec16 = 16 / sizeof(T);
+
+inline bool aligned16(void const* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- reductions ----
+__device__ __forceinline__ float warpReduceSum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    }
+    return v;
+}
+
+// Sum over the block; every thread gets the result. blockDim.x must be a multiple of 32.
+__device__ __forceinline__ float blockReduceSum(float v) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    int const lane = threadIdx.x % 32;
+    int const warp = threadIdx.x / 32;
+    v = warpReduceSum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int const numWarps = blockDim.x / 32;
+        float s = lane < numWarps ? partial[lane] : 0.f;
+        s = warpReduceSum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+inline int roundUp(int64_t x, int m) { return static_cast<int>((x + m - 1) / m * m); }
+
+// Throws with the CUDA error string after a launch (launch configuration errors, missing
+// kernel image for the device, ...).
+inline void checkLaunch(char const* kernel) {
+    cudaError_t const err = cudaGetLastError();
+    if (err != cudaSuccess) {
+        throw std::runtime_error(std::string(kernel) + ": CUDA error: " + cudaGetErrorName(err) + ": "
+                                 + cudaGetErrorString(err));
+    }
+}
+
+// Calls fn(T{}) with T the storage type of a floating dtype.
+template <typename Fn>
+void dispatchFloat(DType dtype, char const* what, Fn&& fn) {
+    switch (dtype) {
+        case DType::kFloat32: fn(float{}); break;
+        case DType::kFloat16: fn(__half{}); break;
+        case DType::kBFloat16: fn(__nv_bfloat16{}); break;
+        default: throw std::invalid_argument(std::string(what) + ": unsupported dtype " + dtypeName(dtype));
+    }
+}
+
+} // namespace tensorrt_llm

@@ -1,0 +1,62 @@
+// Device selection and pointer checks for the bindings (CUDA build).
+#include "common.cuh"
+
+#include <stdexcept>
+#include <string>
+
+namespace tensorrt_llm {
+
+bool cudaKernelsCompiled() { return true; }
+
+static void throwCuda(cudaError_t err, std::string const& what) {
+    throw std::runtime_error(what + ": CUDA error: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+void prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* stream) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky-free error so later calls start clean
+        throwCuda(err, "tensorrt_llm.bindings: cannot use CUDA");
+    }
+    if (device < 0 || device >= count) {
+        throw std::invalid_argument("tensorrt_llm.bindings: device " + std::to_string(device) + " does not exist ("
+                                    + std::to_string(count) + " CUDA device(s) visible)");
+    }
+    int current = -1;
+    err = cudaGetDevice(&current);
+    if (err != cudaSuccess) throwCuda(err, "cudaGetDevice");
+    if (current != device) {
+        // PyTorch has its own CUDA runtime; the driver's current context is shared, ours follows
+        // the tensors' device so the launch lands there.
+        err = cudaSetDevice(device);
+        if (err != cudaSuccess) throwCuda(err, "cudaSetDevice(" + std::to_string(device) + ")");
+    }
+
+    // Pointer checks query the driver; skip them while the stream is being captured into a CUDA
+    // graph (the Python wrapper has checked the tensors' devices already).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+    if (err != cudaSuccess) throwCuda(err, "cudaStreamIsCapturing (is the stream valid?)");
+    if (capture != cudaStreamCaptureStatusNone) return;
+
+    for (auto const& np : pointers) {
+        if (np.ptr == nullptr) continue;  // empty tensors
+        cudaPointerAttributes attr{};
+        err = cudaPointerGetAttributes(&attr, np.ptr);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            throwCuda(err, np.name + ": cudaPointerGetAttributes");
+        }
+        bool const onDevice = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+        if (!onDevice) {
+            throw std::invalid_argument(np.name + " is not CUDA device memory (a host pointer was given)");
+        }
+        if (attr.type == cudaMemoryTypeDevice && attr.device != device) {
+            throw std::invalid_argument(np.name + " is on cuda:" + std::to_string(attr.device) + ", expected cuda:"
+                                        + std::to_string(device));
+        }
+    }
+}
+
+} // namespace tensorrt_llm

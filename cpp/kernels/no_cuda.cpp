@@ -1,0 +1,23 @@
+// CPU-only build: the same entry points, each refusing with a clear message.
+#include "tensorrt_llm/kernels.h"
+
+#include <stdexcept>
+
+namespace tensorrt_llm {
+
+namespace {
+[[noreturn]] void noCuda(char const* what) {
+    throw std::runtime_error(std::string(what)
+                             + ": tensorrt_llm.bindings was built without CUDA kernels (CPU-only build); "
+                               "rebuild with `python build_wheel.py` on a machine with nvcc");
+}
+} // namespace
+
+bool cudaKernelsCompiled() { return false; }
+void prepareDevice(int, std::vector<NamedPointer> const&, void*) { noCuda("prepare_device"); }
+void launchRmsNorm(RmsNormParams const&, void*) { noCuda("rms_norm"); }
+void launchRotaryEmbedding(RotaryParams const&, void*) { noCuda("rotary_embedding"); }
+void launchActAndMul(ActAndMulParams const&, void*) { noCuda("act_and_mul"); }
+void launchPagedKvWrite(PagedKvWriteParams const&, void*) { noCuda("paged_kv_write"); }
+
+} // namespace tensorrt_llm

@@ -1,0 +1,87 @@
+// RMSNorm with an optional fused residual add.
+//
+//   s   = x + residual            (rounded to the storage dtype, written to residualOut)
+//   out = s * rsqrt(mean(s^2) + eps) * weight
+//
+// One block per row; float32 accumulation; a warp-shuffle block reduction. Rows are read
+// twice (the second read hits L1/L2); 16-byte accesses when sizes, strides and pointers allow.
+#include "common.cuh"
+
+namespace tensorrt_llm {
+
+template <typename T, int VEC>
+__global__ void rmsNormKernel(T* __restrict__ out, T const* __restrict__ x, T const* __restrict__ weight,
+                              T const* __restrict__ residual, T* __restrict__ residualOut, int64_t hidden,
+                              int64_t xRowStride, int64_t outRowStride, int64_t resRowStride, int64_t resOutRowStride,
+                              float eps) {
+    using P = Pack<T, VEC>;
+    int64_t const row = blockIdx.x;
+    int64_t const numVec = hidden / VEC;
+    P const* xRow = reinterpret_cast<P const*>(x + row * xRowStride);
+    P const* resRow = residual ? reinterpret_cast<P const*>(residual + row * resRowStride) : nullptr;
+    P* resOutRow = residualOut ? reinterpret_cast<P*>(residualOut + row * resOutRowStride) : nullptr;
+
+    // Pass 1: (optional) residual add and the sum of squares.
+    float sumSq = 0.f;
+    for (int64_t i = threadIdx.x; i < numVec; i += blockDim.x) {
+        P a = xRow[i];
+        if (resRow) {
+            P const b = resRow[i];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a.v[j] = fromFloat<T>(toFloat(a.v[j]) + toFloat(b.v[j]));
+            resOutRow[i] = a;
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            float const f = toFloat(a.v[j]);
+            sumSq += f * f;
+        }
+    }
+    float const inv = rsqrtf(blockReduceSum(sumSq) / static_cast<float>(hidden) + eps);
+
+    // Pass 2: normalise and scale. Each thread re-reads exactly the elements it wrote above.
+    P const* src = resOutRow ? resOutRow : xRow;
+    P const* w = reinterpret_cast<P const*>(weight);
+    P* outRow = reinterpret_cast<P*>(out + row * outRowStride);
+    for (int64_t i = threadIdx.x; i < numVec; i += blockDim.x) {
+        P const a = src[i];
+        P const g = w[i];
+        P o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] = fromFloat<T>(toFloat(a.v[j]) * inv * toFloat(g.v[j]));
+        outRow[i] = o;
+    }
+}
+
+template <typename T, int VEC>
+static void launch(RmsNormParams const& p, cudaStream_t stream) {
+    int64_t const numVec = p.hidden / VEC;
+    int const threads = std::min(1024, std::max(32, roundUp(numVec, 32)));
+    rmsNormKernel<T, VEC><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(
+        static_cast<T*>(p.out), static_cast<T const*>(p.x), static_cast<T const*>(p.weight),
+        static_cast<T const*>(p.residual), static_cast<T*>(p.residualOut), p.hidden, p.xRowStride, p.outRowStride,
+        p.residualRowStride, p.residualOutRowStride, p.eps);
+}
+
+void launchRmsNorm(RmsNormParams const& p, void* stream) {
+    if (p.rows == 0) return;
+    auto s = static_cast<cudaStream_t>(stream);
+    dispatchFloat(p.dtype, "rms_norm", [&](auto tag) {
+        using T = decltype(tag);
+        constexpr int V = kVec16<T>;
+        bool vec = p.hidden % V == 0 && aligned16(p.out) && aligned16(p.x) && aligned16(p.weight)
+                   && p.xRowStride % V == 0 && p.outRowStride % V == 0;
+        if (p.residual) {
+            vec = vec && aligned16(p.residual) && aligned16(p.residualOut) && p.residualRowStride % V == 0
+                  && p.residualOutRowStride % V == 0;
+        }
+        if (vec) {
+            launch<T, V>(p, s);
+        } else {
+            launch<T, 1>(p, s);
+        }
+    });
+    checkLaunch("rms_norm");
+}
+
+} // namespace tensorrt_llm

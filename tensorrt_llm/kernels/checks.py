@@ -1,0 +1,143 @@
+"""Argument checks of the kernel ops, shared by the CPU (reference) and CUDA implementations.
+
+Shapes, strides and devices raise ValueError, dtypes TypeError; each message names the op and
+the tensors. The compiled module checks the same again in C++ before any launch.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _desc(name: str, t: torch.Tensor) -> str:
+    return f"{name} ({str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device})"
+
+
+def check_tensors(op: str, **tensors: Optional[torch.Tensor]) -> None:
+    """Every argument is a tensor (or None) and all tensors are on one device."""
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if first is None:
+            first = (name, t)
+        elif t.device != first[1].device:
+            raise ValueError(f"{op}: {_desc(name, t)} and {_desc(*first)} are on different devices")
+
+
+def check_dtype(op: str, name: str, t: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{op}: {name} must be one of {{{names}}}, got {str(t.dtype).replace('torch.', '')}")
+
+
+def check_same_dtype(op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{op}: {name} is {str(t.dtype).replace('torch.', '')} but {ref_name} is "
+                        f"{str(ref.dtype).replace('torch.', '')}")
+
+
+def check_dim(op: str, name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+    if t.dim() != ndim:
+        raise ValueError(f"{op}: {name} must be {layout}, got shape {list(t.shape)}")
+
+
+def check_last_dim_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{op}: {name} must be contiguous in its last dimension, got strides {list(t.stride())}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None,
+             eps: float = 1e-6) -> None:
+    op = "rms_norm"
+    check_tensors(op, x=x, weight=weight, residual=residual)
+    check_dtype(op, "x", x, FLOAT_DTYPES)
+    check_same_dtype(op, "x", x, "weight", weight)
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"{op}: x must be [..., hidden] with hidden > 0, got shape {list(x.shape)}")
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"{op}: weight has shape {list(weight.shape)} but x has shape {list(x.shape)} "
+                         f"(expected weight [{x.shape[-1]}])")
+    if residual is not None:
+        check_same_dtype(op, "x", x, "residual", residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"{op}: residual has shape {list(residual.shape)} but x has shape {list(x.shape)}")
+    if not eps >= 0.0 or eps == float("inf"):
+        raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
+
+
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> None:
+    op = "rotary_embedding"
+    check_tensors(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
+    check_dtype(op, "q", q, FLOAT_DTYPES)
+    check_same_dtype(op, "q", q, "k", k)
+    check_dtype(op, "positions", positions, INDEX_DTYPES)
+    check_dtype(op, "cos_sin_cache", cos_sin_cache, (torch.float32,))
+    check_dim(op, "q", q, 3, "[num_tokens, num_heads, head_dim]")
+    check_dim(op, "k", k, 3, "[num_tokens, num_kv_heads, head_dim]")
+    check_dim(op, "positions", positions, 1, "[num_tokens]")
+    check_dim(op, "cos_sin_cache", cos_sin_cache, 2, "[max_positions, rotary_dim]")
+    if k.shape[0] != q.shape[0] or positions.shape[0] != q.shape[0]:
+        raise ValueError(f"{op}: token counts differ: q {list(q.shape)}, k {list(k.shape)}, "
+                         f"positions {list(positions.shape)}")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"{op}: head sizes differ: q {list(q.shape)}, k {list(k.shape)}")
+    rot = cos_sin_cache.shape[1]
+    if rot % 2 or rot > q.shape[2]:
+        raise ValueError(f"{op}: cos_sin_cache {list(cos_sin_cache.shape)} needs an even rotary_dim <= "
+                         f"head_dim {q.shape[2]}")
+    check_last_dim_contiguous(op, "q", q)
+    check_last_dim_contiguous(op, "k", k)
+
+
+def act_and_mul(op: str, x: torch.Tensor) -> None:
+    check_tensors(op, x=x)
+    check_dtype(op, "x", x, FLOAT_DTYPES)
+    if x.dim() < 1 or x.shape[-1] % 2:
+        raise ValueError(f"{op}: x must be [..., 2 * intermediate] (even last dimension), got {list(x.shape)}")
+
+
+def gelu_approximate(approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def paged_kv_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                   cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
+    op = "paged_kv_write"
+    check_tensors(op, key=key, value=value, kv_cache=kv_cache, block_tables=block_tables,
+                  cu_seqlens=cu_seqlens, past_lengths=past_lengths)
+    check_dtype(op, "key", key, FLOAT_DTYPES)
+    check_same_dtype(op, "key", key, "value", value)
+    check_same_dtype(op, "key", key, "kv_cache", kv_cache)
+    for name, t in (("block_tables", block_tables), ("cu_seqlens", cu_seqlens), ("past_lengths", past_lengths)):
+        check_dtype(op, name, t, (torch.int32,))
+    check_dim(op, "key", key, 3, "[num_tokens, num_kv_heads, head_dim]")
+    if value.shape != key.shape:
+        raise ValueError(f"{op}: value has shape {list(value.shape)} but key has shape {list(key.shape)}")
+    check_dim(op, "kv_cache", kv_cache, 5, "[num_blocks, 2, num_kv_heads, tokens_per_block, head_dim]")
+    _, kv_heads, head_dim = key.shape
+    if kv_cache.shape[1] != 2 or kv_cache.shape[2] != kv_heads or kv_cache.shape[4] != head_dim:
+        raise ValueError(f"{op}: kv_cache {list(kv_cache.shape)} must be [num_blocks, 2, {kv_heads}, "
+                         f"tokens_per_block, {head_dim}] for key {list(key.shape)}")
+    if kv_cache.shape[3] == 0:
+        raise ValueError(f"{op}: kv_cache has tokens_per_block = 0")
+    check_dim(op, "block_tables", block_tables, 2, "[batch, max_blocks_per_seq]")
+    batch = block_tables.shape[0]
+    if cu_seqlens.shape != (batch + 1,):
+        raise ValueError(f"{op}: cu_seqlens has shape {list(cu_seqlens.shape)}, expected [{batch + 1}] for "
+                         f"block_tables {list(block_tables.shape)}")
+    if past_lengths.shape != (batch,):
+        raise ValueError(f"{op}: past_lengths has shape {list(past_lengths.shape)}, expected [{batch}] for "
+                         f"block_tables {list(block_tables.shape)}")
+    if not kv_cache.is_contiguous():
+        raise ValueError(f"{op}: kv_cache must be contiguous")
+    check_last_dim_contiguous(op, "key", key)
+    check_last_dim_contiguous(op, "value", value)

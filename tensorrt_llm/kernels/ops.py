@@ -1,0 +1,240 @@
+"""The compiled kernels as `torch.library` custom ops (`torch.ops.trtllm.*`).
+
+Each op's default implementation (CPU and any device without a kernel) is the reference in
+reference.py; the CUDA implementation calls tensorrt_llm.bindings with data pointers, shapes,
+strides, a dtype code and the current CUDA stream. Fake (meta) implementations make the ops
+usable under torch.compile and CUDA-graph capture. Arguments are checked (checks.py) before
+either implementation runs, and the bindings check them again in C++.
+
+When CUDA tensors arrive but the compiled module lacks CUDA kernels (a CPU-only build), the
+reference runs on the GPU instead, after a one-line warning.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+
+from . import checks, reference
+from ._bindings import cuda_kernels_available, get_bindings, stream_of, tensor_arg
+
+_warned_fallback = False
+
+
+def _use_compiled() -> bool:
+    global _warned_fallback
+    if cuda_kernels_available():
+        return True
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn("tensorrt_llm.kernels: compiled CUDA kernels are not available (CPU-only or missing "
+                      "tensorrt_llm.bindings); running the PyTorch reference on the GPU", RuntimeWarning,
+                      stacklevel=3)
+    return False
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t viewed as [rows, last] with a unit last stride (copied only when no such view exists)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    if t2.shape[-1] > 1 and t2.stride(-1) != 1:
+        t2 = t2.contiguous()
+    return t2
+
+
+# ---- rms_norm ------------------------------------------------------------------------------
+
+@torch.library.custom_op("trtllm::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    checks.rms_norm(x, weight, None, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+@_rms_norm_op.register_kernel("cuda")
+def _rms_norm_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    checks.rms_norm(x, weight, None, eps)
+    if not _use_compiled():
+        return reference.rms_norm(x, weight, eps)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        get_bindings().rms_norm(tensor_arg(out.view(-1, x.shape[-1])), tensor_arg(_rows(x)), tensor_arg(weight),
+                                float(eps), stream_of(x))
+    return out
+
+
+@_rms_norm_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("trtllm::fused_add_rms_norm", mutates_args=())
+def _fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    checks.rms_norm(x, weight, residual, eps)
+    return reference.fused_add_rms_norm(x, residual, weight, eps)
+
+
+@_fused_add_rms_norm_op.register_kernel("cuda")
+def _fused_add_rms_norm_cuda(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    checks.rms_norm(x, weight, residual, eps)
+    if not _use_compiled():
+        return reference.fused_add_rms_norm(x, residual, weight, eps)
+    hidden = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        get_bindings().rms_norm(tensor_arg(out.view(-1, hidden)), tensor_arg(_rows(x)), tensor_arg(weight),
+                                float(eps), stream_of(x), tensor_arg(_rows(residual)),
+                                tensor_arg(summed.view(-1, hidden)))
+    return out, summed
+
+
+@_fused_add_rms_norm_op.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+             residual: Optional[torch.Tensor] = None):
+    """RMSNorm over the last dimension: `out`, or `(out, x + residual)` when a residual is given."""
+    if residual is None:
+        return torch.ops.trtllm.rms_norm(x, weight, eps)
+    return torch.ops.trtllm.fused_add_rms_norm(x, residual, weight, eps)
+
+
+# ---- rotary_embedding_ ---------------------------------------------------------------------
+
+@torch.library.custom_op("trtllm::rotary_embedding_", mutates_args=("q", "k"))
+def _rotary_op(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+               is_neox: bool) -> None:
+    checks.rotary_embedding(q, k, positions, cos_sin_cache)
+    reference.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox)
+
+
+@_rotary_op.register_kernel("cuda")
+def _rotary_cuda(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                 is_neox: bool) -> None:
+    checks.rotary_embedding(q, k, positions, cos_sin_cache)
+    if not _use_compiled():
+        reference.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox)
+        return
+    get_bindings().rotary_embedding(tensor_arg(q), tensor_arg(k), tensor_arg(positions.contiguous()),
+                                    tensor_arg(cos_sin_cache.contiguous()), bool(is_neox), stream_of(q))
+
+
+@_rotary_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+      is_neox: bool) -> None:
+    return None
+
+
+def rotary_embedding_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      is_neox: bool = True) -> None:
+    """Rotary embedding in place on q [T, Hq, D] and k [T, KV, D] (strided views of a packed QKV are fine).
+
+    cos_sin_cache float32 [max_positions, rotary_dim] (see rope_cos_sin_cache); dims past rotary_dim
+    pass through. Positions outside the table raise on the CPU and leave the token unchanged on CUDA.
+    """
+    torch.ops.trtllm.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox)
+
+
+# ---- silu_and_mul / gelu_and_mul -----------------------------------------------------------
+
+def _act_and_mul_cuda(name: str, x: torch.Tensor, *extra) -> torch.Tensor:
+    inter = x.shape[-1] // 2
+    out = torch.empty((*x.shape[:-1], inter), dtype=x.dtype, device=x.device)
+    if out.numel():
+        getattr(get_bindings(), name)(tensor_arg(out.view(-1, inter)), tensor_arg(_rows(x)), *extra, stream_of(x))
+    return out
+
+
+@torch.library.custom_op("trtllm::silu_and_mul", mutates_args=())
+def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
+    checks.act_and_mul("silu_and_mul", x)
+    return reference.silu_and_mul(x)
+
+
+@_silu_and_mul_op.register_kernel("cuda")
+def _silu_and_mul_cuda(x: torch.Tensor) -> torch.Tensor:
+    checks.act_and_mul("silu_and_mul", x)
+    if not _use_compiled():
+        return reference.silu_and_mul(x)
+    return _act_and_mul_cuda("silu_and_mul", x)
+
+
+@_silu_and_mul_op.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("trtllm::gelu_and_mul", mutates_args=())
+def _gelu_and_mul_op(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    checks.act_and_mul("gelu_and_mul", x)
+    checks.gelu_approximate(approximate)
+    return reference.gelu_and_mul(x, approximate)
+
+
+@_gelu_and_mul_op.register_kernel("cuda")
+def _gelu_and_mul_cuda(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    checks.act_and_mul("gelu_and_mul", x)
+    checks.gelu_approximate(approximate)
+    if not _use_compiled():
+        return reference.gelu_and_mul(x, approximate)
+    return _act_and_mul_cuda("gelu_and_mul", x, approximate)
+
+
+@_gelu_and_mul_op.register_fake
+def _(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :I]) * x[..., I:] for x [..., 2I]."""
+    return torch.ops.trtllm.silu_and_mul(x)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(x[..., :I]) * x[..., I:] for x [..., 2I]; approximate is "none" (erf) or "tanh"."""
+    return torch.ops.trtllm.gelu_and_mul(x, approximate)
+
+
+# ---- paged_kv_write_ -----------------------------------------------------------------------
+
+@torch.library.custom_op("trtllm::paged_kv_write_", mutates_args=("kv_cache",))
+def _paged_kv_write_op(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                       cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
+    checks.paged_kv_write(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
+    reference.paged_kv_write_(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
+
+
+@_paged_kv_write_op.register_kernel("cuda")
+def _paged_kv_write_cuda(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                         cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
+    checks.paged_kv_write(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
+    if not _use_compiled():
+        reference.paged_kv_write_(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
+        return
+    get_bindings().paged_kv_write(tensor_arg(key), tensor_arg(value), tensor_arg(kv_cache),
+                                  tensor_arg(block_tables.contiguous()), tensor_arg(cu_seqlens.contiguous()),
+                                  tensor_arg(past_lengths.contiguous()), stream_of(kv_cache))
+
+
+@_paged_kv_write_op.register_fake
+def _(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+      cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
+    return None
+
+
+def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                    cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
+    """Scatter key/value [T, KV, D] into kv_cache [num_blocks, 2, KV, tpb, D] through block_tables.
+
+    Token t of sequence b (cu_seqlens[b] <= t < cu_seqlens[b+1]) goes to position
+    p = past_lengths[b] + t - cu_seqlens[b]: block block_tables[b, p // tpb], slot p % tpb.
+    Bad block ids or positions raise on the CPU; on CUDA those tokens are skipped (never written
+    out of bounds), since checking would need a device sync.
+    """
+    torch.ops.trtllm.paged_kv_write_(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)

@@ -1,0 +1,134 @@
+"""Plain PyTorch meaning of every compiled kernel.
+
+These run on the CPU (they are the CPU implementation of the `trtllm::` ops), on CUDA tensors
+when the compiled kernels are missing, and in the tests that check the kernels. Math is done
+in float32 and rounded once to the tensor's dtype, as the kernels do.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2, -1) + eps) * weight, in float32, rounded to x.dtype."""
+    xf = x.float()
+    inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (xf * inv * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual); the sum is rounded to the dtype before the norm."""
+    s = x + residual
+    return rms_norm(s, weight, eps), s
+
+
+def rope_cos_sin_cache_local(max_positions: int, rotary_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """float32 [max_positions, rotary_dim]: row p = cat(cos(p * inv_freq), sin(p * inv_freq)).
+
+    inv_freq[i] = theta ** (-2i / rotary_dim); angles are formed in float64.
+    """
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rope_cos_sin_cache: rotary_dim must be even and > 0, got {rotary_dim}")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+try:  # the graph library's table (with the llama3 / linear scalings) is the one to use
+    from tensorrt_llm.functional import rope_cos_sin_cache  # noqa: F401
+except ImportError:  # functional.py not there (or broken): the unscaled table
+    def rope_cos_sin_cache(max_positions: int, rotary_dim: int, theta: float = 10000.0,
+                           scaling: Optional[dict] = None) -> torch.Tensor:
+        if scaling is not None:
+            raise NotImplementedError("rope scaling needs tensorrt_llm.functional.rope_cos_sin_cache")
+        return rope_cos_sin_cache_local(max_positions, rotary_dim, theta)
+
+
+def _check_positions(positions: torch.Tensor, max_positions: int) -> None:
+    if positions.numel() == 0:
+        return
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= max_positions:
+        raise ValueError(f"rotary_embedding: positions span [{lo}, {hi}] but cos_sin_cache has "
+                         f"{max_positions} rows")
+
+
+def rotary_embedding_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """Rotate the first rotary_dim dims of every head of q [T, Hq, D] and k [T, KV, D], in place.
+
+    NeoX pairs (x[j], x[j + r/2]); GPT-J pairs (x[2j], x[2j + 1]). Out-of-range positions raise
+    here (the CUDA kernel, which cannot raise without a sync, leaves those tokens unchanged).
+    """
+    rot = cos_sin_cache.shape[1]
+    half = rot // 2
+    _check_positions(positions, cos_sin_cache.shape[0])
+    table = cos_sin_cache.to(q.device)[positions.long()]          # [T, rot]
+    cos = table[:, None, :half]
+    sin = table[:, None, half:]
+    for x in (q, k):
+        part = x[..., :rot].float()
+        if is_neox:
+            x1, x2 = part[..., :half], part[..., half:]
+            rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        else:
+            x1, x2 = part[..., 0::2], part[..., 1::2]
+            rotated = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+        x[..., :rot].copy_(rotated.to(x.dtype))
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :I]) * x[..., I:] for x [..., 2I]."""
+    inter = x.shape[-1] // 2
+    xf = x.float()
+    return (F.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(x[..., :I], approximate) * x[..., I:] for x [..., 2I]; approximate is "none" or "tanh"."""
+    inter = x.shape[-1] // 2
+    xf = x.float()
+    return (F.gelu(xf[..., :inter], approximate=approximate) * xf[..., inter:]).to(x.dtype)
+
+
+def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                    block_tables: torch.Tensor, cu_seqlens: torch.Tensor,
+                    past_lengths: torch.Tensor) -> None:
+    """Token t of sequence b goes to position p = past_lengths[b] + t - cu_seqlens[b], that is
+    block block_tables[b, p // tpb], slot p % tpb of kv_cache [num_blocks, 2, KV, tpb, D].
+
+    Bad metadata (a block id outside [0, num_blocks), a position past the block table,
+    cu_seqlens not covering the tokens) raises ValueError here; the CUDA kernel skips such
+    tokens instead (it cannot raise without a sync) and never writes out of bounds.
+    """
+    num_blocks, _, _, tpb, _ = kv_cache.shape
+    batch, max_blocks = block_tables.shape
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    past = [int(v) for v in past_lengths.tolist()]
+    tables = block_tables.cpu()
+    if cu[0] != 0 or cu[-1] != key.shape[0] or any(a > b for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"paged_kv_write: cu_seqlens {cu} must rise from 0 to the {key.shape[0]} tokens")
+    writes = []  # check every sequence before writing anything
+    for b in range(batch):
+        start, end = cu[b], cu[b + 1]
+        if start == end:
+            continue
+        if past[b] < 0:
+            raise ValueError(f"paged_kv_write: past_lengths[{b}] = {past[b]} is negative")
+        pos = torch.arange(past[b], past[b] + end - start)
+        idx = pos // tpb
+        if int(idx[-1]) >= max_blocks:
+            raise ValueError(f"paged_kv_write: sequence {b} reaches position {int(pos[-1])}, past its "
+                             f"{max_blocks} blocks of {tpb} tokens")
+        blocks = tables[b, idx].long()
+        if int(blocks.min()) < 0 or int(blocks.max()) >= num_blocks:
+            raise ValueError(f"paged_kv_write: block_tables[{b}] holds block ids {blocks.tolist()} outside "
+                             f"[0, {num_blocks})")
+        writes.append((start, end, blocks.to(kv_cache.device), (pos % tpb).to(kv_cache.device)))
+    for start, end, blocks, slots in writes:
+        kv_cache[blocks, 0, :, slots] = key[start:end]
+        kv_cache[blocks, 1, :, slots] = value[start:end]
