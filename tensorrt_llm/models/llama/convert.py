@@ -288,7 +288,7 @@ class _HFTensors:
         if self._bin_cache is None or self._bin_cache[0] != path:
             self._bin_cache = (path, torch.load(path, map_location="cpu", weights_only=True,
                                                 mmap=True))
-        return self._bin_cache[1][name]
+        return self._bin_cache[1][name].clone()  # not a view of the file mapping
 
 
 def load_weights_from_hf(model_dir_or_model, config: PretrainedConfig,
