@@ -62,9 +62,11 @@ def main(argv=None) -> int:
         path = engine.save(args.output_dir)
         total_bytes += path.stat().st_size
         s = engine.config["build_summary"]
+        fused = s["rewrites"].get("rewrites", {})
         print(f"[rank {rank}/{world}] layers: {s['layers_before_rewriting']} defined, "
               f"{s['layers_after_rewriting']} after rewriting "
-              f"({', '.join(f'{k}: {v}' for k, v in s['rewrites'].items()) or 'no rewrites'})")
+              f"({', '.join(f'{k} x{v}' for k, v in fused.items()) or 'no rewrites'}); "
+              f"{s['weight_bytes'] / 2**20:.1f} MiB of weights, built in {s['build_seconds']:.1f} s")
     print(f"Engine written to {args.output_dir}: {world} rank(s), {total_bytes / 2**20:.1f} MiB, "
           f"{time.perf_counter() - t0:.1f} s")
     return 0

@@ -11,6 +11,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from .cuda_graph import CudaGraphDecoder
 from .kv_cache_manager import KVCacheManager
 from .sampling import SamplingConfig, make_generator, sample
 from .session import Session
@@ -29,8 +30,9 @@ class ModelLimits:
 class GenerationSession:
 
     def __init__(self, session: Session, limits: ModelLimits, kv_cache: KVCacheManager,
-                 kv_cache_pool: torch.Tensor):
+                 kv_cache_pool: torch.Tensor, cuda_graphs: Optional[CudaGraphDecoder] = None):
         self.session = session
+        self.cuda_graphs = cuda_graphs
         self.limits = limits
         self.kv_cache = kv_cache
         self.kv_cache_pool = kv_cache_pool
@@ -128,45 +130,46 @@ class GenerationSession:
         gen_logits = [] if output_generation_logits else None
         # Penalties and min_length read every row's tokens so far from a device copy.
         history = output_ids[:, 0].to(dev) if _needs_history(sampling) else None
-        active = list(range(B))
+        active = torch.arange(B)  # rows of the batch still generating
         ones = torch.ones(B, dtype=torch.int32)
 
         for step in range(max_new_tokens):
             if gen_logits is not None:
                 full = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=logits.device)
-                full[active] = logits
+                full[active.to(logits.device)] = logits
                 gen_logits.append(full)
             if history is not None:
                 tokens = sample(logits, sampling, generator, token_ids=history[active],
                                 context_lengths=lens[active], sequence_lengths=seq_lens[active])
             else:
                 tokens = sample(logits, sampling, generator)
-            tokens = tokens.cpu()
-            still = []
-            for row, b in enumerate(active):
-                tok = int(tokens[row])
-                output_ids[b, 0, seq_lens[b]] = tok
-                seq_lens[b] += 1
-                if sampling.end_id is not None and tok == sampling.end_id:
-                    continue
-                if step + 1 < max_new_tokens:
-                    still.append((row, b))
+            host_tokens = tokens.cpu()
+            output_ids[active, 0, seq_lens[active].long()] = host_tokens
+            seq_lens[active] += 1
             if history is not None:
-                history[active, seq_lens[active] - 1] = tokens.to(dev)
+                history[active.to(dev), (seq_lens[active] - 1).to(dev)] = tokens
             yield self._result(output_ids, seq_lens, gen_logits, context_logits, done=False)
-            if not still:
+            if step + 1 == max_new_tokens:
                 break
-            rows = torch.tensor([r for r, _ in still])
-            active = [b for _, b in still]
-            n = len(active)
-            cur = seq_lens[active]
+            going = (host_tokens != sampling.end_id) if sampling.end_id is not None else None
+            if going is not None and not bool(going.all()):
+                rows = going.nonzero().squeeze(1)
+                if rows.numel() == 0:
+                    break
+                active, tokens = active[rows], tokens[rows.to(dev)]
+            n = active.numel()
+            cur = seq_lens[active].to(dev)
+            step_tables = block_tables[active.to(dev)] if n < B else block_tables
+            if self.cuda_graphs is not None:
+                logits = self.cuda_graphs.step(tokens, cur, step_tables)
+                continue
             feed = {
-                "input_ids": tokens[rows].to(torch.int32).to(dev),
-                "position_ids": (cur - 1).to(dev),
+                "input_ids": tokens,
+                "position_ids": cur - 1,
                 "last_token_ids": torch.arange(n, dtype=torch.int64, device=dev),
                 "kv_cache_pool": self.kv_cache_pool,
-                "block_tables": block_tables[active] if n < B else block_tables,
-                "sequence_lengths": cur.to(dev),
+                "block_tables": step_tables,
+                "sequence_lengths": cur,
                 "context_lengths": ones[:n].to(dev),
                 "host_context_lengths": ones[:n],
             }

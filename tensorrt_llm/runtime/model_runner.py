@@ -9,6 +9,7 @@ import torch
 from .._utils import str_dtype_to_torch
 from ..builder import Engine
 from ..logger import logger
+from .cuda_graph import CudaGraphDecoder
 from .generation import GenerationSession, ModelLimits
 from .kv_cache_manager import KVCacheConfig, KVCacheManager, allocate_pool
 from .sampling import SamplingConfig
@@ -32,7 +33,8 @@ class ModelRunner:
 
     def __init__(self, engine: Engine, device: torch.device,
                  kv_cache_free_gpu_mem_fraction: float = 0.9,
-                 max_tokens_in_paged_kv_cache: Optional[int] = None):
+                 max_tokens_in_paged_kv_cache: Optional[int] = None,
+                 use_cuda_graph: Optional[bool] = None):
         self.engine = engine
         self.device = device
         cfg = engine.pretrained_config
@@ -51,12 +53,22 @@ class ModelRunner:
             device, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
             tokens_per_block=tpb, dtype=dtype, max_batch_size=bc.max_batch_size, max_seq_len=bc.max_seq_len)
         self.kv_cache = KVCacheManager(num_blocks, tpb, max_blocks_per_seq)
-        self.kv_cache_pool = allocate_pool(num_blocks, num_layers, num_kv_heads, tpb, head_dim,
+        # One block past the manager's: the scratch block that padding rows of a CUDA-graph
+        # bucket write into.
+        self.kv_cache_pool = allocate_pool(num_blocks + 1, num_layers, num_kv_heads, tpb, head_dim,
                                            dtype, device)
+        if use_cuda_graph is None:
+            use_cuda_graph = device.type == "cuda"
+        graphs = None
+        if use_cuda_graph:
+            if device.type != "cuda":
+                raise ValueError("use_cuda_graph needs a CUDA device")
+            graphs = CudaGraphDecoder(self.session, self.kv_cache_pool, bc.max_batch_size,
+                                      max_blocks_per_seq, scratch_block=num_blocks)
         limits = ModelLimits(vocab_size=cfg["vocab_size"], max_batch_size=bc.max_batch_size,
                              max_input_len=bc.max_input_len, max_seq_len=bc.max_seq_len,
                              max_num_tokens=bc.max_num_tokens)
-        self.generation = GenerationSession(self.session, limits, self.kv_cache, self.kv_cache_pool)
+        self.generation = GenerationSession(self.session, limits, self.kv_cache, self.kv_cache_pool, graphs)
         logger.info(f"engine on {device}: KV cache of {num_blocks} blocks x {tpb} tokens")
 
     @classmethod

@@ -1,5 +1,6 @@
 """The three commands as a user runs them: convert_checkpoint.py, trtllm-build, run.py."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,10 @@ GGUF = smollm2_gguf()
 
 
 def run(*args, check=True):
+    # The checkout under test comes first, whether or not the package is also installed.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=900)
+                       timeout=900, env=env)
     if check and p.returncode != 0:
         raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p

@@ -1,0 +1,96 @@
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+
+A decode step runs the same kernels with the same shapes every time for a given batch
+size, so it is captured once and replayed: the launch cost of hundreds of small kernels
+becomes one graph launch. Inputs live in static buffers that every graph reads; a step
+copies the new tokens, positions, lengths and block tables into them (the block tables are
+updated in place) and replays the graph of the smallest bucket that holds the batch. Rows
+of the bucket past the real batch are padding: they point at a scratch KV block of their
+own, so they never touch another sequence's cache.
+"""
+from __future__ import annotations
+
+import torch
+
+from .session import Session
+
+
+def batch_buckets(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to max_batch_size (and max_batch_size itself)."""
+    sizes = [b for b in (1, 2, 4) if b < max_batch_size]
+    sizes += list(range(8, max_batch_size, 8))
+    return sorted(set(sizes + [max_batch_size]))
+
+
+class CudaGraphDecoder:
+
+    def __init__(self, session: Session, kv_cache_pool: torch.Tensor, max_batch_size: int,
+                 max_blocks_per_seq: int, scratch_block: int):
+        dev = session.device
+        self.session = session
+        self.buckets = batch_buckets(max_batch_size)
+        n = max_batch_size
+        self.input_ids = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.position_ids = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.last_token_ids = torch.arange(n, dtype=torch.int64, device=dev)
+        self.sequence_lengths = torch.ones(n, dtype=torch.int32, device=dev)
+        self.context_lengths = torch.ones(n, dtype=torch.int32, device=dev)
+        self.host_context_lengths = torch.ones(n, dtype=torch.int32)
+        self.block_tables = torch.full((n, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=dev)
+        self.scratch_block = scratch_block
+        self.kv_cache_pool = kv_cache_pool
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.memory_pool = torch.cuda.graph_pool_handle()
+
+    def _feed(self, b: int) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": self.input_ids[:b],
+            "position_ids": self.position_ids[:b],
+            "last_token_ids": self.last_token_ids[:b],
+            "kv_cache_pool": self.kv_cache_pool,
+            "block_tables": self.block_tables[:b],
+            "sequence_lengths": self.sequence_lengths[:b],
+            "context_lengths": self.context_lengths[:b],
+            "host_context_lengths": self.host_context_lengths[:b],
+        }
+
+    def _capture(self, b: int):
+        feed = self._feed(b)
+        # Warm-up outside the graph (lazy initialisation, autotuning), on a side stream as
+        # capture requires.
+        stream = torch.cuda.Stream(self.session.device)
+        stream.wait_stream(torch.cuda.current_stream(self.session.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.session.run(feed, check=False)
+        torch.cuda.current_stream(self.session.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.memory_pool):
+            logits = self.session.run(feed, check=False)["logits"]
+        self.graphs[b] = (graph, logits)
+
+    def bucket(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} exceeds the largest bucket {self.buckets[-1]}")
+
+    def step(self, input_ids: torch.Tensor, sequence_lengths: torch.Tensor,
+             block_tables: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] of one decode step of n sequences (a view, valid until the next step)."""
+        n = input_ids.shape[0]
+        b = self.bucket(n)
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.sequence_lengths[:n].copy_(sequence_lengths, non_blocking=True)
+        torch.sub(self.sequence_lengths[:n], 1, out=self.position_ids[:n])
+        self.block_tables[:n].copy_(block_tables, non_blocking=True)
+        if b > n:  # padding rows: one token at position 0 of the scratch block
+            self.input_ids[n:b].zero_()
+            self.sequence_lengths[n:b].fill_(1)
+            self.position_ids[n:b].zero_()
+            self.block_tables[n:b].fill_(self.scratch_block)
+        if b not in self.graphs:
+            self._capture(b)
+        graph, logits = self.graphs[b]
+        graph.replay()
+        return logits[:n]
