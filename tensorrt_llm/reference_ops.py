@@ -93,60 +93,102 @@ def _write_kv(cache, k, v, block_tables, sequence_lengths, context_lengths, toke
     device = k.device
     if decode:  # one new token per sequence: token b is sequence b's last position
         seq_of_token = torch.arange(num_tokens, device=device)
-        positions = sequence_lengths.long() - 1
+        positions = sequence_lengths - 1
     else:
-        ctx = context_lengths.long()
-        seq_of_token = torch.repeat_interleave(torch.arange(ctx.shape[0], device=device), ctx,
-                                               output_size=num_tokens)
-        first_token = torch.cumsum(ctx, 0) - ctx
-        past = sequence_lengths.long() - ctx
+        seq_of_token = torch.repeat_interleave(torch.arange(context_lengths.shape[0], device=device),
+                                               context_lengths, output_size=num_tokens)
+        first_token = torch.cumsum(context_lengths, 0) - context_lengths
+        past = sequence_lengths - context_lengths
         positions = (past - first_token)[seq_of_token] + torch.arange(num_tokens, device=device)
     blocks = block_tables[seq_of_token, positions // tokens_per_block]
-    slots = positions % tokens_per_block
     kv_heads, head_dim = cache.shape[2], cache.shape[4]
     rows = torch.stack((k.reshape(num_tokens, kv_heads, head_dim), v.reshape(num_tokens, kv_heads, head_dim)), 1)
-    cache.permute(0, 3, 1, 2, 4)[blocks, slots] = rows  # [block, slot] -> [2, KV, D]
+    cache.permute(0, 3, 1, 2, 4)[blocks, positions % tokens_per_block] = rows  # [block, slot] -> [2, KV, D]
+
+
+def _write_kv_decode_host(cache, k, v, block_tables, lengths, tokens_per_block):
+    """The decode write on the CPU, where lengths are host values: one row per sequence
+    by plain indexing, far fewer ops than the general scatter."""
+    kv_heads, head_dim = cache.shape[2], cache.shape[4]
+    k = k.reshape(-1, kv_heads, head_dim)
+    v = v.reshape(-1, kv_heads, head_dim)
+    for b, n in enumerate(lengths):
+        block, slot = int(block_tables[b, (n - 1) // tokens_per_block]), (n - 1) % tokens_per_block
+        cache[block, 0, :, slot] = k[b]
+        cache[block, 1, :, slot] = v[b]
 
 
 def _gather_kv(cache, block_tables):
-    """Keys and values [KV, B, nb * tpb, D] of the blocks in block_tables [B, nb]: one gather
-    straight into the layout the attention matmuls read."""
+    """Keys and values [2, KV, B, nb * tpb, D] of the blocks in block_tables [B, nb], in one
+    gather straight into the layout the attention reads."""
     batch, num_blocks = block_tables.shape
     _, _, kv_heads, tpb, head_dim = cache.shape
     kv = cache.permute(1, 2, 0, 3, 4).index_select(2, block_tables.reshape(-1))  # [2, KV, B * nb, tpb, D]
-    kv = kv.view(2, kv_heads, batch, num_blocks * tpb, head_dim)
-    return kv[0], kv[1]
+    return kv.view(2, kv_heads, batch, num_blocks * tpb, head_dim)
 
 
-def _blocks_to_read(sequence_lengths, block_tables, tokens_per_block) -> int:
-    """How many block-table columns hold cached tokens. On the CPU reading the lengths is
-    free; on a GPU it would sync, so every column is read and the mask does the rest."""
-    if sequence_lengths.device.type != "cpu" or sequence_lengths.numel() == 0:
-        return block_tables.shape[1]
-    return min(block_tables.shape[1], -(-int(sequence_lengths.max()) // tokens_per_block))
+def _clear_past_end(kv, lengths):
+    """Zero gathered slots at or past each sequence's length: they hold whatever the pool
+    held (uninitialised memory may be NaN), and a zero probability times NaN is NaN.
+    `lengths`: a host list (slice fills) or a device tensor (a mask, no sync)."""
+    if isinstance(lengths, list):
+        for b, n in enumerate(lengths):
+            kv[:, :, b, n:] = 0
+    else:
+        past_end = torch.arange(kv.shape[3], device=kv.device) >= lengths.unsqueeze(1)
+        kv.masked_fill_(past_end.view(1, 1, kv.shape[2], -1, 1), 0.0)
+    return kv
 
 
-def _attend(q, k, v, q_positions, scale, alibi_slopes, sliding_window):
-    """q [B, Tq, Hq, D] at absolute positions q_positions [B, Tq]; k/v [KV, B, S, D] hold
-    positions 0..S-1. Key j is visible to a query at p when p - window < j <= p.
-    Returns [B, Tq, Hq * D]."""
+def _group_queries(q, kv_heads):
+    """q [B, Tq, Hq, D] -> [KV, B, G * Tq, D] in float32: query heads h = kv * G + g read KV
+    head kv, so KV heads become the batch dim and each group's queries the rows, ordered (g, t)."""
     batch, num_q, num_heads, head_dim = q.shape
-    kv_heads, num_keys = k.shape[0], k.shape[2]
     group = num_heads // kv_heads
-    # Query heads h = kv * group + g read KV head kv: one matmul per KV head covers the group.
-    qf = (q.float() * scale).view(batch, num_q, kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)
-    qf = qf.reshape(kv_heads, batch, group * num_q, head_dim)
-    scores = torch.matmul(qf, k.float().transpose(-1, -2)).view(kv_heads, batch, group, num_q, num_keys)
+    qf = q.float().view(batch, num_q, kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)
+    return qf.reshape(kv_heads, batch, group * num_q, head_dim)
+
+
+def _ungroup(out, num_q, dtype):
+    """[KV, B, G * Tq, D] -> [B, Tq, Hq * D]."""
+    kv_heads, batch, rows, head_dim = out.shape
+    group = rows // num_q
+    out = out.view(kv_heads, batch, group, num_q, head_dim).permute(1, 3, 0, 2, 4)
+    return out.reshape(batch, num_q, kv_heads * group * head_dim).to(dtype)
+
+
+def _attend(q, kv, q_positions, scale, alibi_slopes, sliding_window):
+    """q [B, Tq, Hq, D] at absolute positions q_positions [B, Tq] over kv [2, KV, B, S, D]
+    holding positions 0..S-1 (finite everywhere). Key j is visible to a query at p when
+    p - window < j <= p. Returns [B, Tq, Hq * D], computed in float32."""
+    batch, num_q, num_heads, _ = q.shape
+    kv_heads, num_keys = kv.shape[1], kv.shape[3]
+    group = num_heads // kv_heads
+    kv = kv.float()
     distance = torch.arange(num_keys, device=q.device) - q_positions.unsqueeze(-1)  # j - p, [B, Tq, S]
-    if alibi_slopes is not None:
-        scores = scores + alibi_slopes.float().view(kv_heads, 1, group, 1, 1) * distance.unsqueeze(1)
-    hidden = distance > 0
+    visible = distance <= 0
     if sliding_window is not None:
-        hidden |= distance <= -sliding_window
-    scores.masked_fill_(hidden.unsqueeze(1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(kv_heads, batch, group * num_q, num_keys)
-    out = torch.matmul(probs, v.float()).view(kv_heads, batch, group, num_q, head_dim)
-    return out.permute(1, 3, 0, 2, 4).reshape(batch, num_q, num_heads * head_dim).to(q.dtype)
+        visible &= distance > -sliding_window
+    if alibi_slopes is None:
+        mask = visible.unsqueeze(1).expand(batch, group, num_q, num_keys) if num_q > 1 else visible
+        mask = mask.reshape(1, batch, -1, num_keys)
+    else:
+        bias = alibi_slopes.float().view(kv_heads, 1, group, 1, 1) * distance.unsqueeze(1)  # [KV, B, G, Tq, S]
+        mask = bias.masked_fill_(~visible.unsqueeze(1), float("-inf")).view(kv_heads, batch, group * num_q, num_keys)
+    out = F.scaled_dot_product_attention(_group_queries(q, kv_heads), kv[0], kv[1], attn_mask=mask, scale=scale)
+    return _ungroup(out, num_q, q.dtype)
+
+
+def _attend_decode_same_length(q, cache, block_tables, length, scale, sliding_window):
+    """Decode where every sequence holds `length` tokens: each query sees exactly positions
+    [length - window, length), so reading just those needs neither a mask nor clearing."""
+    tpb = cache.shape[3]
+    start = 0 if sliding_window is None else max(0, length - sliding_window)
+    first_block = start // tpb
+    kv = _gather_kv(cache, block_tables[:, first_block:-(-length // tpb)])
+    kv = kv[:, :, :, start - first_block * tpb:length - first_block * tpb].float()
+    out = F.scaled_dot_product_attention(_group_queries(q, kv.shape[1]), kv[0], kv[1], scale=scale)
+    return _ungroup(out, 1, q.dtype)
 
 
 def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
@@ -156,26 +198,37 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
     cache = kv_cache_pool[layer_idx]
     new_tokens = host_context_lengths.tolist()
     decode = all(n == 1 for n in new_tokens)
-    _write_kv(cache, k, v, block_tables, sequence_lengths, context_lengths, tokens_per_block, decode)
+    # On the CPU the lengths are free to read: write by plain indexing, gather only the
+    # blocks in use. On a GPU reading them would sync, so every block-table column is
+    # read and masks do the rest.
+    lengths = sequence_lengths.tolist() if sequence_lengths.device.type == "cpu" else None
+    if decode and lengths is not None:
+        _write_kv_decode_host(cache, k, v, block_tables, lengths, tokens_per_block)
+    else:
+        _write_kv(cache, k, v, block_tables, sequence_lengths, context_lengths, tokens_per_block, decode)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    queries = q.reshape(num_tokens, num_heads, head_dim)
+    queries = q.reshape(num_tokens, 1, num_heads, head_dim)
+
+    def gathered(rows: builtins.slice):
+        if lengths is None:
+            return _clear_past_end(_gather_kv(cache, block_tables[rows]), sequence_lengths[rows])
+        used = lengths[rows]
+        return _clear_past_end(_gather_kv(cache, block_tables[rows, :-(-max(used) // tokens_per_block)]), used)
 
     if decode:  # all sequences at once, each query at its sequence's last position
-        blocks = block_tables[:, :_blocks_to_read(sequence_lengths, block_tables, tokens_per_block)]
-        keys, values = _gather_kv(cache, blocks)
-        positions = (sequence_lengths.long() - 1).unsqueeze(1)
-        out = _attend(queries.unsqueeze(1), keys, values, positions, scale, alibi_slopes, sliding_window)
+        if lengths is not None and alibi_slopes is None and len(set(lengths)) == 1:
+            out = _attend_decode_same_length(queries, cache, block_tables, lengths[0], scale, sliding_window)
+        else:
+            positions = (sequence_lengths - 1).unsqueeze(1)
+            out = _attend(queries, gathered(builtins.slice(None)), positions, scale, alibi_slopes, sliding_window)
         return out.view(num_tokens, num_heads * head_dim)
 
     outs = []
     start = 0
     for b, n in enumerate(new_tokens):  # host lengths: slicing the packed tokens needs no sync
-        seq_len = sequence_lengths[b:b + 1]
-        blocks = block_tables[b:b + 1, :_blocks_to_read(seq_len, block_tables, tokens_per_block)]
-        keys, values = _gather_kv(cache, blocks)
-        positions = (seq_len.long() - n + torch.arange(n, device=q.device)).unsqueeze(0)
-        out = _attend(queries[start:start + n].unsqueeze(0), keys, values, positions, scale, alibi_slopes,
-                      sliding_window)
+        positions = (sequence_lengths[b:b + 1] - n + torch.arange(n, device=q.device)).unsqueeze(0)
+        out = _attend(queries[start:start + n].view(1, n, num_heads, head_dim), gathered(builtins.slice(b, b + 1)),
+                      positions, scale, alibi_slopes, sliding_window)
         outs.append(out.view(n, num_heads * head_dim))
         start += n
     return torch.cat(outs) if outs else q.new_empty(0, num_heads * head_dim)
