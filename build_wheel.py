@@ -121,8 +121,8 @@ def read_cmake_cache(build_dir: Path) -> dict:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-a", "--cuda_architectures", default=DEFAULT_ARCHS,
-                   help=f'CMAKE_CUDA_ARCHITECTURES, e.g. "80-real;90-real" (default), "90", or "native" '
-                        f"(the GPUs of this machine)")
+                   help='CMAKE_CUDA_ARCHITECTURES, e.g. "80-real;90-real" (default), "90", or "native" '
+                        "(the GPUs of this machine)")
     p.add_argument("-b", "--build_type", default="Release", choices=["Release", "RelWithDebInfo", "Debug"],
                    help="CMake build type (default: Release)")
     p.add_argument("-j", "--job_count", type=int, default=None,

@@ -88,7 +88,7 @@ void rmsNorm(py::handle outObj, py::handle xObj, py::handle weightObj, double ep
         all.push_back(&residualOut);
     }
     int const device = checkSameCudaDevice(op, all);
-    prepare(device, all, stream);
+    DeviceScope scope(device, all, stream);
 
     RmsNormParams p{};
     p.out = out.data();
@@ -146,7 +146,7 @@ void rotaryEmbedding(py::handle qObj, py::handle kObj, py::handle positionsObj, 
     checkFitsInt(op, "heads * rotary_dim", (q.size(1) + k.size(1)) * rotaryDim);
     std::vector<TensorArg const*> all = {&q, &k, &positions, &cache};
     int const device = checkSameCudaDevice(op, all);
-    prepare(device, all, stream);
+    DeviceScope scope(device, all, stream);
 
     RotaryParams p{};
     p.q = q.data();
@@ -186,7 +186,7 @@ void actAndMul(char const* op, Activation act, py::handle outObj, py::handle xOb
     checkNonOverlapping(out);
     std::vector<TensorArg const*> all = {&out, &x};
     int const device = checkSameCudaDevice(op, all);
-    prepare(device, all, stream);
+    DeviceScope scope(device, all, stream);
 
     ActAndMulParams p{};
     p.out = out.data();
@@ -244,7 +244,7 @@ void pagedKvWrite(py::handle keyObj, py::handle valueObj, py::handle cacheObj, p
     checkFitsInt(op, "batch", batch);
     std::vector<TensorArg const*> all = {&key, &value, &cache, &blockTables, &cuSeqlens, &pastLengths};
     int const device = checkSameCudaDevice(op, all);
-    prepare(device, all, stream);
+    DeviceScope scope(device, all, stream);
 
     PagedKvWriteParams p{};
     p.key = key.data();

@@ -186,12 +186,12 @@ int checkSameCudaDevice(char const* op, std::vector<TensorArg const*> const& ten
     return device;
 }
 
-void prepare(int device, std::vector<TensorArg const*> const& tensors, uintptr_t stream) {
+DeviceScope::DeviceScope(int device, std::vector<TensorArg const*> const& tensors, uintptr_t stream) {
     std::vector<NamedPointer> pointers;
     for (TensorArg const* t : tensors) {
         pointers.push_back({t->name, t->numel() > 0 ? t->data() : nullptr});
     }
-    prepareDevice(device, pointers, reinterpret_cast<void*>(stream));
+    previous_ = prepareDevice(device, pointers, reinterpret_cast<void*>(stream));
 }
 
 } // namespace tensorrt_llm

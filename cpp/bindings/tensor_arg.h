@@ -48,7 +48,17 @@ void checkContiguous(TensorArg const& t);
 void checkNonOverlapping(TensorArg const& t);
 // Every tensor is CUDA memory of one device; returns that device.
 int checkSameCudaDevice(char const* op, std::vector<TensorArg const*> const& tensors);
-// Makes the device current, checks the pointers with the driver (see prepareDevice).
-void prepare(int device, std::vector<TensorArg const*> const& tensors, uintptr_t stream);
+// For the lifetime of the scope: the tensors' device is current and their pointers have been
+// checked with the driver (see prepareDevice); the previous device is restored at the end.
+class DeviceScope {
+public:
+    DeviceScope(int device, std::vector<TensorArg const*> const& tensors, uintptr_t stream);
+    ~DeviceScope() { restoreDevice(previous_); }
+    DeviceScope(DeviceScope const&) = delete;
+    DeviceScope& operator=(DeviceScope const&) = delete;
+
+private:
+    int previous_ = -1;
+};
 
 } // namespace tensorrt_llm

@@ -12,7 +12,7 @@ static void throwCuda(cudaError_t err, std::string const& what) {
     throw std::runtime_error(what + ": CUDA error: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
-void prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* stream) {
+int prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* stream) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
@@ -27,18 +27,29 @@ void prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* 
     err = cudaGetDevice(&current);
     if (err != cudaSuccess) throwCuda(err, "cudaGetDevice");
     if (current != device) {
-        // PyTorch has its own CUDA runtime; the driver's current context is shared, ours follows
-        // the tensors' device so the launch lands there.
+        // PyTorch has its own CUDA runtime; the driver's current context is shared. Follow the
+        // tensors' device for the launch; the caller restores `current` afterwards.
         err = cudaSetDevice(device);
         if (err != cudaSuccess) throwCuda(err, "cudaSetDevice(" + std::to_string(device) + ")");
     }
+    struct Restore {  // on a failed check below, put the previous device back
+        int previous;
+        int device;
+        bool armed = true;
+        ~Restore() {
+            if (armed && previous != device) restoreDevice(previous);
+        }
+    } restore{current, device};
 
     // Pointer checks query the driver; skip them while the stream is being captured into a CUDA
     // graph (the Python wrapper has checked the tensors' devices already).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
     if (err != cudaSuccess) throwCuda(err, "cudaStreamIsCapturing (is the stream valid?)");
-    if (capture != cudaStreamCaptureStatusNone) return;
+    if (capture != cudaStreamCaptureStatusNone) {
+        restore.armed = false;
+        return current;
+    }
 
     for (auto const& np : pointers) {
         if (np.ptr == nullptr) continue;  // empty tensors
@@ -56,6 +67,15 @@ void prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* 
             throw std::invalid_argument(np.name + " is on cuda:" + std::to_string(attr.device) + ", expected cuda:"
                                         + std::to_string(device));
         }
+    }
+    restore.armed = false;
+    return current;
+}
+
+void restoreDevice(int previous) noexcept {
+    int current = -1;
+    if (previous >= 0 && cudaGetDevice(&current) == cudaSuccess && current != previous) {
+        cudaSetDevice(previous);
     }
 }
 

@@ -14,7 +14,8 @@ namespace {
 } // namespace
 
 bool cudaKernelsCompiled() { return false; }
-void prepareDevice(int, std::vector<NamedPointer> const&, void*) { noCuda("prepare_device"); }
+int prepareDevice(int, std::vector<NamedPointer> const&, void*) { noCuda("prepare_device"); }
+void restoreDevice(int) noexcept {}
 void launchRmsNorm(RmsNormParams const&, void*) { noCuda("rms_norm"); }
 void launchRotaryEmbedding(RotaryParams const&, void*) { noCuda("rotary_embedding"); }
 void launchActAndMul(ActAndMulParams const&, void*) { noCuda("act_and_mul"); }

@@ -28,14 +28,17 @@ int dtypeSize(DType dtype);
 // True when this build contains the CUDA kernels.
 bool cudaKernelsCompiled();
 
-// Makes `device` current for the calling thread, checks that every pointer is device (or
-// managed) memory of that device, launches nothing. Throws std::invalid_argument naming the
-// tensor when a pointer is not on `device`, std::runtime_error on CUDA errors (no GPU, ...).
+// Makes `device` current for the calling thread and checks that every pointer is device (or
+// managed) memory of that device; launches nothing. Returns the device that was current before
+// (give it to restoreDevice after the launch: PyTorch's runtime shares the thread's current
+// context). Throws std::invalid_argument naming the tensor when a pointer is not on `device`,
+// std::runtime_error on CUDA errors (no GPU, no driver, ...).
 struct NamedPointer {
     std::string name;
     void const* ptr;
 };
-void prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* stream);
+int prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* stream);
+void restoreDevice(int previous) noexcept;
 
 struct RmsNormParams {
     void* out;                 // [rows, hidden]
