@@ -53,3 +53,14 @@ def test_missing_weight_and_unknown_op_fail_at_construction():
         ReferenceExecutor(net)
     with pytest.raises(NotImplementedError, match="argmax"):
         ReferenceExecutor(network(), ops={"embedding": None, "add": None})
+
+
+@pytest.mark.gpu
+def test_runs_on_cuda_like_on_cpu():
+    net = network()
+    cpu = ReferenceExecutor(net).run(feed())
+    gpu = ReferenceExecutor(net, device="cuda").run({k: v.cuda() for k, v in feed().items()})
+    for name in cpu:
+        torch.testing.assert_close(gpu[name].cpu(), cpu[name])
+    with pytest.raises(ValueError, match="expected a tensor on cuda"):
+        ReferenceExecutor(net, device="cuda").run(feed())

@@ -35,7 +35,7 @@ class PagedRun:
     blocks scattered over the pool in shuffled order."""
 
     def __init__(self, lengths, num_heads, num_kv_heads, head_dim=16, tokens_per_block=4, num_layers=2,
-                 layer_idx=1, dtype=torch.float32, slopes=None, window=None, seed=0):
+                 layer_idx=1, dtype=torch.float32, slopes=None, window=None, seed=0, device="cpu"):
         g = torch.Generator().manual_seed(seed)
         self.lengths = lengths
         self.kw = dict(layer_idx=layer_idx, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -49,20 +49,23 @@ class PagedRun:
         self.block_tables = ids[:len(lengths) * max_blocks].view(len(lengths), max_blocks).int()
         # Unwritten slots hold NaN, as uninitialised memory may: they must never leak into results.
         self.pool = torch.full((num_layers, num_blocks, 2, num_kv_heads, tokens_per_block, head_dim), float("nan"),
-                               dtype=dtype)
+                               dtype=dtype, device=device)
+        self.block_tables = self.block_tables.to(device)
+        self.device = device
         self.slopes = slopes
         self.done = [0] * len(lengths)
 
     def step(self, new_tokens):
         """Feed new_tokens[b] more tokens of each sequence; returns per-sequence outputs."""
         past = self.done
-        cat = lambda xs: torch.cat([x[p:p + n] for x, p, n in zip(xs, past, new_tokens)]).flatten(1)
-        ctx = torch.tensor(new_tokens, dtype=torch.int32)
+        cat = lambda xs: torch.cat([x[p:p + n] for x, p, n in zip(xs, past, new_tokens)]).flatten(1).to(self.device)
+        host_ctx = torch.tensor(new_tokens, dtype=torch.int32)
         seq = torch.tensor([p + n for p, n in zip(past, new_tokens)], dtype=torch.int32)
-        out = gpt_attention(cat(self.q), cat(self.k), cat(self.v), self.pool, self.block_tables, seq, ctx, ctx.clone(),
-                            self.slopes, **self.kw)
+        slopes = None if self.slopes is None else self.slopes.to(self.device)
+        out = gpt_attention(cat(self.q), cat(self.k), cat(self.v), self.pool, self.block_tables, seq.to(self.device),
+                            host_ctx.to(self.device), host_ctx, slopes, **self.kw)
         self.done = seq.tolist()
-        return out.split(new_tokens)
+        return out.cpu().split(new_tokens)
 
     def expected(self, b, start, end):
         d = self.kw["head_dim"]
@@ -101,6 +104,20 @@ def test_gpt_attention_decode_equal_lengths(lengths, window):
         for b, out in enumerate(outs):
             torch.testing.assert_close(out.double(), run.expected(b, positions[b], positions[b] + 1),
                                        atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alibi,window", [(False, None), (True, 4)])
+def test_gpt_attention_on_cuda(alibi, window):
+    """On a GPU the op reads every block-table column and masks (no host syncs)."""
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]) if alibi else None
+    run = PagedRun([10, 5, 9], num_heads=4, num_kv_heads=2, slopes=slopes, window=window, device="cuda")
+    for new in ([6, 2, 7], [1, 1, 1], [1, 1, 1]):
+        past = list(run.done)
+        outs = run.step(new)
+        for b, out in enumerate(outs):
+            torch.testing.assert_close(out.double(), run.expected(b, past[b], past[b] + new[b]), atol=1e-5,
+                                       rtol=1e-5)
 
 
 def test_gpt_attention_chunked_context_and_mixed_batch():
