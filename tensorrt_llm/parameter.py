@@ -7,6 +7,7 @@ weight as a graph Tensor of the default network: its first use in a network adds
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -38,6 +39,9 @@ class Parameter:
             return None
         prefix = self._owner.full_name
         return f"{prefix}.{self._attr}" if prefix else self._attr
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
     def _register(self, owner, attr: str) -> None:
         if self._owner is None:  # a shared parameter keeps its first name

@@ -34,6 +34,9 @@ def linear(x, weight, bias=None):
 
 
 def rms_norm(x, weight=None, *, eps):
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    # Half precision: normalise in float32, round, then scale (Hugging Face's order).
     xf = x.float()
     out = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
     return out if weight is None else out * weight
