@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ._utils import canonical_dtype, is_floating, torch_dtype_to_str
+from ._utils import canonical_dtype, is_floating, str_dtype_to_torch, torch_dtype_to_str
 from .network import Layer, Network, TensorSpec, current_net, default_net
 
 Shape = tuple[int, ...]
@@ -341,7 +341,6 @@ def _as_tensor(value, like: Tensor) -> Tensor:
     """Python/numpy/torch values become constants in `like`'s dtype."""
     if isinstance(value, Tensor):
         return value
-    from ._utils import str_dtype_to_torch
     return constant(_to_torch(value).to(str_dtype_to_torch(like.dtype)))
 
 
