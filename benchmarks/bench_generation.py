@@ -157,7 +157,8 @@ def hf_twin(hf_config, config, weights, dtype, device):
         state[q + "post_attention_layernorm.weight"] = weights[p + "post_layernorm.weight"]
     hf.load_state_dict(state, assign=True, strict=False)
     # Non-persistent buffers (the rotary inverse frequencies) are made on the device.
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(hf_config, device=device)
+    with torch.device(device):
+        hf.model.rotary_emb = type(hf.model.rotary_emb)(hf_config)
     return hf.eval()
 
 
