@@ -21,22 +21,26 @@ TORCH_SPEC  ?= torch==2.13.0
 
 BUILD_WHEEL = $(PYTHON) build_wheel.py -a "$(CUDA_ARCHS)" --dist_dir "$(DIST_DIR)" $(if $(JOBS),-j $(JOBS)) $(BUILD_ARGS)
 
-.PHONY: help deps wheel install develop test clean
+.PHONY: help deps-runtime deps wheel install develop test clean
 
 help:
-	@sed -n '3,14p' Makefile
+	@sed -n '4,12p' Makefile
 
-deps:
+deps-runtime:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_SPEC)"
+	$(PYTHON) -m pip install --disable-pip-version-check -r requirements.txt
+
+deps: deps-runtime
 	$(PYTHON) -m pip install --disable-pip-version-check -r requirements-dev.txt
 
 wheel:
 	$(BUILD_WHEEL)
 
-install:
+# requirements first (pip install), then the wheel itself offline (--no-deps --no-index)
+install: deps-runtime
 	$(BUILD_WHEEL) --install
 
-develop:
+develop: deps-runtime
 	$(BUILD_WHEEL) --skip_building_wheel --install
 
 test: deps
