@@ -44,7 +44,8 @@ class BuildConfig:
     # "auto": the GPU of the building machine if there is one, else "any" (runs anywhere).
     target_device: str = "auto"
     # Graph-rewriting passes to run; names are those of graph_rewriting.optimize().
-    optimizations: list = field(default_factory=lambda: ["fuse_add_rms_norm", "fuse_gate_up"])
+    optimizations: list = field(default_factory=lambda: ["fuse_add_rms_norm", "fuse_gate_up",
+                                                                   "fuse_rope_attention"])
 
     def __post_init__(self):
         if self.kv_cache_type != "paged":

@@ -592,11 +592,14 @@ def rotary_embedding(x: Tensor, position_ids: Tensor, cos_sin_cache: Tensor, *, 
 @record_signature
 def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_tables: Tensor,
                   sequence_lengths: Tensor, context_lengths: Tensor, host_context_lengths: Tensor,
-                  alibi_slopes: Optional[Tensor] = None, *, layer_idx: int, num_heads: int, num_kv_heads: int,
+                  alibi_slopes: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+                  rotary_cos_sin: Optional[Tensor] = None, *, layer_idx: int, num_heads: int, num_kv_heads: int,
                   head_dim: int, tokens_per_block: int, scale: Optional[float] = None,
-                  sliding_window: Optional[int] = None) -> Tensor:
+                  sliding_window: Optional[int] = None, rotary_dim: int = 0, rotary_is_neox: bool = True) -> Tensor:
     """Causal attention over a paged KV cache; writes this step's K/V into
-    kv_cache_pool[layer_idx] first (see docs/architecture.md)."""
+    kv_cache_pool[layer_idx] first (see docs/architecture.md). With `rotary_cos_sin` (and
+    `position_ids`), q and k are first rotated as `rotary_embedding` would (the fused form
+    the builder's fuse_rope_attention pass makes, so a kernel can rotate in the same pass)."""
     op = "gpt_attention"
     if num_heads % num_kv_heads:
         raise ValueError(f"{op}: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -625,10 +628,20 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
         raise ValueError(f"{op}: sliding_window must be >= 1, got {sliding_window}")
     inputs = [q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
               alibi_slopes]
+    rotary = {}
+    if (position_ids is None) != (rotary_cos_sin is None):
+        raise ValueError(f"{op}: position_ids and rotary_cos_sin are given together or not at all")
+    if rotary_cos_sin is not None:
+        _check_int(op, position_ids, "position_ids")
+        if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"{op}: rotary_dim must be even and in (0, {head_dim}], got {rotary_dim}")
+        _check_shape(op, rotary_cos_sin, (-1, rotary_dim), "rotary_cos_sin")
+        inputs += [position_ids, rotary_cos_sin]
+        rotary = dict(rotary_dim=int(rotary_dim), rotary_is_neox=bool(rotary_is_neox))
     return _add(op, inputs, [(dtype, (num_tokens, num_heads * head_dim))], layer_idx=int(layer_idx),
                 num_heads=int(num_heads), num_kv_heads=int(num_kv_heads), head_dim=int(head_dim),
                 tokens_per_block=int(tokens_per_block), scale=None if scale is None else float(scale),
-                sliding_window=None if sliding_window is None else int(sliding_window))
+                sliding_window=None if sliding_window is None else int(sliding_window), **rotary)
 
 
 # ---- shape manipulation --------------------------------------------------------------------

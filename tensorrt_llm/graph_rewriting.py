@@ -236,7 +236,49 @@ def _fused_weight_name(net: Network, gate_name: str, up_name: str) -> str:
     return name
 
 
-PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp}
+class FuseRopeAttention(PatternRewriter):
+    """gpt_attention(rotary_embedding(q), rotary_embedding(k), ...) -> gpt_attention(q, k, ...)
+    with the rotation as its inputs/attrs, so one kernel rotates, writes the cache and attends."""
+
+    def __init__(self):
+        super().__init__("fuse_rope_attention", root_layer={"gpt_attention"})
+
+    @staticmethod
+    def _ropes(attn: Layer):
+        if attn.attrs.get("rotary_dim"):
+            return None
+        rq, rk = attn.get_input(0).get_parent(), attn.get_input(1).get_parent()
+        if rq is None or rk is None or rq.op != "rotary_embedding" or rk.op != "rotary_embedding":
+            return None
+        same = ("is_neox", "rotary_dim", "head_dim")
+        if rq.inputs[1:] != rk.inputs[1:] or any(rq.attrs[a] != rk.attrs[a] for a in same):
+            return None
+        if rq.attrs["num_heads"] != attn.attrs["num_heads"] or rk.attrs["num_heads"] != attn.attrs["num_kv_heads"]:
+            return None
+        if not (_only_reader(attn.get_input(0), attn) and _only_reader(attn.get_input(1), attn)):
+            return None
+        return rq, rk
+
+    def match(self, layer: Layer) -> bool:
+        return self._ropes(layer) is not None
+
+    def rewrite(self, layer: Layer) -> None:
+        rq, rk = self._ropes(layer)
+        net = layer.network
+        a = layer.attrs
+        out = F.gpt_attention(
+            rq.get_input(0), rk.get_input(0), *layer.get_inputs()[2:9], rq.get_input(1), rq.get_input(2),
+            layer_idx=a["layer_idx"], num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
+            head_dim=a["head_dim"], tokens_per_block=a["tokens_per_block"], scale=a["scale"],
+            sliding_window=a["sliding_window"], rotary_dim=rq.attrs["rotary_dim"],
+            rotary_is_neox=rq.attrs["is_neox"])
+        layer.get_output(0).replace_all_uses_with(out)
+        for old in (layer, rq, rk):
+            net.mark_removed(old)
+
+
+PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
+          "fuse_rope_attention": FuseRopeAttention}
 
 
 def optimize(network: Network, passes: Optional[list[str]] = None) -> dict:

@@ -195,8 +195,13 @@ def _attend_decode_same_length(q, cache, block_tables, length, scale, sliding_wi
 
 
 def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                  alibi_slopes=None, *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
-                  sliding_window=None):
+                  alibi_slopes=None, position_ids=None, rotary_cos_sin=None, *, layer_idx, num_heads, num_kv_heads,
+                  head_dim, tokens_per_block, scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+    if rotary_cos_sin is not None:
+        q = rotary_embedding(q, position_ids, rotary_cos_sin, num_heads=num_heads, head_dim=head_dim,
+                             rotary_dim=rotary_dim, is_neox=rotary_is_neox)
+        k = rotary_embedding(k, position_ids, rotary_cos_sin, num_heads=num_kv_heads, head_dim=head_dim,
+                             rotary_dim=rotary_dim, is_neox=rotary_is_neox)
     num_tokens = q.shape[0]
     cache = kv_cache_pool[layer_idx]
     new_tokens = host_context_lengths.tolist()

@@ -104,3 +104,19 @@ def test_failed_save_keeps_the_previous_engine(hf, engine_dir, monkeypatch):
     assert (engine_dir / "rank0.engine").read_bytes() == before
     out = runner(engine_dir).generate([[1, 2, 3]], max_new_tokens=2)
     assert len(generated(out, 0, 3)) == 2
+
+
+def test_each_rewrite_pass_keeps_the_logits(hf, tmp_path):
+    prompt = list(range(7, 30))
+    plain_dir = engine_from_hf(hf, tmp_path / "plain", optimizations=[])
+    plain = runner(plain_dir).generate([prompt], max_new_tokens=3, return_context_logits=True)
+    ops_plain = [layer.op for layer in Engine.from_dir(plain_dir).network.layers]
+    for name, gone in (("fuse_add_rms_norm", "rms_norm"), ("fuse_gate_up", "silu"),
+                       ("fuse_rope_attention", "rotary_embedding")):
+        engine_dir = engine_from_hf(hf, tmp_path / name, optimizations=[name])
+        ops = [layer.op for layer in Engine.from_dir(engine_dir).network.layers]
+        assert ops.count(gone) < ops_plain.count(gone), name
+        out = runner(engine_dir).generate([prompt], max_new_tokens=3, return_context_logits=True)
+        torch.testing.assert_close(out["context_logits"][0], plain["context_logits"][0], rtol=1e-5, atol=1e-5)
+        assert out["output_ids"].tolist() == plain["output_ids"].tolist()
+    assert "rotary_embedding" not in ops

@@ -52,7 +52,7 @@ def test_optimize_fuses_and_keeps_results(act, fused_op, bias):
     after = run(net, ids)
     torch.testing.assert_close(after["hidden"], before["hidden"], atol=1e-5, rtol=1e-5)
     # layer 0's post_layernorm reads the embedding (no add); layer 1's and ln_f read an add
-    assert report["rewrites"] == {"fuse_add_rms_norm": 2, "fuse_gate_up": 2}
+    assert report["rewrites"] == {"fuse_add_rms_norm": 2, "fuse_gate_up": 2, "fuse_rope_attention": 0}
     assert ops(net).count(fused_op) == 2 and ops(net).count("fused_add_rms_norm") == 2
     assert "mul" not in ops(net) and "add" not in ops(net) and ops(net).count("rms_norm") == 1
     assert report["layers_after"] == net.num_layers < report["layers_before"]
@@ -106,7 +106,7 @@ def test_no_fusion_for_different_inputs_or_broadcast_add():
         bias = F.constant(torch.randn(H), name="b")
         net.mark_output(F.rms_norm(x + bias, None, eps=1e-6), "n")
     report = optimize(net)
-    assert report["rewrites"] == {"fuse_add_rms_norm": 0, "fuse_gate_up": 0}
+    assert report["rewrites"] == {"fuse_add_rms_norm": 0, "fuse_gate_up": 0, "fuse_rope_attention": 0}
 
 
 def test_dead_layers_and_unused_weights_are_removed():
