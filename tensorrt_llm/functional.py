@@ -589,17 +589,26 @@ def rotary_embedding(x: Tensor, position_ids: Tensor, cos_sin_cache: Tensor, *, 
 # ---- attention -----------------------------------------------------------------------------
 
 
+# Input order of gpt_attention layers (absent optional inputs are None).
+GPT_ATTENTION_INPUTS = ("q", "k", "v", "kv_cache_pool", "block_tables", "sequence_lengths", "context_lengths",
+                        "host_context_lengths", "alibi_slopes", "position_ids", "rotary_cos_sin",
+                        "host_sequence_lengths")
+
+
 @record_signature
 def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_tables: Tensor,
                   sequence_lengths: Tensor, context_lengths: Tensor, host_context_lengths: Tensor,
                   alibi_slopes: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
-                  rotary_cos_sin: Optional[Tensor] = None, *, layer_idx: int, num_heads: int, num_kv_heads: int,
+                  rotary_cos_sin: Optional[Tensor] = None, host_sequence_lengths: Optional[Tensor] = None, *,
+                  layer_idx: int, num_heads: int, num_kv_heads: int,
                   head_dim: int, tokens_per_block: int, scale: Optional[float] = None,
                   sliding_window: Optional[int] = None, rotary_dim: int = 0, rotary_is_neox: bool = True) -> Tensor:
     """Causal attention over a paged KV cache; writes this step's K/V into
     kv_cache_pool[layer_idx] first (see docs/architecture.md). With `rotary_cos_sin` (and
     `position_ids`), q and k are first rotated as `rotary_embedding` would (the fused form
-    the builder's fuse_rope_attention pass makes, so a kernel can rotate in the same pass)."""
+    the builder's fuse_rope_attention pass makes, so a kernel can rotate in the same pass).
+    `host_sequence_lengths` (CPU) lets an implementation see, without a device sync, which
+    sequences have no cached past (a prompt's first step)."""
     op = "gpt_attention"
     if num_heads % num_kv_heads:
         raise ValueError(f"{op}: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -636,8 +645,14 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
         if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
             raise ValueError(f"{op}: rotary_dim must be even and in (0, {head_dim}], got {rotary_dim}")
         _check_shape(op, rotary_cos_sin, (-1, rotary_dim), "rotary_cos_sin")
-        inputs += [position_ids, rotary_cos_sin]
         rotary = dict(rotary_dim=int(rotary_dim), rotary_is_neox=bool(rotary_is_neox))
+    inputs += [position_ids, rotary_cos_sin]
+    if host_sequence_lengths is not None:
+        if host_sequence_lengths.dtype != "int32" or host_sequence_lengths.ndim != 1:
+            raise ValueError(f"{op}: host_sequence_lengths must be int32 of rank 1, got "
+                             f"{host_sequence_lengths.dtype} {list(host_sequence_lengths.shape)}")
+        _check_shape(op, host_sequence_lengths, batch, "host_sequence_lengths")
+        inputs.append(host_sequence_lengths)
     return _add(op, inputs, [(dtype, (num_tokens, num_heads * head_dim))], layer_idx=int(layer_idx),
                 num_heads=int(num_heads), num_kv_heads=int(num_kv_heads), head_dim=int(head_dim),
                 tokens_per_block=int(tokens_per_block), scale=None if scale is None else float(scale),

@@ -266,8 +266,11 @@ class FuseRopeAttention(PatternRewriter):
         rq, rk = self._ropes(layer)
         net = layer.network
         a = layer.attrs
+        inputs = dict(zip(F.GPT_ATTENTION_INPUTS, layer.get_inputs()))
+        inputs.update(q=rq.get_input(0), k=rk.get_input(0), position_ids=rq.get_input(1),
+                      rotary_cos_sin=rq.get_input(2))
         out = F.gpt_attention(
-            rq.get_input(0), rk.get_input(0), *layer.get_inputs()[2:9], rq.get_input(1), rq.get_input(2),
+            **inputs,
             layer_idx=a["layer_idx"], num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
             head_dim=a["head_dim"], tokens_per_block=a["tokens_per_block"], scale=a["scale"],
             sliding_window=a["sliding_window"], rotary_dim=rq.attrs["rotary_dim"],

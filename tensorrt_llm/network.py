@@ -515,6 +515,17 @@ class Network:
                 raise ValueError("weights do not match the graph:\n  " + "\n  ".join(problems))
         return net
 
+    def to_onnx(self, path: str, **kwargs) -> None:
+        """Write an ONNX model (see onnx_export.export for the options)."""
+        from .onnx_export import export
+        export(self, path, **kwargs)
+
+    @classmethod
+    def from_onnx(cls, path: str) -> "Network":
+        """Load a network back from a model written by `to_onnx`."""
+        from .onnx_export import network_from_onnx
+        return network_from_onnx(path)
+
     def to_dot(self) -> str:
         """Graphviz source: inputs and outputs as ellipses, layers as boxes."""
         def q(s: str) -> str:

@@ -195,7 +195,8 @@ def _attend_decode_same_length(q, cache, block_tables, length, scale, sliding_wi
 
 
 def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                  alibi_slopes=None, position_ids=None, rotary_cos_sin=None, *, layer_idx, num_heads, num_kv_heads,
+                  alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
+                  layer_idx, num_heads, num_kv_heads,
                   head_dim, tokens_per_block, scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     if rotary_cos_sin is not None:
         q = rotary_embedding(q, position_ids, rotary_cos_sin, num_heads=num_heads, head_dim=head_dim,

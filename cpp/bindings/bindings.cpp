@@ -295,6 +295,115 @@ py::dict buildInfoDict() {
     return info;
 }
 
+void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py::handle blockTablesObj,
+                     py::handle seqLensObj, py::handle alibiObj, py::handle workspaceObj, int numSplits,
+                     int splitSize, double scale, int slidingWindow, uintptr_t stream) {
+    char const* op = "decode_attention";
+    TensorArg out = toTensorArg(outObj, "out");
+    TensorArg q = toTensorArg(qObj, "q");
+    TensorArg cache = toTensorArg(cacheObj, "kv_cache");
+    TensorArg blockTables = toTensorArg(blockTablesObj, "block_tables");
+    TensorArg seqLens = toTensorArg(seqLensObj, "sequence_lengths");
+    checkDim(q, 3);
+    checkDim(cache, 5);
+    checkDim(blockTables, 2);
+    checkDim(seqLens, 1);
+    checkDtype(q, kFloatTypes);
+    checkSameDtype(q, out);
+    checkSameDtype(q, cache);
+    checkSameShape(q, out);
+    checkDtype(blockTables, {DType::kInt32});
+    checkDtype(seqLens, {DType::kInt32});
+    int64_t const batch = q.size(0);
+    int64_t const numHeads = q.size(1);
+    int64_t const headDim = q.size(2);
+    int64_t const kvHeads = cache.size(2);
+    if (cache.size(1) != 2 || cache.size(4) != headDim || kvHeads == 0 || cache.size(3) == 0) {
+        throw std::invalid_argument("decode_attention: kv_cache " + cache.shapeStr()
+                                    + " must be [num_blocks, 2, num_kv_heads, tokens_per_block, head_dim] with q "
+                                    + q.shapeStr());
+    }
+    if (numHeads % kvHeads != 0 || numHeads / kvHeads > kDecodeAttentionMaxGroup) {
+        throw std::invalid_argument("decode_attention: " + std::to_string(numHeads) + " query heads over "
+                                    + std::to_string(kvHeads) + " KV heads: the group must be a whole number <= "
+                                    + std::to_string(kDecodeAttentionMaxGroup));
+    }
+    if (!decodeAttentionSupportsHeadDim(headDim)) {
+        throw std::invalid_argument("decode_attention: head_dim " + std::to_string(headDim)
+                                    + " is not supported (64, 128 or 256)");
+    }
+    checkShape(blockTables, {batch, blockTables.size(1)});
+    checkShape(seqLens, {batch});
+    if (numSplits < 1 || splitSize < 1 || splitSize > 1024) {
+        throw std::invalid_argument("decode_attention: need num_splits >= 1 and 1 <= split_size <= 1024, got "
+                                    + std::to_string(numSplits) + " and " + std::to_string(splitSize));
+    }
+    if (static_cast<int64_t>(numSplits) * splitSize < blockTables.size(1) * cache.size(3)) {
+        throw std::invalid_argument("decode_attention: num_splits * split_size must cover the block table ("
+                                    + std::to_string(blockTables.size(1) * cache.size(3)) + " positions)");
+    }
+    if (slidingWindow < 0) throw std::invalid_argument("decode_attention: sliding_window must be >= 0");
+    checkLastDimContiguous(q);
+    checkLastDimContiguous(out);
+    checkNonOverlapping(out);
+    if (q.stride(1) != headDim || out.stride(1) != headDim) {
+        throw std::invalid_argument("decode_attention: heads of q and out must be packed (stride(1) == head_dim)");
+    }
+    checkContiguous(cache);
+    checkContiguous(blockTables);
+    checkContiguous(seqLens);
+    std::vector<TensorArg const*> all = {&out, &q, &cache, &blockTables, &seqLens};
+    TensorArg alibi, workspace;
+    if (!alibiObj.is_none()) {
+        alibi = toTensorArg(alibiObj, "alibi_slopes");
+        checkDtype(alibi, {DType::kFloat32});
+        checkShape(alibi, {numHeads});
+        checkContiguous(alibi);
+        all.push_back(&alibi);
+    }
+    if (numSplits > 1) {
+        if (workspaceObj.is_none()) throw std::invalid_argument("decode_attention: num_splits > 1 needs a workspace");
+        workspace = toTensorArg(workspaceObj, "workspace");
+        checkDtype(workspace, {DType::kFloat32});
+        checkContiguous(workspace);
+        int64_t const need = batch * numHeads * numSplits * (headDim + 2);
+        if (workspace.numel() < need) {
+            throw std::invalid_argument("decode_attention: workspace " + workspace.shapeStr() + " holds fewer than "
+                                        + std::to_string(need) + " floats");
+        }
+        all.push_back(&workspace);
+    }
+    checkFitsInt(op, "batch", batch);
+    int const device = checkSameCudaDevice(op, all);
+    DeviceScope scope(device, all, stream);
+
+    DecodeAttentionParams p{};
+    p.out = out.data();
+    p.q = q.data();
+    p.kvCache = cache.data();
+    p.blockTables = static_cast<int32_t const*>(blockTables.data());
+    p.sequenceLengths = static_cast<int32_t const*>(seqLens.data());
+    p.alibiSlopes = alibiObj.is_none() ? nullptr : static_cast<float const*>(alibi.data());
+    p.workspace = numSplits > 1 ? static_cast<float*>(workspace.data()) : nullptr;
+    p.batch = batch;
+    p.numHeads = numHeads;
+    p.kvHeads = kvHeads;
+    p.headDim = headDim;
+    p.tokensPerBlock = cache.size(3);
+    p.maxBlocks = blockTables.size(1);
+    p.numBlocks = cache.size(0);
+    p.qTokenStride = q.stride(0);
+    p.outTokenStride = out.stride(0);
+    p.numSplits = numSplits;
+    p.splitSize = splitSize;
+    p.slidingWindow = slidingWindow;
+    p.scale = static_cast<float>(scale);
+    p.dtype = q.dtype;
+    if (batch == 0 || p.maxBlocks == 0) return;
+    py::gil_scoped_release release;
+    launchDecodeAttention(p, reinterpret_cast<void*>(stream));
+}
+
 } // namespace
 
 PYBIND11_MODULE(bindings, m) {
@@ -364,4 +473,18 @@ PYBIND11_MODULE(bindings, m) {
           py::arg("block_tables"), py::arg("cu_seqlens"), py::arg("past_lengths"), py::arg("stream"),
           "Scatter new K/V rows into kv_cache [num_blocks, 2, KV, tpb, D]. Invalid block ids / positions are "
           "skipped (nothing written).");
+    m.def(
+        "decode_attention",
+        [](py::handle out, py::handle q, py::handle cache, py::handle blockTables, py::handle seqLens,
+           py::handle alibi, py::handle workspace, int numSplits, int splitSize, double scale, int slidingWindow,
+           uintptr_t stream) {
+            withOpName("decode_attention", [&] {
+                decodeAttention(out, q, cache, blockTables, seqLens, alibi, workspace, numSplits, splitSize, scale,
+                                slidingWindow, stream);
+            });
+        },
+        py::arg("out"), py::arg("q"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("sequence_lengths"),
+        py::arg("alibi_slopes"), py::arg("workspace"), py::arg("num_splits"), py::arg("split_size"),
+        py::arg("scale"), py::arg("sliding_window"), py::arg("stream"),
+        "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache.");
 }

@@ -20,5 +20,7 @@ void launchRmsNorm(RmsNormParams const&, void*) { noCuda("rms_norm"); }
 void launchRotaryEmbedding(RotaryParams const&, void*) { noCuda("rotary_embedding"); }
 void launchActAndMul(ActAndMulParams const&, void*) { noCuda("act_and_mul"); }
 void launchPagedKvWrite(PagedKvWriteParams const&, void*) { noCuda("paged_kv_write"); }
+bool decodeAttentionSupportsHeadDim(int64_t headDim) { return headDim == 64 || headDim == 128 || headDim == 256; }
+void launchDecodeAttention(DecodeAttentionParams const&, void*) { noCuda("decode_attention"); }
 
 } // namespace tensorrt_llm

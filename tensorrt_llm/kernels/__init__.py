@@ -12,10 +12,10 @@ kernels. `build_info()` says what the compiled module holds.
 """
 from . import reference
 from ._bindings import bindings_available, build_info, cuda_kernels_available, get_bindings
-from .ops import gelu_and_mul, paged_kv_write_, rms_norm, rotary_embedding_, silu_and_mul
+from .ops import decode_attention, gelu_and_mul, paged_kv_write_, rms_norm, rotary_embedding_, silu_and_mul
 from .reference import rope_cos_sin_cache
 
 __all__ = [
-    "bindings_available", "build_info", "cuda_kernels_available", "gelu_and_mul", "get_bindings",
+    "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul", "get_bindings",
     "paged_kv_write_", "reference", "rms_norm", "rope_cos_sin_cache", "rotary_embedding_", "silu_and_mul",
 ]

@@ -141,3 +141,29 @@ def paged_kv_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         raise ValueError(f"{op}: kv_cache must be contiguous")
     check_last_dim_contiguous(op, "key", key)
     check_last_dim_contiguous(op, "value", value)
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     sequence_lengths: torch.Tensor, alibi_slopes: Optional[torch.Tensor]) -> None:
+    op = "decode_attention"
+    check_tensors(op, q=q, kv_cache=kv_cache, block_tables=block_tables, sequence_lengths=sequence_lengths,
+                  alibi_slopes=alibi_slopes)
+    check_dtype(op, "q", q, FLOAT_DTYPES)
+    check_same_dtype(op, "q", q, "kv_cache", kv_cache)
+    check_dim(op, "q", q, 3, "[batch, num_heads, head_dim]")
+    check_dim(op, "kv_cache", kv_cache, 5, "[num_blocks, 2, num_kv_heads, tokens_per_block, head_dim]")
+    batch, num_heads, head_dim = q.shape
+    kv_heads = kv_cache.shape[2]
+    if kv_cache.shape[1] != 2 or kv_cache.shape[4] != head_dim or kv_heads == 0 or num_heads % kv_heads:
+        raise ValueError(f"{op}: kv_cache {list(kv_cache.shape)} does not fit q {list(q.shape)}: need "
+                         f"[num_blocks, 2, KV, tokens_per_block, {head_dim}] with KV dividing {num_heads}")
+    check_dtype(op, "block_tables", block_tables, (torch.int32,))
+    check_dtype(op, "sequence_lengths", sequence_lengths, (torch.int32,))
+    check_dim(op, "block_tables", block_tables, 2, "[batch, max_blocks_per_seq]")
+    if block_tables.shape[0] != batch or sequence_lengths.shape != (batch,):
+        raise ValueError(f"{op}: block_tables {list(block_tables.shape)} and sequence_lengths "
+                         f"{list(sequence_lengths.shape)} must have batch {batch} (q {list(q.shape)})")
+    if alibi_slopes is not None:
+        check_dtype(op, "alibi_slopes", alibi_slopes, (torch.float32,))
+        if alibi_slopes.shape != (num_heads,):
+            raise ValueError(f"{op}: alibi_slopes {list(alibi_slopes.shape)} must be [{num_heads}]")

@@ -11,6 +11,7 @@ reference runs on the GPU instead, after a one-line warning.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Optional
 
@@ -238,3 +239,67 @@ def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
     out of bounds), since checking would need a device sync.
     """
     torch.ops.trtllm.paged_kv_write_(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
+
+
+# ---- decode_attention ----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _decode_splits(batch: int, kv_heads: int, max_positions: int, multiprocessors: int) -> tuple[int, int]:
+    """(num_splits, split_size): enough blocks (KV heads x sequences x splits) to fill the GPU
+    twice over, chunks of 32..512 positions. Depends on shapes only, so graphs can capture it."""
+    per_sequence = max(1, 2 * multiprocessors // max(1, batch * kv_heads))
+    split = -(-max_positions // per_sequence)
+    split = min(512, max(32, -(-split // 32) * 32))
+    return -(-max_positions // split), split
+
+
+@torch.library.custom_op("trtllm::decode_attention", mutates_args=())
+def _decode_attention_op(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                         sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor],
+                         sliding_window: int) -> torch.Tensor:
+    checks.decode_attention(q, kv_cache, block_tables, sequence_lengths, alibi_slopes)
+    return reference.decode_attention(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes,
+                                      sliding_window)
+
+
+@_decode_attention_op.register_kernel("cuda")
+def _decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                           sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor],
+                           sliding_window: int) -> torch.Tensor:
+    checks.decode_attention(q, kv_cache, block_tables, sequence_lengths, alibi_slopes)
+    if not _use_compiled():
+        return reference.decode_attention(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes,
+                                          sliding_window)
+    batch, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    max_positions = block_tables.shape[1] * kv_cache.shape[3]
+    num_splits, split_size = _decode_splits(batch, kv_cache.shape[2], max_positions,
+                                            _multiprocessors(q.device.index))
+    workspace = None
+    if num_splits > 1:
+        workspace = torch.empty(batch * num_heads * num_splits * (head_dim + 2), dtype=torch.float32,
+                                device=q.device)
+    get_bindings().decode_attention(
+        tensor_arg(out), tensor_arg(q), tensor_arg(kv_cache), tensor_arg(block_tables),
+        tensor_arg(sequence_lengths), None if alibi_slopes is None else tensor_arg(alibi_slopes),
+        None if workspace is None else tensor_arg(workspace), num_splits, split_size, float(scale),
+        int(sliding_window), stream_of(q))
+    return out
+
+
+@_decode_attention_op.register_fake
+def _(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes, sliding_window):
+    return torch.empty_like(q)
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
+                     sliding_window: int = 0) -> torch.Tensor:
+    """Attention of one query token per sequence, q [B, H, D] at position sequence_lengths[b] - 1,
+    over its cached K/V (already written) in kv_cache [num_blocks, 2, KV, tpb, D]; -> [B, H, D]."""
+    return torch.ops.trtllm.decode_attention(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes,
+                                             sliding_window)

@@ -132,3 +132,31 @@ def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
     for start, end, blocks, slots in writes:
         kv_cache[blocks, 0, :, slots] = key[start:end]
         kv_cache[blocks, 1, :, slots] = value[start:end]
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
+                     sliding_window: int = 0) -> torch.Tensor:
+    """One query token per sequence (q [B, H, D], at position L_b - 1) over cache positions
+    max(0, L_b - window) .. L_b - 1, read through block_tables; softmax in float32."""
+    batch, num_heads, head_dim = q.shape
+    kv_heads, tpb = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // kv_heads
+    out = torch.empty_like(q)
+    for b in range(batch):
+        length = int(sequence_lengths[b])
+        positions = torch.arange(length, device=q.device)
+        blocks = block_tables[b].long()[positions // tpb]
+        slots = positions % tpb
+        keys = kv_cache[blocks, 0, :, slots].float()      # [L, KV, D]
+        values = kv_cache[blocks, 1, :, slots].float()
+        keys = keys.repeat_interleave(group, dim=1)       # [L, H, D]
+        values = values.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[b].float() * scale, keys)
+        if alibi_slopes is not None:
+            scores = scores + alibi_slopes.float()[:, None] * (positions - (length - 1)).float()[None, :]
+        if sliding_window:
+            scores[:, positions < length - sliding_window] = float("-inf")
+        probs = torch.softmax(scores, dim=-1)
+        out[b] = torch.einsum("hl,lhd->hd", probs, values).to(q.dtype)
+    return out

@@ -19,6 +19,7 @@ class AttentionInputs:
     sequence_lengths: Tensor
     context_lengths: Tensor
     host_context_lengths: Tensor
+    host_sequence_lengths: Optional[Tensor] = None
     rotary_cos_sin: Optional[Tensor] = None  # [max_positions, rotary_dim] table
     alibi_slopes: Optional[Tensor] = None
 
@@ -59,6 +60,7 @@ class Attention(Module):
         context = F.gpt_attention(q, k, v, inputs.kv_cache_pool, inputs.block_tables,
                                   inputs.sequence_lengths, inputs.context_lengths,
                                   inputs.host_context_lengths, inputs.alibi_slopes,
+                                  host_sequence_lengths=inputs.host_sequence_lengths,
                                   layer_idx=self.layer_idx, num_heads=self.num_heads,
                                   num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
                                   tokens_per_block=inputs.kv_cache_pool.shape[4],

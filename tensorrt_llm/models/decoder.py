@@ -67,6 +67,7 @@ class DecoderModelForCausalLM(PretrainedModel):
             "sequence_lengths": net.add_input("sequence_lengths", "int32", [-1], {0: batch}),
             "context_lengths": net.add_input("context_lengths", "int32", [-1], {0: batch}),
             "host_context_lengths": net.add_input("host_context_lengths", "int32", [-1], {0: batch}),
+            "host_sequence_lengths": net.add_input("host_sequence_lengths", "int32", [-1], {0: batch}),
         }
         self._max_positions = bc.max_seq_len
         return inputs
@@ -80,9 +81,10 @@ class DecoderModelForCausalLM(PretrainedModel):
         return F.constant(table, name="rotary_cos_sin")
 
     def forward(self, input_ids, position_ids, last_token_ids, kv_cache_pool, block_tables,
-                sequence_lengths, context_lengths, host_context_lengths) -> Tensor:
+                sequence_lengths, context_lengths, host_context_lengths, host_sequence_lengths) -> Tensor:
         attn = AttentionInputs(position_ids, kv_cache_pool, block_tables, sequence_lengths,
-                               context_lengths, host_context_lengths, rotary_cos_sin=self.rotary_table())
+                               context_lengths, host_context_lengths, host_sequence_lengths,
+                               rotary_cos_sin=self.rotary_table())
         hidden = self.transformer(input_ids, attn)
         # Only the rows whose logits are asked for go through ln_f and lm_head.
         hidden = F.index_select(hidden, 0, last_token_ids)

@@ -36,6 +36,9 @@ class CudaGraphDecoder:
         self.sequence_lengths = torch.ones(n, dtype=torch.int32, device=dev)
         self.context_lengths = torch.ones(n, dtype=torch.int32, device=dev)
         self.host_context_lengths = torch.ones(n, dtype=torch.int32)
+        # Read by no decode path (values would be frozen into the graph); present because
+        # the network declares it.
+        self.host_sequence_lengths = torch.ones(n, dtype=torch.int32)
         self.block_tables = torch.full((n, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=dev)
         self.scratch_block = scratch_block
         self.kv_cache_pool = kv_cache_pool
@@ -52,6 +55,7 @@ class CudaGraphDecoder:
             "sequence_lengths": self.sequence_lengths[:b],
             "context_lengths": self.context_lengths[:b],
             "host_context_lengths": self.host_context_lengths[:b],
+            "host_sequence_lengths": self.host_sequence_lengths[:b],
         }
 
     def _capture(self, b: int):

@@ -114,6 +114,7 @@ class GenerationSession:
             "sequence_lengths": lens.to(dev),
             "context_lengths": lens.to(dev),
             "host_context_lengths": lens,
+            "host_sequence_lengths": lens,
         }
         logits = self.session.run(feed)["logits"]
         context_logits = None
@@ -158,7 +159,7 @@ class GenerationSession:
                     break
                 active, tokens = active[rows], tokens[rows.to(dev)]
             n = active.numel()
-            cur = seq_lens[active].to(dev)
+            cur = seq_lens[active].to(dev)  # device copy; the host one feeds host_sequence_lengths
             step_tables = block_tables[active.to(dev)] if n < B else block_tables
             if self.cuda_graphs is not None:
                 logits = self.cuda_graphs.step(tokens, cur, step_tables)
@@ -172,6 +173,7 @@ class GenerationSession:
                 "sequence_lengths": cur,
                 "context_lengths": ones[:n].to(dev),
                 "host_context_lengths": ones[:n],
+                "host_sequence_lengths": seq_lens[active],
             }
             logits = self.session.run(feed, check=False)["logits"]
         yield self._result(output_ids, seq_lens, gen_logits, context_logits, done=True)

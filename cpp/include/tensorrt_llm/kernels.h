@@ -118,4 +118,33 @@ struct PagedKvWriteParams {
 };
 void launchPagedKvWrite(PagedKvWriteParams const& p, void* stream);
 
+// Decode attention over the paged cache: one query token per sequence at position
+// sequenceLengths[b] - 1 (its K/V already written), all query heads of a KV head together.
+constexpr int kDecodeAttentionMaxGroup = 8;  // query heads per KV head served by one block
+struct DecodeAttentionParams {
+    void* out;                       // [batch, numHeads, headDim], row stride outTokenStride
+    void const* q;                   // [batch, numHeads, headDim], row stride qTokenStride
+    void const* kvCache;             // [numBlocks, 2, kvHeads, tokensPerBlock, headDim], contiguous
+    int32_t const* blockTables;      // [batch, maxBlocks]
+    int32_t const* sequenceLengths;  // [batch]
+    float const* alibiSlopes;        // [numHeads] or nullptr
+    float* workspace;                // [batch, numHeads, numSplits, headDim + 2] when numSplits > 1
+    int64_t batch;
+    int64_t numHeads;
+    int64_t kvHeads;
+    int64_t headDim;
+    int64_t tokensPerBlock;
+    int64_t maxBlocks;
+    int64_t numBlocks;
+    int64_t qTokenStride;
+    int64_t outTokenStride;
+    int numSplits;      // chunks of splitSize positions; fixed per engine so launches can be captured
+    int splitSize;
+    int slidingWindow;  // 0: none
+    float scale;
+    DType dtype;
+};
+bool decodeAttentionSupportsHeadDim(int64_t headDim);
+void launchDecodeAttention(DecodeAttentionParams const& p, void* stream);
+
 } // namespace tensorrt_llm

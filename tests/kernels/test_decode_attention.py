@@ -1,0 +1,104 @@
+"""Paged decode attention: CUDA kernel against the reference, and its argument checks."""
+import math
+import os
+
+import pytest
+import torch
+
+from tensorrt_llm import kernels
+from tensorrt_llm.kernels import reference
+
+from .utils import DTYPES, assert_close
+
+CASES = [  # (batch, heads, kv_heads, head_dim, tokens_per_block, max_len)
+    (5, 8, 8, 64, 16, 70),       # MHA
+    (3, 9, 3, 64, 32, 257),      # SmolLM2's heads, group 3
+    (7, 32, 8, 128, 32, 600),    # Llama-3 8B's heads, splits
+    (2, 8, 1, 128, 8, 33),       # MQA, group 8
+    (4, 4, 2, 256, 16, 100),     # head_dim 256
+    (1, 32, 8, 128, 32, 2100),   # one long sequence, many splits
+]
+
+
+def make_inputs(batch, heads, kv_heads, head_dim, tpb, max_len, dtype, device, gen):
+    lengths = torch.randint(1, max_len + 1, (batch,), generator=gen)
+    lengths[0] = max_len  # one sequence fills its table
+    max_blocks = -(-max_len // tpb) + 1  # one spare column, unused
+    num_blocks = batch * max_blocks + 3
+    cache = torch.randn(num_blocks, 2, kv_heads, tpb, head_dim, generator=gen).to(dtype)
+    perm = torch.randperm(num_blocks, generator=gen)[:batch * max_blocks]
+    tables = perm.view(batch, max_blocks).to(torch.int32)
+    q = torch.randn(batch, heads, head_dim, generator=gen).to(dtype)
+    return [t.to(device) for t in (q, cache, tables, lengths.to(torch.int32))]
+
+
+def test_reference_equals_dense_attention_over_gathered_rows():
+    gen = torch.Generator().manual_seed(0)
+    q, cache, tables, lengths = make_inputs(3, 6, 2, 64, 8, 30, torch.float32, "cpu", gen)
+    out = reference.decode_attention(q, cache, tables, lengths, 0.125)
+    for b in range(3):
+        n = int(lengths[b])
+        rows = [(int(tables[b, p // 8]), p % 8) for p in range(n)]
+        k = torch.stack([cache[blk, 0, :, s] for blk, s in rows])  # [n, KV, D]
+        v = torch.stack([cache[blk, 1, :, s] for blk, s in rows])
+        for h in range(6):
+            w = torch.softmax(k[:, h // 3] @ q[b, h] * 0.125, dim=0)
+            torch.testing.assert_close(out[b, h], w @ v[:, h // 3], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_reference(case, dtype):
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator().manual_seed(seed)
+    q, cache, tables, lengths = make_inputs(*case, dtype, "cuda", gen)
+    scale = 1 / math.sqrt(case[3])
+    out = kernels.decode_attention(q, cache, tables, lengths, scale)
+    ref = reference.decode_attention(q.float(), cache.float(), tables, lengths, scale)
+    assert_close(out, ref.to(dtype), dtype, msg=f"seed={seed} case={case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [0, 1, 17])
+def test_kernel_alibi_and_sliding_window(window):
+    gen = torch.Generator().manual_seed(window)
+    q, cache, tables, lengths = make_inputs(4, 8, 2, 64, 16, 90, torch.float32, "cuda", gen)
+    slopes = torch.rand(8, generator=gen).cuda()
+    out = kernels.decode_attention(q, cache, tables, lengths, 0.125, slopes, window)
+    ref = reference.decode_attention(q, cache, tables, lengths, 0.125, slopes, window)
+    assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.gpu
+def test_kernel_in_a_cuda_graph_replays_with_new_lengths():
+    gen = torch.Generator().manual_seed(1)
+    q, cache, tables, lengths = make_inputs(3, 9, 3, 64, 32, 200, torch.bfloat16, "cuda", gen)
+    kernels.decode_attention(q, cache, tables, lengths, 0.125)  # warm-up outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.decode_attention(q, cache, tables, lengths, 0.125)
+    for new in ([1, 200, 64], [33, 2, 199]):
+        lengths.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        assert_close(out, reference.decode_attention(q, cache, tables, lengths, 0.125), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bad, message", [
+    ("group", "group must be a whole number <= 8"),
+    ("head_dim", "head_dim 80 is not supported"),
+    ("dtype", "kv_cache"),
+    ("batch", "must have batch"),
+])
+def test_kernel_refuses_bad_arguments(bad, message):
+    gen = torch.Generator().manual_seed(2)
+    heads, kv, dim = (16, 1, 64) if bad == "group" else (4, 2, 80 if bad == "head_dim" else 64)
+    q, cache, tables, lengths = make_inputs(2, heads, kv, dim, 16, 40, torch.float16, "cuda", gen)
+    if bad == "dtype":
+        cache = cache.float()
+    if bad == "batch":
+        lengths = lengths[:1]
+    with pytest.raises((ValueError, TypeError), match=message):
+        kernels.decode_attention(q, cache, tables, lengths, 0.125)
+    torch.cuda.synchronize()  # nothing was launched that could fault
