@@ -83,7 +83,7 @@ class _Graph:
     def __init__(self, used_names):
         self.nodes: list[onnx.NodeProto] = []
         self.used = set(used_names)
-        self.dtypes: dict[str, str] = {}  # ONNX value -> dtype, for the values of network tensors
+        self.dtypes: dict[str, str] = {}  # ONNX value -> dtype, for network tensors and weights
         self.ranks: dict[str, int] = {}
         self.pretransposed: set[str] = set()  # initializers stored as weight.T
         self.scope = "graph"
@@ -122,7 +122,7 @@ class _Graph:
 
 
 def _float32_math(fn):
-    """Run `fn` in float32 and cast back, as the reference does for norms/softmax/rotary."""
+    """Run `fn` in float32 and cast back, as the reference does for softmax, layer_norm, rotary."""
     def converter(g, x, *rest, **attrs):
         dtype = g.dtypes[x]
         return g.cast(fn(g, g.cast(x, dtype, "float32"), *rest, dtype=dtype, **attrs), "float32", dtype)
