@@ -35,7 +35,8 @@ def engine_from_hf(hf_model, engine_dir: Path, dtype="float32", **build_kwargs) 
     config = config_from_hf(hf_model.config, dtype=dtype)
     model = LLaMAForCausalLM(config)
     model.load(load_weights_from_hf(hf_model, config))
-    bc = dict(max_batch_size=4, max_input_len=64, max_seq_len=128, tokens_per_block=8)
+    # target "any": the same engine is run on the CPU and, where there is one, the GPU.
+    bc = dict(max_batch_size=4, max_input_len=64, max_seq_len=128, tokens_per_block=8, target_device="any")
     bc.update(build_kwargs)
     build(model, BuildConfig(**bc)).save(engine_dir)
     return engine_dir
