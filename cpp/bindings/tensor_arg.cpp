@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 
 namespace py = pybind11;
@@ -38,12 +37,13 @@ int64_t TensorArg::numel() const {
     return n;
 }
 
+// Plain string building, no iostreams: an ostringstream in this module crashed (SIGSEGV in
+// basic_ostream::_M_insert<long>) on the GPU machine's Python 3.12/PyTorch process, where two
+// C++ runtimes' locale objects met.
 static std::string listStr(std::vector<int64_t> const& v) {
-    std::ostringstream os;
-    os << "[";
-    for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-    os << "]";
-    return os.str();
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
 }
 
 std::string TensorArg::shapeStr() const { return listStr(shape); }
