@@ -4,6 +4,7 @@
 #   make wheel      build the C++/CUDA module and the wheel into dist/
 #   make install    the same, then pip install the wheel
 #   make develop    build the module into tensorrt_llm/ and install this checkout editable
+#   make quickstart install, fetch the default model, convert, build an engine, generate (README)
 #   make test       install dev requirements, build (CUDA sources too when nvcc exists), run pytest
 #   make clean      remove build folders and the copied module
 #
@@ -21,10 +22,10 @@ TORCH_SPEC  ?= torch==2.13.0
 
 BUILD_WHEEL = $(PYTHON) build_wheel.py -a "$(CUDA_ARCHS)" --dist_dir "$(DIST_DIR)" $(if $(JOBS),-j $(JOBS)) $(BUILD_ARGS)
 
-.PHONY: help deps-runtime deps wheel install develop test clean
+.PHONY: help deps-runtime deps wheel install develop test quickstart clean
 
 help:
-	@sed -n '4,12p' Makefile
+	@sed -n '4,13p' Makefile
 
 deps-runtime:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "$(TORCH_SPEC)"
@@ -46,6 +47,9 @@ develop: deps-runtime
 test: deps
 	$(BUILD_WHEEL)
 	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
+
+quickstart:
+	PYTHON="$(PYTHON)" bash scripts/quickstart.sh
 
 clean:
 	rm -rf cpp/build build/setuptools
