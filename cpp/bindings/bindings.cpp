@@ -297,7 +297,8 @@ py::dict buildInfoDict() {
 
 void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py::handle blockTablesObj,
                      py::handle seqLensObj, py::handle alibiObj, py::handle workspaceObj, int numSplits,
-                     int splitSize, double scale, int slidingWindow, uintptr_t stream) {
+                     int splitSize, double scale, int slidingWindow, py::handle kNewObj, py::handle vNewObj,
+                     py::handle cosSinObj, bool isNeox, uintptr_t stream) {
     char const* op = "decode_attention";
     TensorArg out = toTensorArg(outObj, "out");
     TensorArg q = toTensorArg(qObj, "q");
@@ -373,11 +374,51 @@ void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py
         }
         all.push_back(&workspace);
     }
+    TensorArg kNew, vNew, cosSin;
+    bool const fused = !kNewObj.is_none();
+    if (fused != !vNewObj.is_none()) throw std::invalid_argument("decode_attention: k_new and v_new go together");
+    if (!cosSinObj.is_none() && !fused) {
+        throw std::invalid_argument("decode_attention: rotary_cos_sin needs k_new and v_new");
+    }
+    if (fused) {
+        kNew = toTensorArg(kNewObj, "k_new");
+        vNew = toTensorArg(vNewObj, "v_new");
+        checkSameDtype(q, kNew);
+        checkSameDtype(q, vNew);
+        checkShape(kNew, {batch, kvHeads, headDim});
+        checkShape(vNew, {batch, kvHeads, headDim});
+        checkLastDimContiguous(kNew);
+        checkLastDimContiguous(vNew);
+        if (kNew.stride(1) != headDim || vNew.stride(1) != headDim) {
+            throw std::invalid_argument("decode_attention: heads of k_new and v_new must be packed");
+        }
+        all.push_back(&kNew);
+        all.push_back(&vNew);
+        if (!cosSinObj.is_none()) {
+            cosSin = toTensorArg(cosSinObj, "rotary_cos_sin");
+            checkDim(cosSin, 2);
+            checkDtype(cosSin, {DType::kFloat32});
+            checkContiguous(cosSin);
+            if (cosSin.size(1) % 2 != 0 || cosSin.size(1) == 0 || cosSin.size(1) > headDim) {
+                throw std::invalid_argument("decode_attention: rotary_cos_sin " + cosSin.shapeStr()
+                                            + " needs an even rotary_dim in (0, head_dim]");
+            }
+            all.push_back(&cosSin);
+        }
+    }
     checkFitsInt(op, "batch", batch);
     int const device = checkSameCudaDevice(op, all);
     DeviceScope scope(device, all, stream);
 
     DecodeAttentionParams p{};
+    p.kNew = fused ? kNew.data() : nullptr;
+    p.vNew = fused ? vNew.data() : nullptr;
+    p.kNewTokenStride = fused ? kNew.stride(0) : 0;
+    p.vNewTokenStride = fused ? vNew.stride(0) : 0;
+    p.cosSin = cosSinObj.is_none() ? nullptr : static_cast<float const*>(cosSin.data());
+    p.maxPositions = cosSinObj.is_none() ? 0 : cosSin.size(0);
+    p.rotaryDim = cosSinObj.is_none() ? 0 : static_cast<int>(cosSin.size(1));
+    p.isNeox = isNeox;
     p.out = out.data();
     p.q = q.data();
     p.kvCache = cache.data();
@@ -477,14 +518,16 @@ PYBIND11_MODULE(bindings, m) {
         "decode_attention",
         [](py::handle out, py::handle q, py::handle cache, py::handle blockTables, py::handle seqLens,
            py::handle alibi, py::handle workspace, int numSplits, int splitSize, double scale, int slidingWindow,
-           uintptr_t stream) {
+           py::handle kNew, py::handle vNew, py::handle cosSin, bool isNeox, uintptr_t stream) {
             withOpName("decode_attention", [&] {
                 decodeAttention(out, q, cache, blockTables, seqLens, alibi, workspace, numSplits, splitSize, scale,
-                                slidingWindow, stream);
+                                slidingWindow, kNew, vNew, cosSin, isNeox, stream);
             });
         },
         py::arg("out"), py::arg("q"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("sequence_lengths"),
         py::arg("alibi_slopes"), py::arg("workspace"), py::arg("num_splits"), py::arg("split_size"),
-        py::arg("scale"), py::arg("sliding_window"), py::arg("stream"),
-        "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache.");
+        py::arg("scale"), py::arg("sliding_window"), py::arg("k_new"), py::arg("v_new"), py::arg("rotary_cos_sin"),
+        py::arg("is_neox"), py::arg("stream"),
+        "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache; with k_new/v_new "
+        "the step's rows are rotated (with rotary_cos_sin) and written into the cache by the same launch.");
 }

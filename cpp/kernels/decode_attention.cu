@@ -10,7 +10,12 @@
 //
 // Cache layout [numBlocks, 2, kvHeads, tokensPerBlock, headDim]; position p of sequence b is in
 // block blockTables[b, p / tpb], slot p % tpb. A block id outside [0, numBlocks) is treated as
-// a masked position: nothing is read from it.
+// a masked position: nothing is read from it (or written to it).
+//
+// Fused form (kNew != nullptr): the block whose chunk holds the query's position first rotates
+// (RoPE, when cosSin is given) and writes this step's K and V rows into the cache, then
+// attends; every block rotates its query heads in shared memory. One launch replaces the
+// rotation, the cache write and the attention.
 #include "common.cuh"
 
 #include <cfloat>
@@ -22,6 +27,25 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;  // K/V rows a warp has in flight at once
+
+// Rotates pairs of x[0 .. rotaryDim) in place (shared memory): NeoX pairs (j, j + r/2),
+// GPT-J pairs (2j, 2j + 1), by the angles of row `pos` of cosSin. Threads take pairs.
+__device__ __forceinline__ void rotate(float* x, int heads, int headDim, DecodeAttentionParams const& p, int pos) {
+    int const half = p.rotaryDim / 2;
+    float const* cs = p.cosSin + static_cast<int64_t>(pos) * p.rotaryDim;
+    for (int i = threadIdx.x; i < heads * half; i += blockDim.x) {
+        int const h = i / half;
+        int const j = i - h * half;
+        int const a = p.isNeox ? j : 2 * j;
+        int const b = p.isNeox ? j + half : 2 * j + 1;
+        float const c = cs[j];
+        float const sn = cs[half + j];
+        float const x1 = x[h * headDim + a];
+        float const x2 = x[h * headDim + b];
+        x[h * headDim + a] = x1 * c - x2 * sn;
+        x[h * headDim + b] = x2 * c + x1 * sn;
+    }
+}
 
 template <typename T, int EPL>
 __device__ __forceinline__ void loadRow(T const* row, int lane, float (&dst)[EPL]) {
@@ -53,13 +77,43 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
     int const n = end - begin;
     int const qPos = seqLen - 1;
 
+    bool const rotary = p.cosSin != nullptr && qPos < p.maxPositions;
     T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
-    for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] = toFloat(q[i]) * p.scale;
+    for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] = toFloat(q[i]);
     __syncthreads();
+    if (rotary) {
+        rotate(qS, group, D, p, qPos);
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] *= p.scale;
 
     int64_t const headStride = p.tokensPerBlock * D;
-    T const* cache = static_cast<T const*>(p.kvCache);
+    T* cacheOut = static_cast<T*>(p.kvCache);
+    T const* cache = cacheOut;
     int32_t const* table = p.blockTables + b * p.maxBlocks;
+    if (p.kNew != nullptr && qPos >= begin && qPos < end) {  // this block owns the new position
+        float* kS = reduceS;  // free until the value pass
+        T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
+        T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
+        for (int d = threadIdx.x; d < D; d += kThreads) kS[d] = toFloat(kIn[d]);
+        __syncthreads();
+        if (rotary) {
+            rotate(kS, 1, D, p, qPos);
+            __syncthreads();
+        }
+        int64_t const blockInSeq = qPos / p.tokensPerBlock;
+        int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
+        if (block >= 0 && block < p.numBlocks) {
+            int64_t const slot = qPos - blockInSeq * p.tokensPerBlock;
+            T* kDst = cacheOut + ((block * 2 + 0) * p.kvHeads + kvh) * headStride + slot * D;
+            T* vDst = cacheOut + ((block * 2 + 1) * p.kvHeads + kvh) * headStride + slot * D;
+            for (int d = threadIdx.x; d < D; d += kThreads) {
+                kDst[d] = fromFloat<T>(kS[d]);
+                vDst[d] = vIn[d];
+            }
+        }
+    }
+    __syncthreads();  // q in shared memory, and the new row in the cache, for every thread
     auto rowOf = [&](int pos, int kv) -> T const* {
         int64_t const blockInSeq = pos / p.tokensPerBlock;
         if (blockInSeq >= p.maxBlocks) return nullptr;

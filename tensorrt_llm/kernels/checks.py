@@ -144,10 +144,16 @@ def paged_kv_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                     sequence_lengths: torch.Tensor, alibi_slopes: Optional[torch.Tensor]) -> None:
+                     sequence_lengths: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
+                     k_new: Optional[torch.Tensor] = None, v_new: Optional[torch.Tensor] = None,
+                     rotary_cos_sin: Optional[torch.Tensor] = None) -> None:
     op = "decode_attention"
     check_tensors(op, q=q, kv_cache=kv_cache, block_tables=block_tables, sequence_lengths=sequence_lengths,
-                  alibi_slopes=alibi_slopes)
+                  alibi_slopes=alibi_slopes, k_new=k_new, v_new=v_new, rotary_cos_sin=rotary_cos_sin)
+    if (k_new is None) != (v_new is None):
+        raise ValueError(f"{op}: k_new and v_new are given together")
+    if rotary_cos_sin is not None and k_new is None:
+        raise ValueError(f"{op}: rotary_cos_sin needs k_new and v_new")
     check_dtype(op, "q", q, FLOAT_DTYPES)
     check_same_dtype(op, "q", q, "kv_cache", kv_cache)
     check_dim(op, "q", q, 3, "[batch, num_heads, head_dim]")
@@ -167,3 +173,11 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         check_dtype(op, "alibi_slopes", alibi_slopes, (torch.float32,))
         if alibi_slopes.shape != (num_heads,):
             raise ValueError(f"{op}: alibi_slopes {list(alibi_slopes.shape)} must be [{num_heads}]")
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if t is not None:
+            check_same_dtype(op, "q", q, name, t)
+            if t.shape != (batch, kv_heads, head_dim):
+                raise ValueError(f"{op}: {name} {list(t.shape)} must be [{batch}, {kv_heads}, {head_dim}]")
+    if rotary_cos_sin is not None:
+        check_dtype(op, "rotary_cos_sin", rotary_cos_sin, (torch.float32,))
+        check_dim(op, "rotary_cos_sin", rotary_cos_sin, 2, "[max_positions, rotary_dim]")

@@ -257,23 +257,25 @@ def _decode_splits(batch: int, kv_heads: int, max_positions: int, multiprocessor
     return -(-max_positions // split), split
 
 
-@torch.library.custom_op("trtllm::decode_attention", mutates_args=())
+@torch.library.custom_op("trtllm::decode_attention", mutates_args=("kv_cache",))
 def _decode_attention_op(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                          sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor],
-                         sliding_window: int) -> torch.Tensor:
-    checks.decode_attention(q, kv_cache, block_tables, sequence_lengths, alibi_slopes)
+                         sliding_window: int, k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
+                         rotary_cos_sin: Optional[torch.Tensor], is_neox: bool) -> torch.Tensor:
+    checks.decode_attention(q, kv_cache, block_tables, sequence_lengths, alibi_slopes, k_new, v_new, rotary_cos_sin)
     return reference.decode_attention(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes,
-                                      sliding_window)
+                                      sliding_window, k_new, v_new, rotary_cos_sin, is_neox)
 
 
 @_decode_attention_op.register_kernel("cuda")
 def _decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                            sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor],
-                           sliding_window: int) -> torch.Tensor:
-    checks.decode_attention(q, kv_cache, block_tables, sequence_lengths, alibi_slopes)
+                           sliding_window: int, k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
+                           rotary_cos_sin: Optional[torch.Tensor], is_neox: bool) -> torch.Tensor:
+    checks.decode_attention(q, kv_cache, block_tables, sequence_lengths, alibi_slopes, k_new, v_new, rotary_cos_sin)
     if not _use_compiled():
         return reference.decode_attention(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes,
-                                          sliding_window)
+                                          sliding_window, k_new, v_new, rotary_cos_sin, is_neox)
     batch, num_heads, head_dim = q.shape
     out = torch.empty_like(q)
     max_positions = block_tables.shape[1] * kv_cache.shape[3]
@@ -283,23 +285,32 @@ def _decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     if num_splits > 1:
         workspace = torch.empty(batch * num_heads * num_splits * (head_dim + 2), dtype=torch.float32,
                                 device=q.device)
+
+    def arg(t):
+        return None if t is None else tensor_arg(t)
     get_bindings().decode_attention(
         tensor_arg(out), tensor_arg(q), tensor_arg(kv_cache), tensor_arg(block_tables),
-        tensor_arg(sequence_lengths), None if alibi_slopes is None else tensor_arg(alibi_slopes),
-        None if workspace is None else tensor_arg(workspace), num_splits, split_size, float(scale),
-        int(sliding_window), stream_of(q))
+        tensor_arg(sequence_lengths), arg(alibi_slopes), arg(workspace), num_splits, split_size, float(scale),
+        int(sliding_window), arg(k_new), arg(v_new), arg(rotary_cos_sin), bool(is_neox), stream_of(q))
     return out
 
 
 @_decode_attention_op.register_fake
-def _(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes, sliding_window):
+def _(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes, sliding_window, k_new, v_new,
+      rotary_cos_sin, is_neox):
     return torch.empty_like(q)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                      sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
-                     sliding_window: int = 0) -> torch.Tensor:
+                     sliding_window: int = 0, k_new: Optional[torch.Tensor] = None,
+                     v_new: Optional[torch.Tensor] = None, rotary_cos_sin: Optional[torch.Tensor] = None,
+                     is_neox: bool = True) -> torch.Tensor:
     """Attention of one query token per sequence, q [B, H, D] at position sequence_lengths[b] - 1,
-    over its cached K/V (already written) in kv_cache [num_blocks, 2, KV, tpb, D]; -> [B, H, D]."""
+    over its cached K/V in kv_cache [num_blocks, 2, KV, tpb, D]; -> [B, H, D].
+
+    Without k_new/v_new the cache must already hold this step's rows. With them ([B, KV, D]),
+    the same launch writes them at position L - 1, after rotating k and q by rotary_cos_sin
+    (float32 [max_positions, rotary_dim]) when given; the caller's q/k stay unrotated."""
     return torch.ops.trtllm.decode_attention(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes,
-                                             sliding_window)
+                                             sliding_window, k_new, v_new, rotary_cos_sin, is_neox)

@@ -136,11 +136,23 @@ def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                      sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
-                     sliding_window: int = 0) -> torch.Tensor:
+                     sliding_window: int = 0, k_new: Optional[torch.Tensor] = None,
+                     v_new: Optional[torch.Tensor] = None, rotary_cos_sin: Optional[torch.Tensor] = None,
+                     is_neox: bool = True) -> torch.Tensor:
     """One query token per sequence (q [B, H, D], at position L_b - 1) over cache positions
-    max(0, L_b - window) .. L_b - 1, read through block_tables; softmax in float32."""
+    max(0, L_b - window) .. L_b - 1, read through block_tables; softmax in float32.
+
+    With k_new/v_new [B, KV, D], this step's rows are first written at position L_b - 1
+    (k and q rotated by rotary_cos_sin when given; the caller's q/k are left as they are)."""
     batch, num_heads, head_dim = q.shape
     kv_heads, tpb = kv_cache.shape[2], kv_cache.shape[3]
+    if k_new is not None:
+        positions = sequence_lengths.long() - 1
+        if rotary_cos_sin is not None:
+            q, k_new = q.clone(), k_new.clone()
+            rotary_embedding_(q, k_new, positions, rotary_cos_sin, is_neox)
+        cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+        paged_kv_write_(k_new, v_new, kv_cache, block_tables, cu_seqlens, positions.to(torch.int32))
     group = num_heads // kv_heads
     out = torch.empty_like(q)
     for b in range(batch):

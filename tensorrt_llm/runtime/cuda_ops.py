@@ -10,7 +10,6 @@ gpt_attention's two phases:
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -40,12 +39,6 @@ def gelu_and_mul(x, *, approximate="none"):
     return kernels.gelu_and_mul(x, approximate)
 
 
-@functools.lru_cache(maxsize=64)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    # Kept for the life of the process: a decode step of n sequences always uses the same one.
-    return torch.arange(n, dtype=torch.int32, device=device)
-
-
 def _kernel_covers(num_heads, num_kv_heads, head_dim) -> bool:
     return (kernels.cuda_kernels_available() and head_dim in (64, 128, 256)
             and num_heads // num_kv_heads <= 8)
@@ -68,15 +61,17 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
     qh = q.view(num_tokens, num_heads, head_dim)
     kh = k.view(num_tokens, num_kv_heads, head_dim)
     vh = v.view(num_tokens, num_kv_heads, head_dim)
-    if rotary_cos_sin is not None:
-        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
     cache = kv_cache_pool[layer_idx]
 
     if num_tokens == batch:  # every sequence has >= 1 new token, so this is one each: decode
-        kernels.paged_kv_write_(kh, vh, cache, block_tables, _arange(batch + 1, q.device), sequence_lengths - 1)
+        # One launch rotates q/k (decode positions are sequence_lengths - 1, as the runtime
+        # feeds them), writes the new K/V rows and attends.
         out = kernels.decode_attention(qh, cache, block_tables, sequence_lengths, scale, alibi_slopes,
-                                       sliding_window or 0)
+                                       sliding_window or 0, kh, vh, rotary_cos_sin, rotary_is_neox)
         return out.view(num_tokens, num_heads * head_dim)
+
+    if rotary_cos_sin is not None:
+        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
 
     cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
     torch.cumsum(context_lengths, 0, out=cu_seqlens[1:])

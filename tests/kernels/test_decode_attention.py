@@ -102,3 +102,28 @@ def test_kernel_refuses_bad_arguments(bad, message):
     with pytest.raises((ValueError, TypeError), match=message):
         kernels.decode_attention(q, cache, tables, lengths, 0.125)
     torch.cuda.synchronize()  # nothing was launched that could fault
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotary", ["none", "neox", "gptj", "neox_partial"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[3]])
+def test_fused_write_and_rotation_match_reference(case, rotary, dtype):
+    from tensorrt_llm.functional import rope_cos_sin_cache
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator().manual_seed(seed)
+    batch, heads, kv_heads, head_dim = case[:4]
+    q, cache, tables, lengths = make_inputs(*case, dtype, "cuda", gen)
+    # k/v as strided column slices of one packed row, like the runtime's qkv projection
+    packed = torch.randn(batch, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype).cuda()
+    k_new = packed[:, heads * head_dim:(heads + kv_heads) * head_dim].view(batch, kv_heads, head_dim)
+    v_new = packed[:, (heads + kv_heads) * head_dim:].view(batch, kv_heads, head_dim)
+    rotary_dim = head_dim // 2 if rotary == "neox_partial" else head_dim
+    cos_sin = None if rotary == "none" else rope_cos_sin_cache(case[5] + 8, rotary_dim, 10000.0).cuda()
+    is_neox = rotary != "gptj"
+    ours, theirs = cache.clone(), cache.float().clone()
+    out = kernels.decode_attention(q, ours, tables, lengths, 0.1, None, 0, k_new, v_new, cos_sin, is_neox)
+    ref = reference.decode_attention(q.float(), theirs, tables, lengths, 0.1, None, 0, k_new.float(),
+                                     v_new.float(), cos_sin, is_neox)
+    assert_close(out, ref.to(dtype), dtype, msg=f"seed={seed} case={case} rotary={rotary}")
+    assert_close(ours, theirs.to(dtype), dtype, msg=f"cache, seed={seed}")

@@ -119,16 +119,26 @@ struct PagedKvWriteParams {
 void launchPagedKvWrite(PagedKvWriteParams const& p, void* stream);
 
 // Decode attention over the paged cache: one query token per sequence at position
-// sequenceLengths[b] - 1 (its K/V already written), all query heads of a KV head together.
+// sequenceLengths[b] - 1, all query heads of a KV head together. With kNew/vNew, the step's
+// K/V rows are written into the cache by the same launch (rotated first when cosSin is given,
+// q too); without them the cache must already hold them.
 constexpr int kDecodeAttentionMaxGroup = 8;  // query heads per KV head served by one block
 struct DecodeAttentionParams {
     void* out;                       // [batch, numHeads, headDim], row stride outTokenStride
     void const* q;                   // [batch, numHeads, headDim], row stride qTokenStride
-    void const* kvCache;             // [numBlocks, 2, kvHeads, tokensPerBlock, headDim], contiguous
+    void* kvCache;                   // [numBlocks, 2, kvHeads, tokensPerBlock, headDim], contiguous
     int32_t const* blockTables;      // [batch, maxBlocks]
     int32_t const* sequenceLengths;  // [batch]
     float const* alibiSlopes;        // [numHeads] or nullptr
     float* workspace;                // [batch, numHeads, numSplits, headDim + 2] when numSplits > 1
+    void const* kNew;                // [batch, kvHeads, headDim] rows of this step, or nullptr
+    void const* vNew;                // [batch, kvHeads, headDim], with kNew
+    int64_t kNewTokenStride;
+    int64_t vNewTokenStride;
+    float const* cosSin;             // [maxPositions, rotaryDim] or nullptr: no rotation
+    int64_t maxPositions;
+    int rotaryDim;
+    bool isNeox;
     int64_t batch;
     int64_t numHeads;
     int64_t kvHeads;

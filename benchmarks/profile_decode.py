@@ -1,0 +1,72 @@
+"""Where a decode step's time goes: graph replay alone, a whole step, and the kernels of one
+step (profiled without the graph, so each kernel is seen).
+
+    python benchmarks/profile_decode.py --model smollm2-135m --batch 1
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generation import random_models  # noqa: E402
+
+from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.runtime import ModelRunner  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--input_len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=64)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    model, _ = random_models(args.model, args.dtype, dev, with_hf=False)
+    bc = BuildConfig(max_batch_size=max(args.batch, 1), max_input_len=args.input_len,
+                     max_seq_len=args.input_len + args.steps + 8)
+    prompts = [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32) for _ in range(args.batch)]
+    with tempfile.TemporaryDirectory() as tmp:
+        build(model, bc).save(tmp)
+        graphs = ModelRunner.from_dir(tmp, device=dev)
+        eager = ModelRunner.from_dir(tmp, device=dev, use_cuda_graph=False)
+    for r in (graphs, eager):
+        r.generate(prompts, max_new_tokens=4)
+
+    def step_ms(r):
+        times = []
+        for n in (1, args.steps + 1):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            r.generate(prompts, max_new_tokens=n)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return (times[1] - times[0]) / args.steps * 1e3
+
+    graph, _ = graphs.generation.cuda_graphs.graphs[graphs.generation.cuda_graphs.bucket(args.batch)]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(100):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    print(f"{args.model} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
+          f"step with graphs {step_ms(graphs):.3f} ms, step without {step_ms(eager):.3f} ms")
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        eager.generate(prompts, max_new_tokens=9)
+        torch.cuda.synchronize()
+    # 8 decode steps (plus the context step) were profiled.
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18))
+
+
+if __name__ == "__main__":
+    main()
