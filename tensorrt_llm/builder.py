@@ -129,10 +129,11 @@ def weights_checksum(graph_json: str, weights: dict[str, torch.Tensor]) -> str:
 class Engine:
     """One rank's built network plus the configuration it was built with."""
 
-    def __init__(self, config: dict, network: Network, rank: int = 0):
+    def __init__(self, config: dict, network: Network, rank: int = 0, refit_map: Optional[dict] = None):
         self.config = config
         self.network = network
         self.rank = rank
+        self.refit_map = refit_map  # see refit_map(); None: the engine cannot be refitted
 
     @property
     def build_config(self) -> BuildConfig:
@@ -154,6 +155,8 @@ class Engine:
             "graph": graph,
             "checksum": weights_checksum(graph, weights),
         }
+        if self.refit_map is not None:
+            metadata["refit_map"] = json.dumps(self.refit_map)
         # Write next to the final name and rename, so a failed save never leaves a
         # half-written engine where a good one is expected.
         path = engine_dir / f"rank{self.rank}.engine"
@@ -200,7 +203,8 @@ class Engine:
             raise EngineError(f"{path} fails its checksum: the file was altered or damaged; "
                               f"rebuild the engine")
         network = Network.from_json(graph, weights)
-        return cls(config, network, rank)
+        refit = json.loads(meta["refit_map"]) if "refit_map" in meta else None
+        return cls(config, network, rank, refit_map=refit)
 
 
 def check_versions(format_version, package_version, where) -> None:
@@ -236,6 +240,9 @@ def build(model, build_config: BuildConfig) -> Engine:
         inputs = model.prepare_inputs(build_config)
         model(**inputs)
     layers_before = network.num_layers
+    # Taken before rewriting, which drops the parameters it fuses.
+    params = {name: [t.dtype, list(t.shape)] for name, t in network.parameter_tensors.items()}
+    constants = set(network.weights) - set(params)
     report = {}
     if build_config.optimizations:
         from .graph_rewriting import optimize
@@ -258,7 +265,25 @@ def build(model, build_config: BuildConfig) -> Engine:
         "build_config": build_config.to_dict(),
         "build_summary": summary,
     }
-    return Engine(config, network, rank=pretrained.mapping.rank)
+    return Engine(config, network, rank=pretrained.mapping.rank,
+                  refit_map=refit_map(network, params, constants))
+
+
+def refit_map(network: Network, params: dict, constants: set) -> Optional[dict]:
+    """How each engine weight derives from the checkpoint, for tensorrt_llm/refit.py:
+    {"sources": {engine weight: checkpoint names, concatenated along dim 0},
+     "checkpoint": {checkpoint name: [dtype, shape]}}. Weights in neither are the model's
+    own constants (e.g. the rotary table). None when a rewrite made a weight without
+    recording its sources: such an engine cannot be refitted."""
+    sources = {}
+    for name in network.weights:
+        if name in params:
+            sources[name] = [name]
+        elif name in network.weight_sources:
+            sources[name] = network.weight_sources[name]
+        elif name not in constants:
+            return None
+    return {"sources": sources, "checkpoint": params}
 
 
 def cast_weights(weights: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:

@@ -213,7 +213,9 @@ class FuseGateUp(PatternRewriter):
                 continue
             names = [lin.get_input(i).get_parent().attrs["weight"] for lin in (gate, up)]
             value = torch.cat([net.weights[n] for n in names], dim=0)
-            fused.append(F.constant(value, name=_fused_weight_name(net, *names)))
+            name = _fused_weight_name(net, *names)
+            net.weight_sources[name] = [s for n in names for s in net.weight_sources.get(n, [n])]
+            fused.append(F.constant(value, name=name))
         y = F.linear(gate.get_input(0), fused[0], fused[1])
         op, approximate = _GATED_ACTIVATIONS[act.op]
         out = F.silu_and_mul(y) if op == "silu_and_mul" else F.gelu_and_mul(y, approximate=approximate)

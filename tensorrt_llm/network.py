@@ -158,6 +158,9 @@ class Network:
         # (by weight name) already became in this network.
         self.flayer_infos: dict[str, object] = {}
         self.parameter_tensors: dict[str, "Tensor"] = {}
+        # Weight name -> the weights a rewrite made it from (concatenated along dim 0, in
+        # order), so that the builder can record how to refit an engine (tensorrt_llm/refit.py).
+        self.weight_sources: dict[str, list[str]] = {}
 
     # ---- tensors -------------------------------------------------------------------------
 

@@ -24,9 +24,8 @@ namespace tensorrt_llm {
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;  // K/V rows a warp has in flight at once
 
 // Rotates pairs of x[0 .. rotaryDim) in place (shared memory): NeoX pairs (j, j + r/2),
 // GPT-J pairs (2j, 2j + 1), by the angles of row `pos` of cosSin. Threads take pairs.
@@ -55,13 +54,20 @@ __device__ __forceinline__ void loadRow(T const* row, int lane, float (&dst)[EPL
 }
 
 // EPL: elements of a head per lane (headDim / 32). MAXG: the largest query-head group served.
-template <typename T, int EPL, int MAXG>
+// U: K/V rows a warp has in flight at once.
+//
+// One pass with an online softmax: each warp walks its positions U at a time, loading the K and
+// V rows of all U positions before using any (their block ids come from shared memory), so a
+// warp waits for memory once per U rows; it keeps a running max, sum and weighted sum per query
+// head, and the warps' partial results are merged in shared memory at the end.
+template <typename T, int EPL, int MAXG, int U>
 __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentionParams p) {
     constexpr int D = EPL * 32;
     extern __shared__ float smem[];
-    float* qS = smem;                         // [group][D], pre-scaled
-    float* scoresS = qS + MAXG * D;           // [group][splitSize]
-    float* reduceS = scoresS + MAXG * p.splitSize;  // [kWarps][group][D]
+    float* qS = smem;                                  // [MAXG][D], rotated and scaled
+    float* accS = qS + MAXG * D;                       // [kWarps][MAXG][D]
+    float* statS = accS + kWarps * MAXG * D;           // [kWarps][MAXG][2]: max, sum
+    int* blockS = reinterpret_cast<int*>(statS + kWarps * MAXG * 2);  // [splitSize / tpb + 2]
 
     int const kvh = blockIdx.x;
     int const b = blockIdx.y;
@@ -76,10 +82,20 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
     int const end = min(seqLen, (split + 1) * p.splitSize);
     int const n = end - begin;
     int const qPos = seqLen - 1;
+    int64_t const tpb = p.tokensPerBlock;
+    int32_t const* table = p.blockTables + b * p.maxBlocks;
 
+    // Stage q and the chunk's block ids (one memory round trip for both).
     bool const rotary = p.cosSin != nullptr && qPos < p.maxPositions;
     T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
     for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] = toFloat(q[i]);
+    int const firstBlock = n > 0 ? static_cast<int>(begin / tpb) : 0;
+    int const numChunkBlocks = n > 0 ? static_cast<int>((end - 1) / tpb) - firstBlock + 1 : 0;
+    for (int i = threadIdx.x; i < numChunkBlocks; i += kThreads) {
+        int64_t const blockInSeq = firstBlock + i;
+        int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
+        blockS[i] = (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1;
+    }
     __syncthreads();
     if (rotary) {
         rotate(qS, group, D, p, qPos);
@@ -87,12 +103,10 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
     }
     for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] *= p.scale;
 
-    int64_t const headStride = p.tokensPerBlock * D;
-    T* cacheOut = static_cast<T*>(p.kvCache);
-    T const* cache = cacheOut;
-    int32_t const* table = p.blockTables + b * p.maxBlocks;
+    int64_t const headStride = tpb * D;
+    T* cache = static_cast<T*>(p.kvCache);
     if (p.kNew != nullptr && qPos >= begin && qPos < end) {  // this block owns the new position
-        float* kS = reduceS;  // free until the value pass
+        float* kS = accS;  // free until the merge
         T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
         T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
         for (int d = threadIdx.x; d < D; d += kThreads) kS[d] = toFloat(kIn[d]);
@@ -101,131 +115,105 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
             rotate(kS, 1, D, p, qPos);
             __syncthreads();
         }
-        int64_t const blockInSeq = qPos / p.tokensPerBlock;
-        int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
-        if (block >= 0 && block < p.numBlocks) {
-            int64_t const slot = qPos - blockInSeq * p.tokensPerBlock;
-            T* kDst = cacheOut + ((block * 2 + 0) * p.kvHeads + kvh) * headStride + slot * D;
-            T* vDst = cacheOut + ((block * 2 + 1) * p.kvHeads + kvh) * headStride + slot * D;
+        int const block = blockS[qPos / tpb - firstBlock];
+        if (block >= 0) {
+            int64_t const slot = qPos % tpb;
+            T* kDst = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + slot * D;
+            T* vDst = cache + ((block * 2LL + 1) * p.kvHeads + kvh) * headStride + slot * D;
             for (int d = threadIdx.x; d < D; d += kThreads) {
                 kDst[d] = fromFloat<T>(kS[d]);
                 vDst[d] = vIn[d];
             }
         }
     }
-    __syncthreads();  // q in shared memory, and the new row in the cache, for every thread
-    auto rowOf = [&](int pos, int kv) -> T const* {
-        int64_t const blockInSeq = pos / p.tokensPerBlock;
-        if (blockInSeq >= p.maxBlocks) return nullptr;
-        int64_t const block = table[blockInSeq];
-        if (block < 0 || block >= p.numBlocks) return nullptr;
-        return cache + ((block * 2 + kv) * p.kvHeads + kvh) * headStride + (pos - blockInSeq * p.tokensPerBlock) * D;
-    };
+    __syncthreads();  // q ready, the new row in the cache, kS no longer needed
 
-    // Scores: warp w takes positions begin + w, begin + w + kWarps, ... kUnroll at a time.
-    for (int j0 = warp * kUnroll; j0 < n; j0 += kWarps * kUnroll) {
-        float k[kUnroll][EPL];
-        bool valid[kUnroll];
+    float m[MAXG], l[MAXG], acc[MAXG][EPL];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            int const j = j0 + u;
-            T const* row = j < n ? rowOf(begin + j, 0) : nullptr;
-            valid[u] = row != nullptr;
-            if (valid[u]) loadRow<T, EPL>(row, lane, k[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            int const j = j0 + u;
-            if (j >= n) break;
-#pragma unroll
-            for (int g = 0; g < MAXG; ++g) {
-                if (g >= group) break;
-                float s = 0.f;
-                if (valid[u]) {
-#pragma unroll
-                    for (int e = 0; e < EPL; ++e) s += qS[g * D + lane * EPL + e] * k[u][e];
-                }
-                s = warpReduceSum(s);
-                if (lane == 0) {
-                    int const pos = begin + j;
-                    float score = valid[u] ? s : -FLT_MAX;
-                    if (p.alibiSlopes != nullptr && valid[u]) {
-                        score += p.alibiSlopes[kvh * group + g] * static_cast<float>(pos - qPos);
-                    }
-                    scoresS[g * p.splitSize + j] = score;
-                }
-            }
-        }
-    }
-    __syncthreads();
-
-    // Softmax statistics of this chunk, one warp per query head.
-    __shared__ float maxS[MAXG];
-    __shared__ float sumS[MAXG];
-    for (int g = warp; g < group; g += kWarps) {
-        float m = -FLT_MAX;
-        for (int j = lane; j < n; j += 32) m = fmaxf(m, scoresS[g * p.splitSize + j]);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float s = 0.f;
-        for (int j = lane; j < n; j += 32) {
-            float const e = __expf(scoresS[g * p.splitSize + j] - m);
-            scoresS[g * p.splitSize + j] = e;
-            s += e;
-        }
-        s = warpReduceSum(s);
-        if (lane == 0) {
-            maxS[g] = m;
-            sumS[g] = s;
-        }
-    }
-    __syncthreads();
-
-    // Weighted sum of values: each warp a subset of positions, each lane EPL dims of every head.
-    float acc[MAXG][EPL];
-#pragma unroll
-    for (int g = 0; g < MAXG; ++g)
+    for (int g = 0; g < MAXG; ++g) {
+        m[g] = -FLT_MAX;
+        l[g] = 0.f;
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[g][e] = 0.f;
-    for (int j0 = warp * kUnroll; j0 < n; j0 += kWarps * kUnroll) {
-        float v[kUnroll][EPL];
-        bool valid[kUnroll];
+    }
+    for (int j0 = warp * U; j0 < n; j0 += kWarps * U) {
+        float k[U][EPL], v[U][EPL];
+        bool valid[U];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            int const j = j0 + u;
-            T const* row = j < n ? rowOf(begin + j, 1) : nullptr;
-            valid[u] = row != nullptr;
-            if (valid[u]) loadRow<T, EPL>(row, lane, v[u]);
+        for (int u = 0; u < U; ++u) {
+            int const pos = begin + j0 + u;
+            int const block = j0 + u < n ? blockS[pos / tpb - firstBlock] : -1;
+            valid[u] = block >= 0;
+            if (valid[u]) {
+                T const* kRow = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + (pos % tpb) * D;
+                loadRow<T, EPL>(kRow, lane, k[u]);
+                loadRow<T, EPL>(kRow + p.kvHeads * headStride, lane, v[u]);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            if (!valid[u]) continue;
-            int const j = j0 + u;
+        for (int g = 0; g < MAXG; ++g) {
+            if (g >= group) break;
+            float s[U];
+            float mNew = m[g];
 #pragma unroll
-            for (int g = 0; g < MAXG; ++g) {
-                if (g >= group) break;
-                float const w = scoresS[g * p.splitSize + j];
+            for (int u = 0; u < U; ++u) {
+                float dot = 0.f;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) dot += qS[g * D + lane * EPL + e] * (valid[u] ? k[u][e] : 0.f);
+                dot = warpReduceSum(dot);
+                if (p.alibiSlopes != nullptr) {
+                    dot += p.alibiSlopes[kvh * group + g] * static_cast<float>(begin + j0 + u - qPos);
+                }
+                s[u] = valid[u] ? dot : -FLT_MAX;
+                mNew = fmaxf(mNew, s[u]);
+            }
+            if (mNew == -FLT_MAX) continue;  // nothing visible yet
+            float const rescale = __expf(m[g] - mNew);
+            l[g] *= rescale;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[g][e] *= rescale;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (!valid[u]) continue;
+                float const w = __expf(s[u] - mNew);
+                l[g] += w;
 #pragma unroll
                 for (int e = 0; e < EPL; ++e) acc[g][e] += w * v[u][e];
             }
+            m[g] = mNew;
         }
     }
+
+    // Merge the warps: each wrote its max, sum and weighted sum per head.
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         if (g >= group) break;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) reduceS[(warp * MAXG + g) * D + lane * EPL + e] = acc[g][e];
+        for (int e = 0; e < EPL; ++e) accS[(warp * MAXG + g) * D + lane * EPL + e] = acc[g][e];
+        if (lane == 0) {
+            statS[(warp * MAXG + g) * 2] = m[g];
+            statS[(warp * MAXG + g) * 2 + 1] = l[g];
+        }
     }
     __syncthreads();
-
     for (int i = threadIdx.x; i < group * D; i += kThreads) {
         int const g = i / D;
         int const d = i - g * D;
-        float o = 0.f;
+        float mAll = -FLT_MAX;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += reduceS[(w * MAXG + g) * D + d];
+        for (int w = 0; w < kWarps; ++w) mAll = fmaxf(mAll, statS[(w * MAXG + g) * 2]);
+        float num = 0.f;
+        float den = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            float const lw = statS[(w * MAXG + g) * 2 + 1];
+            if (lw == 0.f) continue;
+            float const c = __expf(statS[(w * MAXG + g) * 2] - mAll);
+            num += c * accS[(w * MAXG + g) * D + d];
+            den += c * lw;
+        }
         int const h = kvh * group + g;
-        bool const empty = n <= 0 || sumS[g] == 0.f;
-        float const normalised = empty ? 0.f : o / sumS[g];
+        float const normalised = den > 0.f ? num / den : 0.f;
         if (p.numSplits == 1) {
             static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(normalised);
         } else {
@@ -233,8 +221,8 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
             float* part = p.workspace + ((static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits + split) * (D + 2);
             part[d] = normalised;
             if (d == 0) {
-                part[D] = empty ? -FLT_MAX : maxS[g];
-                part[D + 1] = empty ? 0.f : sumS[g];
+                part[D] = den > 0.f ? mAll : -FLT_MAX;
+                part[D + 1] = den;
             }
         }
     }
@@ -266,8 +254,10 @@ template <typename T, int EPL>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     constexpr int D = EPL * 32;
     constexpr int MAXG = kDecodeAttentionMaxGroup;
-    size_t const smem = sizeof(float) * (MAXG * D + MAXG * p.splitSize + kWarps * MAXG * D);
-    auto kernel = decodeAttentionKernel<T, EPL, MAXG>;
+    constexpr int U = EPL >= 8 ? 4 : 8;  // keep K/V rows in flight without spilling registers
+    int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
+    size_t const smem = sizeof(float) * (MAXG * D + kWarps * MAXG * D + kWarps * MAXG * 2) + sizeof(int) * chunkBlocks;
+    auto kernel = decodeAttentionKernel<T, EPL, MAXG, U>;
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }

@@ -249,11 +249,11 @@ def _multiprocessors(device_index: int) -> int:
 
 
 def _decode_splits(batch: int, kv_heads: int, max_positions: int, multiprocessors: int) -> tuple[int, int]:
-    """(num_splits, split_size): enough blocks (KV heads x sequences x splits) to fill the GPU
-    twice over, chunks of 32..512 positions. Depends on shapes only, so graphs can capture it."""
-    per_sequence = max(1, 2 * multiprocessors // max(1, batch * kv_heads))
+    """(num_splits, split_size): about one block (KV head x sequence x split, 8 warps each) per
+    multiprocessor, chunks of 64..512 positions. Depends on shapes only, so graphs can capture it."""
+    per_sequence = max(1, multiprocessors // max(1, batch * kv_heads))
     split = -(-max_positions // per_sequence)
-    split = min(512, max(32, -(-split // 32) * 32))
+    split = min(512, max(64, -(-split // 32) * 32))
     return -(-max_positions // split), split
 
 

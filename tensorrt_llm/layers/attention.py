@@ -1,8 +1,11 @@
 """Self-attention over the paged KV cache: fused QKV projection, RoPE, gpt_attention, dense."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
+
+import torch
 
 from .. import functional as F
 from ..functional import Tensor
@@ -22,6 +25,18 @@ class AttentionInputs:
     host_sequence_lengths: Optional[Tensor] = None
     rotary_cos_sin: Optional[Tensor] = None  # [max_positions, rotary_dim] table
     alibi_slopes: Optional[Tensor] = None
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi head slopes, float32 [num_heads] (Press et al.; Bloom's values).
+
+    For the largest power of two n <= num_heads, head h (1-based) gets 2^(-8h/n); further
+    heads take the odd-numbered slopes of the 2n-head sequence, 2^(-4h'/n) for h' = 1, 3, ...
+    """
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+    slopes += [2.0 ** (-4.0 * h / n) for h in range(1, 2 * (num_heads - n), 2)]
+    return torch.tensor(slopes, dtype=torch.float32)
 
 
 class Attention(Module):

@@ -2,10 +2,16 @@
 from .modeling_utils import (KNOWN_ARCHITECTURES, PretrainedConfig, load_checkpoint_weights,
                              save_checkpoint)
 from .decoder import DecoderModelForCausalLM, PretrainedModel
+from .gpt.model import GPTForCausalLM
 from .llama.model import LLaMAForCausalLM
 
 # Checkpoint `architecture` name -> model class; trtllm-build looks models up here.
 MODEL_MAP = {
     "LlamaForCausalLM": LLaMAForCausalLM,
+    # The GPT family: one decoder, the variant set by the config (gpt/model.py).
+    "GPTForCausalLM": GPTForCausalLM,
+    "OPTForCausalLM": GPTForCausalLM,
+    "PhiForCausalLM": GPTForCausalLM,
+    "BloomForCausalLM": GPTForCausalLM,
 }
 KNOWN_ARCHITECTURES.update(MODEL_MAP)

@@ -12,7 +12,7 @@ from typing import Optional
 from .. import functional as F
 from ..builder import BuildConfig, cast_weights
 from ..functional import Tensor
-from ..layers import AttentionInputs
+from ..layers import AttentionInputs, alibi_slopes
 from ..module import Module
 from ..network import default_net
 from .modeling_utils import PretrainedConfig, load_checkpoint_weights
@@ -80,15 +80,25 @@ class DecoderModelForCausalLM(PretrainedModel):
                                      cfg.rotary_scaling)
         return F.constant(table, name="rotary_cos_sin")
 
+    def alibi_table(self) -> Optional[Tensor]:
+        """The ALiBi slopes of this rank's heads, float32 [num_heads / tp]."""
+        cfg = self.config
+        if cfg.position_embedding_type != "alibi":
+            return None
+        heads = cfg.num_attention_heads // cfg.mapping.tp_size
+        first = cfg.mapping.tp_rank * heads
+        return F.constant(alibi_slopes(cfg.num_attention_heads)[first:first + heads], name="alibi_slopes")
+
     def forward(self, input_ids, position_ids, last_token_ids, kv_cache_pool, block_tables,
                 sequence_lengths, context_lengths, host_context_lengths, host_sequence_lengths) -> Tensor:
         attn = AttentionInputs(position_ids, kv_cache_pool, block_tables, sequence_lengths,
                                context_lengths, host_context_lengths, host_sequence_lengths,
-                               rotary_cos_sin=self.rotary_table())
+                               rotary_cos_sin=self.rotary_table(), alibi_slopes=self.alibi_table())
         hidden = self.transformer(input_ids, attn)
         # Only the rows whose logits are asked for go through ln_f and lm_head.
         hidden = F.index_select(hidden, 0, last_token_ids)
-        hidden = self.transformer.ln_f(hidden)
+        if self.transformer.ln_f is not None:  # None: post-norm layers end normed
+            hidden = self.transformer.ln_f(hidden)
         if self.config.share_embedding_table:
             logits = F.linear(hidden, self.transformer.vocab_embedding.weight.tensor)
         else:

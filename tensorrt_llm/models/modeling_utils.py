@@ -66,6 +66,11 @@ class PretrainedConfig:
     share_embedding_table: bool = False
     attn_bias: bool = False
     mlp_bias: bool = False
+    lm_head_bias: bool = False
+    # Layer-structure options of the LayerNorm (GPT-family) decoder; LLaMA ignores them.
+    parallel_attention: bool = False  # attention and MLP read one normed input (Phi)
+    do_layer_norm_before: bool = True  # False: post-norm layers and no ln_f (OPT-350m style)
+    embedding_layernorm: bool = False  # a LayerNorm over the token embeddings (Bloom)
     # Keys this class does not know, kept so that a load/save round trip loses nothing.
     extra: dict = dataclasses.field(default_factory=dict)
 
@@ -120,6 +125,9 @@ class PretrainedConfig:
             raise ValueError(f"PretrainedConfig: head_size * rotary_pct ({self.head_size} * "
                              f"{self.rotary_pct}) must be an even integer")
         self._validate_rotary_scaling()
+        if self.lm_head_bias and self.share_embedding_table:
+            raise ValueError("PretrainedConfig: lm_head_bias needs an lm_head of its own "
+                             "(share_embedding_table is set)")
         if any(value is not None for value in self.quantization.values()):
             raise ValueError(f"PretrainedConfig: quantized checkpoints are not supported, "
                              f"got quantization={self.quantization!r}")

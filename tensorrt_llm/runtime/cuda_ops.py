@@ -84,13 +84,22 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
                          host_context_lengths, alibi_slopes, None, None, host_sequence_lengths,
                          layer_idx=layer_idx, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                          tokens_per_block=tokens_per_block, scale=scale, sliding_window=sliding_window)
+    gqa = num_heads != num_kv_heads
+    if len(set(new)) == 1:  # prompts of one length: one batched call
+        n = new[0]
+
+        def heads(t):
+            return t.view(batch, n, t.shape[1], head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(heads(qh), heads(kh), heads(vh), is_causal=True, scale=scale,
+                                           enable_gqa=gqa)
+        return o.transpose(1, 2).reshape(num_tokens, num_heads * head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
     start = 0
     for n in new:  # each prompt attends to itself only: causal SDPA on its rows
         rows = slice(start, start + n)
         o = F.scaled_dot_product_attention(qh[rows].transpose(0, 1), kh[rows].transpose(0, 1),
                                            vh[rows].transpose(0, 1), is_causal=True, scale=scale,
-                                           enable_gqa=num_heads != num_kv_heads)
+                                           enable_gqa=gqa)
         out[rows] = o.transpose(0, 1)
         start += n
     return out.view(num_tokens, num_heads * head_dim)

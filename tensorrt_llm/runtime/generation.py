@@ -127,14 +127,17 @@ class GenerationSession:
         output_ids = torch.full((B, 1, width), pad, dtype=torch.int32)
         for b, ids in enumerate(batch_input_ids):
             output_ids[b, 0, :prompt_lens[b]] = ids
-        seq_lens = lens.clone()
+        seq_lens = lens.clone()           # host: tokens of each sequence so far
+        lens_dev = lens.to(dev, copy=True)  # device: the same, for the rows still running
         gen_logits = [] if output_generation_logits else None
         # Penalties and min_length read every row's tokens so far from a device copy.
         history = output_ids[:, 0].to(dev) if _needs_history(sampling) else None
         active = torch.arange(B)  # rows of the batch still generating
-        ones = torch.ones(B, dtype=torch.int32)
+        host_tokens = torch.empty(B, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        copied = torch.cuda.Event() if dev.type == "cuda" else None
 
         for step in range(max_new_tokens):
+            n = active.numel()
             if gen_logits is not None:
                 full = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=logits.device)
                 full[active.to(logits.device)] = logits
@@ -144,39 +147,63 @@ class GenerationSession:
                                 context_lengths=lens[active], sequence_lengths=seq_lens[active])
             else:
                 tokens = sample(logits, sampling, generator)
-            host_tokens = tokens.cpu()
-            output_ids[active, 0, seq_lens[active].long()] = host_tokens
+            host_tokens[:n].copy_(tokens, non_blocking=True)
+            if copied is not None:
+                copied.record()
+            # The next step is launched before this one's tokens reach the host, so the GPU
+            # computes while the host does the bookkeeping. A row that turns out to have
+            # ended is dropped from the step after; its extra K/V row stays inside the blocks
+            # reserved for it (positions < prompt + max_new_tokens).
+            more = step + 1 < max_new_tokens
+            if more:
+                lens_dev += 1
+                next_logits = self._decode_step(tokens, lens_dev, block_tables, active, B)
+            if copied is not None:
+                copied.synchronize()
+            new = host_tokens[:n]
+            output_ids[active, 0, seq_lens[active].long()] = new
             seq_lens[active] += 1
             if history is not None:
                 history[active.to(dev), (seq_lens[active] - 1).to(dev)] = tokens
             yield self._result(output_ids, seq_lens, gen_logits, context_logits, done=False)
-            if step + 1 == max_new_tokens:
+            if not more:
                 break
-            going = (host_tokens != sampling.end_id) if sampling.end_id is not None else None
-            if going is not None and not bool(going.all()):
-                rows = going.nonzero().squeeze(1)
-                if rows.numel() == 0:
-                    break
-                active, tokens = active[rows], tokens[rows.to(dev)]
-            n = active.numel()
-            cur = seq_lens[active].to(dev)  # device copy; the host one feeds host_sequence_lengths
-            step_tables = block_tables[active.to(dev)] if n < B else block_tables
-            if self.cuda_graphs is not None:
-                logits = self.cuda_graphs.step(tokens, cur, step_tables)
-                continue
-            feed = {
-                "input_ids": tokens,
-                "position_ids": cur - 1,
-                "last_token_ids": torch.arange(n, dtype=torch.int64, device=dev),
-                "kv_cache_pool": self.kv_cache_pool,
-                "block_tables": step_tables,
-                "sequence_lengths": cur,
-                "context_lengths": ones[:n].to(dev),
-                "host_context_lengths": ones[:n],
-                "host_sequence_lengths": seq_lens[active],
-            }
-            logits = self.session.run(feed, check=False)["logits"]
+            logits = next_logits
+            if sampling.end_id is not None:
+                going = new != sampling.end_id
+                if not bool(going.all()):
+                    rows = going.nonzero().squeeze(1)
+                    if rows.numel() == 0:
+                        break
+                    active = active[rows]
+                    rows_dev = rows.to(dev)
+                    logits, lens_dev = logits[rows_dev], lens_dev[rows_dev]
+
         yield self._result(output_ids, seq_lens, gen_logits, context_logits, done=True)
+
+    def _decode_step(self, tokens: torch.Tensor, lengths: torch.Tensor, block_tables: torch.Tensor,
+                     active: torch.Tensor, batch: int) -> torch.Tensor:
+        """Logits of one decode step: `tokens` (device) of the `active` rows, whose sequences
+        hold `lengths` tokens once these are added."""
+        n = active.numel()
+        dev = self.device
+        tables = block_tables if n == batch else block_tables[active.to(dev)]
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.step(tokens, lengths, tables)
+        ones = torch.ones(n, dtype=torch.int32)
+        feed = {
+            "input_ids": tokens,
+            "position_ids": lengths - 1,
+            "last_token_ids": torch.arange(n, dtype=torch.int64, device=dev),
+            "kv_cache_pool": self.kv_cache_pool,
+            "block_tables": tables,
+            "sequence_lengths": lengths.clone(),
+            "context_lengths": ones.to(dev),
+            "host_context_lengths": ones,
+            # Only context-phase paths read it; a decode step's lengths stay on the device.
+            "host_sequence_lengths": ones,
+        }
+        return self.session.run(feed, check=False)["logits"]
 
     @staticmethod
     def _result(output_ids, seq_lens, gen_logits, context_logits, done):

@@ -1,0 +1,1 @@
+"""Bloom (BigScience): converted onto the GPT-family decoder."""

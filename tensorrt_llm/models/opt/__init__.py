@@ -1,0 +1,1 @@
+"""OPT (Meta): converted onto the GPT-family decoder."""
