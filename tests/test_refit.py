@@ -1,0 +1,163 @@
+"""Refit: a built engine takes a new checkpoint's weights and then behaves exactly like an
+engine built from that checkpoint; checkpoints that do not fit are refused, engine untouched."""
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from tensorrt_llm.builder import BuildConfig, Engine, EngineError, build
+from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM
+from tensorrt_llm.models.modeling_utils import save_checkpoint
+from tensorrt_llm.refit import RefitError, refit_engine
+from tensorrt_llm.runtime import ModelRunner
+
+from .models.llama_utils import random_hf_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = dict(num_attention_heads=4, num_key_value_heads=2)
+
+
+def checkpoint(hf, path, dtype="float32"):
+    config = config_from_hf(hf.config, dtype=dtype)
+    save_checkpoint(path, config, [load_weights_from_hf(hf, config)])
+    return path
+
+
+def build_engine(ckpt, path, dtype=None):
+    model = LLaMAForCausalLM.from_checkpoint(ckpt, dtype=dtype)
+    bc = BuildConfig(max_batch_size=2, max_input_len=32, max_seq_len=64, tokens_per_block=8,
+                     target_device="any")
+    build(model, bc).save(path)
+    return path
+
+
+def outputs(engine_dir):
+    r = ModelRunner.from_dir(engine_dir, device="cpu")
+    prompts = [list(range(5, 25)), [3, 1, 4, 1, 5, 9, 2, 6]]
+    out = r.generate(prompts, max_new_tokens=8, return_context_logits=True)
+    return out["output_ids"], [t.clone() for t in out["context_logits"]]
+
+
+def digest(engine_dir):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(engine_dir).iterdir())}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("refit")
+    ckpt_a = checkpoint(random_hf_llama(seed=10, **SHAPE), tmp / "ckpt_a")
+    ckpt_b = checkpoint(random_hf_llama(seed=11, **SHAPE), tmp / "ckpt_b")
+    return tmp, ckpt_a, ckpt_b, build_engine(ckpt_b, tmp / "engine_b")
+
+
+def test_refitted_engine_equals_engine_built_from_the_new_checkpoint(setup, tmp_path):
+    tmp, ckpt_a, ckpt_b, engine_b = setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    before = outputs(engine)
+    report = refit_engine(engine, ckpt_b)  # in place
+    assert report["ranks"] == 1 and report["weights_replaced"] > 0
+    assert not [p for p in engine.iterdir() if p.name.startswith(".refit-")]
+
+    refitted, built = Engine.from_dir(engine), Engine.from_dir(engine_b)  # checksums verified
+    assert refitted.network.to_json() == built.network.to_json()
+    assert refitted.network.weights.keys() == built.network.weights.keys()
+    assert any(".mlp.gate_up.weight" in n for n in built.network.weights)  # a fused weight is refitted
+    for name, w in built.network.weights.items():
+        assert torch.equal(refitted.network.weights[name], w), name
+
+    ids, logits = outputs(engine)
+    ids_b, logits_b = outputs(engine_b)
+    assert torch.equal(ids, ids_b)
+    for ours, ref in zip(logits, logits_b):
+        assert torch.equal(ours, ref)
+    assert not torch.equal(ids, before[0])  # the weights really changed the output
+
+
+def test_cli_writes_to_another_folder_and_keeps_the_original(setup, tmp_path):
+    tmp, ckpt_a, ckpt_b, engine_b = setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    (engine / "tokenizer_config.json").write_text("{}")  # other files travel with the engine
+    original = digest(engine)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-m", "tensorrt_llm.commands.refit", "--engine_dir", str(engine),
+                        "--checkpoint_dir", str(ckpt_b), "--output_dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "Refitted engine written to" in p.stdout
+    assert digest(engine) == original
+    assert (tmp_path / "out" / "tokenizer_config.json").is_file()
+    assert torch.equal(outputs(tmp_path / "out")[0], outputs(engine_b)[0])
+
+
+def test_refuses_names_shapes_and_dtypes_that_differ_and_leaves_the_engine_intact(setup, tmp_path):
+    tmp, ckpt_a, ckpt_b, _ = setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    original = digest(engine)
+
+    def edit(w):
+        w["transformer.layers.0.mlp.gatex.weight"] = w.pop("transformer.layers.0.mlp.gate.weight")
+        w["transformer.layers.1.mlp.fc.weight"] = w["transformer.layers.1.mlp.fc.weight"][:-1]
+        w["transformer.ln_f.weight"] = w["transformer.ln_f.weight"].double()
+        return w
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((ckpt_b / "config.json").read_text())
+    safetensors.torch.save_file(edit(safetensors.torch.load_file(ckpt_b / "rank0.safetensors")),
+                                bad / "rank0.safetensors")
+    with pytest.raises(RefitError) as e:
+        refit_engine(engine, bad)
+    msg = str(e.value)
+    assert "4 problem(s)" in msg
+    assert "missing: transformer.layers.0.mlp.gate.weight" in msg
+    assert "unexpected: transformer.layers.0.mlp.gatex.weight" in msg
+    assert "transformer.layers.1.mlp.fc.weight: engine has float32 [160, 64], checkpoint has float32 [159, 64]" in msg
+    assert "transformer.ln_f.weight: engine has float32 [64], checkpoint has float64 [64]" in msg
+    assert digest(engine) == original
+    Engine.from_dir(engine)  # still loads and passes its checksum
+
+
+@pytest.mark.parametrize("kind", ["other_shape", "other_dtype"])
+def test_refuses_a_checkpoint_whose_config_differs(setup, tmp_path, kind):
+    tmp, ckpt_a, ckpt_b, _ = setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    original = digest(engine)
+    if kind == "other_shape":
+        other = checkpoint(random_hf_llama(seed=12, intermediate_size=96, **SHAPE), tmp_path / "c")
+        expected = "intermediate_size: engine 160, checkpoint 96"
+    else:
+        other = checkpoint(random_hf_llama(seed=12, **SHAPE), tmp_path / "c", dtype="float16")
+        expected = "dtype: engine 'float32', checkpoint 'float16'"
+    with pytest.raises(RefitError, match="config differs") as e:
+        refit_engine(engine, other)
+    assert expected in str(e.value)
+    assert digest(engine) == original
+
+
+def test_refuses_an_engine_without_a_refit_map(setup, tmp_path):
+    tmp, ckpt_a, ckpt_b, _ = setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    e = Engine.from_dir(engine)
+    e.refit_map = None
+    e.save(engine)
+    original = digest(engine)
+    with pytest.raises(EngineError, match="no refit map"):
+        refit_engine(engine, ckpt_b)
+    assert digest(engine) == original
+
+
+def test_refuses_a_damaged_engine(setup, tmp_path):
+    tmp, ckpt_a, ckpt_b, _ = setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    data = bytearray((engine / "rank0.engine").read_bytes())
+    data[-1] ^= 0xFF
+    (engine / "rank0.engine").write_bytes(bytes(data))
+    with pytest.raises(EngineError, match="checksum"):
+        refit_engine(engine, ckpt_b)
+    assert (engine / "rank0.engine").read_bytes() == bytes(data)
