@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import torch
 
 from ...mapping import Mapping
-from ..llama.convert import _HFTensors, _dtype_name  # the Hugging Face folder reader
+from ..llama.convert import _dtype_name, _HFTensors  # LLaMA's Hugging Face folder reader
 from ..modeling_utils import PretrainedConfig
 
 Getter = Callable[[str], torch.Tensor]
