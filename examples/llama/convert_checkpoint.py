@@ -1,10 +1,11 @@
-"""Converts a LLaMA-family model (Hugging Face folder or llama.cpp GGUF file) into our
+"""Converts a LLaMA-family model (Hugging Face folder, llama.cpp GGUF file or Meta checkpoint) into our
 checkpoint folder: config.json, rank{N}.safetensors for each tensor-parallel rank, and the
 tokenizer files.
 
     python examples/llama/convert_checkpoint.py --gguf_file model.gguf --output_dir ckpt
     python examples/llama/convert_checkpoint.py --model_dir hf_model --output_dir ckpt \
         --dtype float16 --tp_size 2
+    python examples/llama/convert_checkpoint.py --meta_ckpt_dir Llama-2-7b --output_dir ckpt
 
 --dtype auto (the default) keeps the source's precision: the dtype a Hugging Face config
 records (float32 if none), and float32 for GGUF, whose dequantised weights are exact only
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.llama import convert
+from tensorrt_llm.models.llama.meta import MetaCheckpoint
 from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, save_checkpoint
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
@@ -27,6 +29,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model_dir", type=Path, help="Hugging Face model folder")
     source.add_argument("--gguf_file", type=Path, help="llama.cpp GGUF file")
+    source.add_argument("--meta_ckpt_dir", type=Path,
+                        help="Meta checkpoint folder (params.json + consolidated.NN.pth)")
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto")
     parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks to write")
@@ -35,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--model_dir {args.model_dir} is not a folder")
     if args.gguf_file is not None and not args.gguf_file.is_file():
         parser.error(f"--gguf_file {args.gguf_file} is not a file")
+    if args.meta_ckpt_dir is not None and not args.meta_ckpt_dir.is_dir():
+        parser.error(f"--meta_ckpt_dir {args.meta_ckpt_dir} is not a folder")
     if args.tp_size < 1:
         parser.error("--tp_size must be >= 1")
     return args
@@ -54,6 +60,13 @@ def main(argv=None):
             def rank_weights(rank):
                 return convert.load_weights_from_gguf(source, config, mapping.with_rank(rank),
                                                       reader=reader)
+        elif args.meta_ckpt_dir is not None:
+            source = args.meta_ckpt_dir
+            meta_ckpt = MetaCheckpoint(source)
+            config = meta_ckpt.config(dtype, mapping)
+
+            def rank_weights(rank):
+                return meta_ckpt.rank_weights(config, mapping.with_rank(rank))
         else:
             source = args.model_dir
             config = convert.config_from_hf(source, dtype, mapping)
