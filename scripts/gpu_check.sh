@@ -7,7 +7,7 @@
 # Needs: nvcc, cmake, ninja (or make), pybind11, torch with CUDA, pytest. Nothing is downloaded:
 # build_wheel.py runs CMake itself and pip runs with --no-index --no-build-isolation --no-deps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 PYTHON="${PYTHON:-python3}"
 LOGS="${OUT:-gpu_check_logs}"
 mkdir -p "$LOGS"
@@ -22,6 +22,7 @@ mkdir -p "$LOGS"
 INSTALL=""
 "$PYTHON" -c "import setuptools" 2>/dev/null && INSTALL="-i"
 echo "== build (-a native -s $INSTALL)"
+# shellcheck disable=SC2086  # $INSTALL and $BUILD_ARGS are lists of flags
 "$PYTHON" build_wheel.py -a native -s $INSTALL ${BUILD_ARGS:-} 2>&1 | tee "$LOGS/build.txt"
 build_rc=${PIPESTATUS[0]}
 if [ "$build_rc" -ne 0 ]; then
@@ -30,6 +31,7 @@ if [ "$build_rc" -ne 0 ]; then
 fi
 
 echo "== GPU tests"
+# shellcheck disable=SC2086  # $PYTEST_ARGS is a list of flags
 "$PYTHON" -m pytest -m gpu tests/kernels -q -rfEs --junitxml="$LOGS/gpu_tests.xml" ${PYTEST_ARGS:-} 2>&1 \
   | tee "$LOGS/gpu_tests.txt"
 test_rc=${PIPESTATUS[0]}
