@@ -53,8 +53,9 @@ __device__ __forceinline__ void loadRow(T const* row, int lane, float (&dst)[EPL
     for (int e = 0; e < EPL; ++e) dst[e] = toFloat(p.v[e]);
 }
 
-// EPL: elements of a head per lane (headDim / 32). MAXG: the largest query-head group served.
-// U: K/V rows a warp has in flight at once.
+// EPL: elements of a head per lane (headDim / 32). MAXG: the largest query-head group this
+// instance serves (the launcher picks the smallest of 1, 2, 4, 8 that holds the group, so no
+// work is spent on absent heads). U: K/V rows a warp has in flight at once.
 //
 // One pass with an online softmax: each warp walks its positions U at a time, loading the K and
 // V rows of all U positions before using any (their block ids come from shared memory), so a
@@ -128,6 +129,13 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
     }
     __syncthreads();  // q ready, the new row in the cache, kS no longer needed
 
+    // Each lane's slice of every query head, in registers for the whole walk.
+    float qr[MAXG][EPL];
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) qr[g][e] = g < group ? qS[g * D + lane * EPL + e] : 0.f;
+
     float m[MAXG], l[MAXG], acc[MAXG][EPL];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
@@ -159,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
             for (int u = 0; u < U; ++u) {
                 float dot = 0.f;
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) dot += qS[g * D + lane * EPL + e] * (valid[u] ? k[u][e] : 0.f);
+                for (int e = 0; e < EPL; ++e) dot += qr[g][e] * (valid[u] ? k[u][e] : 0.f);
                 dot = warpReduceSum(dot);
                 if (p.alibiSlopes != nullptr) {
                     dot += p.alibiSlopes[kvh * group + g] * static_cast<float>(begin + j0 + u - qPos);
@@ -250,11 +258,11 @@ __global__ void combineSplitsKernel(DecodeAttentionParams p) {
     static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(den > 0.f ? num / den : 0.f);
 }
 
-template <typename T, int EPL>
-void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
+template <typename T, int EPL, int MAXG>
+void launchGrouped(DecodeAttentionParams const& p, cudaStream_t stream) {
     constexpr int D = EPL * 32;
-    constexpr int MAXG = kDecodeAttentionMaxGroup;
-    constexpr int U = EPL >= 8 ? 4 : 8;  // keep K/V rows in flight without spilling registers
+    // K/V rows in flight per warp: as many as registers allow next to q and the accumulators.
+    constexpr int U = EPL * MAXG >= 32 ? 4 : 8;
     int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
     size_t const smem = sizeof(float) * (MAXG * D + kWarps * MAXG * D + kWarps * MAXG * 2) + sizeof(int) * chunkBlocks;
     auto kernel = decodeAttentionKernel<T, EPL, MAXG, U>;
@@ -268,6 +276,21 @@ void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
         dim3 grid2(static_cast<unsigned>(p.numHeads), static_cast<unsigned>(p.batch));
         combineSplitsKernel<T><<<grid2, D, 0, stream>>>(p);
         checkLaunch("decode_attention (combine)");
+    }
+}
+
+template <typename T, int EPL>
+void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
+    static_assert(kDecodeAttentionMaxGroup == 8, "instances below cover groups up to 8");
+    int64_t const group = p.numHeads / p.kvHeads;
+    if (group <= 1) {
+        launchGrouped<T, EPL, 1>(p, stream);
+    } else if (group <= 2) {
+        launchGrouped<T, EPL, 2>(p, stream);
+    } else if (group <= 4) {
+        launchGrouped<T, EPL, 4>(p, stream);
+    } else {
+        launchGrouped<T, EPL, 8>(p, stream);
     }
 }
 
