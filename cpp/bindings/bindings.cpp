@@ -329,6 +329,10 @@ void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py
                                     + std::to_string(kvHeads) + " KV heads: the group must be a whole number <= "
                                     + std::to_string(kDecodeAttentionMaxGroup));
     }
+    if ((cache.size(3) & (cache.size(3) - 1)) != 0 || cache.size(3) > (1 << 20)) {
+        throw std::invalid_argument("decode_attention: tokens_per_block " + std::to_string(cache.size(3))
+                                    + " must be a power of two");
+    }
     if (!decodeAttentionSupportsHeadDim(headDim)) {
         throw std::invalid_argument("decode_attention: head_dim " + std::to_string(headDim)
                                     + " is not supported (64, 128 or 256)");

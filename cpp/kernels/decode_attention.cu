@@ -83,15 +83,19 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
     int const end = min(seqLen, (split + 1) * p.splitSize);
     int const n = end - begin;
     int const qPos = seqLen - 1;
-    int64_t const tpb = p.tokensPerBlock;
+    // tokensPerBlock is a power of two (checked by the binding): shifts, not 64-bit divisions,
+    // which cost a software routine per position.
+    int const tpb = static_cast<int>(p.tokensPerBlock);
+    int const tpbShift = 31 - __clz(tpb);
+    int const tpbMask = tpb - 1;
     int32_t const* table = p.blockTables + b * p.maxBlocks;
 
     // Stage q and the chunk's block ids (one memory round trip for both).
     bool const rotary = p.cosSin != nullptr && qPos < p.maxPositions;
     T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
     for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] = toFloat(q[i]);
-    int const firstBlock = n > 0 ? static_cast<int>(begin / tpb) : 0;
-    int const numChunkBlocks = n > 0 ? static_cast<int>((end - 1) / tpb) - firstBlock + 1 : 0;
+    int const firstBlock = n > 0 ? begin >> tpbShift : 0;
+    int const numChunkBlocks = n > 0 ? ((end - 1) >> tpbShift) - firstBlock + 1 : 0;
     for (int i = threadIdx.x; i < numChunkBlocks; i += kThreads) {
         int64_t const blockInSeq = firstBlock + i;
         int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
@@ -116,9 +120,9 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
             rotate(kS, 1, D, p, qPos);
             __syncthreads();
         }
-        int const block = blockS[qPos / tpb - firstBlock];
+        int const block = blockS[(qPos >> tpbShift) - firstBlock];
         if (block >= 0) {
-            int64_t const slot = qPos % tpb;
+            int64_t const slot = qPos & tpbMask;
             T* kDst = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + slot * D;
             T* vDst = cache + ((block * 2LL + 1) * p.kvHeads + kvh) * headStride + slot * D;
             for (int d = threadIdx.x; d < D; d += kThreads) {
@@ -150,10 +154,10 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentio
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int const pos = begin + j0 + u;
-            int const block = j0 + u < n ? blockS[pos / tpb - firstBlock] : -1;
+            int const block = j0 + u < n ? blockS[(pos >> tpbShift) - firstBlock] : -1;
             valid[u] = block >= 0;
             if (valid[u]) {
-                T const* kRow = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + (pos % tpb) * D;
+                T const* kRow = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + (pos & tpbMask) * D;
                 loadRow<T, EPL>(kRow, lane, k[u]);
                 loadRow<T, EPL>(kRow + p.kvHeads * headStride, lane, v[u]);
             }
