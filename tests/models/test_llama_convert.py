@@ -305,7 +305,7 @@ def test_cli_hf_tp2_with_tokenizer(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "one of the arguments --model_dir --gguf_file is required"),
+    ([], "one of the arguments --model_dir --gguf_file --meta_ckpt_dir is required"),
     (["--model_dir", "{tmp}", "--gguf_file", "{tmp}/x.gguf"], "not allowed with argument"),
     (["--model_dir", "{tmp}/missing"], "is not a folder"),
     (["--gguf_file", "{tmp}/missing.gguf"], "is not a file"),
