@@ -2,8 +2,9 @@
 
 An engine is data, never code: `config.json` (what was built and how) plus one
 `rank{N}.engine` per rank, a safetensors file whose tensors are the weights and whose
-metadata holds the graph (JSON), the format and package versions, the target device and
-a checksum over graph and weights. Loading never unpickles and never imports model code.
+metadata holds the graph (JSON), the format and package versions, the target device, a
+checksum over graph and weights, and the refit map (how each weight derives from the
+checkpoint, for tensorrt_llm/refit.py). Loading never unpickles and never imports model code.
 """
 from __future__ import annotations
 
