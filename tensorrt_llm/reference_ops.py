@@ -194,15 +194,31 @@ def _attend_decode_same_length(q, cache, block_tables, length, scale, sliding_wi
     return _ungroup(out, 1, q.dtype)
 
 
+def _rotate_q_and_k(q, k, position_ids, cos_sin, num_heads, num_kv_heads, head_dim, rotary_dim, is_neox):
+    """rotary_embedding of q and of k; one call when k's columns follow q's in one buffer (the
+    fused QKV projection's layout), which halves the small ops of a CPU decode step."""
+    q_cols = num_heads * head_dim
+    adjacent = (q.dim() == 2 and k.dim() == 2 and q.stride() == k.stride() and q.stride(1) == 1
+                and q.dtype == k.dtype and q.device == k.device
+                and k.data_ptr() == q.data_ptr() + q_cols * q.element_size())
+    if not adjacent:
+        return (rotary_embedding(q, position_ids, cos_sin, num_heads=num_heads, head_dim=head_dim,
+                                 rotary_dim=rotary_dim, is_neox=is_neox),
+                rotary_embedding(k, position_ids, cos_sin, num_heads=num_kv_heads, head_dim=head_dim,
+                                 rotary_dim=rotary_dim, is_neox=is_neox))
+    qk = q.as_strided((q.shape[0], q_cols + k.shape[1]), q.stride())
+    rotated = rotary_embedding(qk, position_ids, cos_sin, num_heads=num_heads + num_kv_heads, head_dim=head_dim,
+                               rotary_dim=rotary_dim, is_neox=is_neox)
+    return rotated[:, :q_cols], rotated[:, q_cols:]
+
+
 def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
                   alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
                   layer_idx, num_heads, num_kv_heads,
                   head_dim, tokens_per_block, scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     if rotary_cos_sin is not None:
-        q = rotary_embedding(q, position_ids, rotary_cos_sin, num_heads=num_heads, head_dim=head_dim,
-                             rotary_dim=rotary_dim, is_neox=rotary_is_neox)
-        k = rotary_embedding(k, position_ids, rotary_cos_sin, num_heads=num_kv_heads, head_dim=head_dim,
-                             rotary_dim=rotary_dim, is_neox=rotary_is_neox)
+        q, k = _rotate_q_and_k(q, k, position_ids, rotary_cos_sin, num_heads, num_kv_heads, head_dim, rotary_dim,
+                               rotary_is_neox)
     num_tokens = q.shape[0]
     cache = kv_cache_pool[layer_idx]
     new_tokens = host_context_lengths.tolist()

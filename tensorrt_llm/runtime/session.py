@@ -50,7 +50,9 @@ class Session:
         """Outputs and debug tensors by name."""
         if check:
             self.check_inputs(feed)
-        return self._plan(feed)
+        # No autograd bookkeeping on any op of the plan (the engine is never trained).
+        with torch.inference_mode():
+            return self._plan(feed)
 
 
 def _identifier(i: int) -> str:
