@@ -62,7 +62,7 @@ __device__ __forceinline__ void loadRow(T const* row, int lane, float (&dst)[EPL
 // warp waits for memory once per U rows; it keeps a running max, sum and weighted sum per query
 // head, and the warps' partial results are merged in shared memory at the end.
 template <typename T, int EPL, int MAXG, int U>
-__global__ void __launch_bounds__(kThreads) decodeAttentionKernel(DecodeAttentionParams p) {
+__global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKernel(DecodeAttentionParams p) {
     constexpr int D = EPL * 32;
     extern __shared__ float smem[];
     float* qS = smem;                                  // [MAXG][D], rotated and scaled
@@ -265,8 +265,9 @@ __global__ void combineSplitsKernel(DecodeAttentionParams p) {
 template <typename T, int EPL, int MAXG>
 void launchGrouped(DecodeAttentionParams const& p, cudaStream_t stream) {
     constexpr int D = EPL * 32;
-    // K/V rows in flight per warp: as many as registers allow next to q and the accumulators.
-    constexpr int U = EPL * MAXG >= 32 ? 4 : 8;
+    // K/V rows in flight per warp, few enough that two blocks fit on a multiprocessor (128
+    // registers a thread): more warps hide more memory latency than a deeper unroll does.
+    constexpr int U = EPL * MAXG >= 32 ? 2 : 4;
     int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
     size_t const smem = sizeof(float) * (MAXG * D + kWarps * MAXG * D + kWarps * MAXG * 2) + sizeof(int) * chunkBlocks;
     auto kernel = decodeAttentionKernel<T, EPL, MAXG, U>;
