@@ -11,10 +11,12 @@ from typing import Iterator, Optional
 
 import torch
 
+from . import beam_search
 from .cuda_graph import CudaGraphDecoder
 from .kv_cache_manager import KVCacheManager
-from .sampling import SamplingConfig, make_generator, sample
+from .sampling import SamplingConfig, choose, make_generator, process_logits
 from .session import Session
+from .word_lists import WordLists
 
 
 @dataclass
@@ -25,6 +27,7 @@ class ModelLimits:
     max_input_len: int
     max_seq_len: int
     max_num_tokens: int
+    max_beam_width: int = 1
 
 
 class GenerationSession:
@@ -38,8 +41,12 @@ class GenerationSession:
         self.kv_cache_pool = kv_cache_pool
         self.device = session.device
 
-    def check_request(self, batch_input_ids: list[torch.Tensor], max_new_tokens: int) -> None:
+    def check_request(self, batch_input_ids: list[torch.Tensor], max_new_tokens: int,
+                      num_beams: int = 1) -> None:
         lim = self.limits
+        if num_beams > lim.max_beam_width:
+            raise ValueError(f"num_beams {num_beams} exceeds the engine's max_beam_width "
+                             f"{lim.max_beam_width}; rebuild with a larger --max_beam_width")
         if not batch_input_ids:
             raise ValueError("batch_input_ids is empty")
         if len(batch_input_ids) > lim.max_batch_size:
@@ -70,13 +77,34 @@ class GenerationSession:
 
     def generate(self, batch_input_ids: list[torch.Tensor], sampling: SamplingConfig,
                  max_new_tokens: int, output_generation_logits: bool = False,
-                 return_context_logits: bool = False) -> Iterator[dict]:
-        """Yield the state after every step; the last item is the final result."""
+                 return_context_logits: bool = False, stop_words_list=None, bad_words_list=None,
+                 output_log_probs: bool = False, output_cum_log_probs: bool = False
+                 ) -> Iterator[dict]:
+        """Yield the state after every step; the last item is the final result.
+
+        stop_words_list / bad_words_list: see word_lists.py. output_log_probs adds
+        `log_probs` [B, beams, max_new_tokens]: the log-probability of each generated token
+        under the processed logits (penalties, min_length, bad words; before temperature,
+        top-k and top-p), 0 past a sequence's end; output_cum_log_probs adds their sums,
+        `cum_log_probs` [B, beams]. Beam search (sampling.num_beams > 1) is beam_search.py.
+        """
         batch_input_ids = [torch.as_tensor(ids, dtype=torch.int32).reshape(-1).cpu()
                            for ids in batch_input_ids]
-        self.check_request(batch_input_ids, max_new_tokens)
+        self.check_request(batch_input_ids, max_new_tokens, sampling.num_beams)
+        B, V = len(batch_input_ids), self.limits.vocab_size
+        # The loop below checks stop words on the host, where the output is; beam search on
+        # the device, where its candidates are.
+        stop = WordLists.parse(stop_words_list, B, V, "stop_words_list",
+                               self.device if sampling.num_beams > 1 else "cpu")
+        bad = WordLists.parse(bad_words_list, B, V, "bad_words_list", self.device)
+        outputs = dict(log_probs=output_log_probs, cum_log_probs=output_cum_log_probs)
+        if sampling.num_beams > 1:
+            if output_generation_logits:
+                raise ValueError("output_generation_logits is not available with beam search")
+            yield from beam_search.generate(self, batch_input_ids, sampling, max_new_tokens,
+                                            return_context_logits, stop, bad, outputs)
+            return
         prompt_lens = [ids.numel() for ids in batch_input_ids]
-        B = len(batch_input_ids)
         seq_ids = list(range(B))
         # Reserve every block a request can need now, so a request never fails half-way
         # and never takes blocks from another.
@@ -86,27 +114,26 @@ class GenerationSession:
                 self.kv_cache.add_sequence(s, n + max_new_tokens)
                 reserved.append(s)
             yield from self._run(batch_input_ids, prompt_lens, sampling, max_new_tokens,
-                                 output_generation_logits, return_context_logits)
+                                 output_generation_logits, return_context_logits, stop, bad,
+                                 outputs)
         finally:
             for s in reserved:
                 self.kv_cache.free_sequence(s)
 
-    def _run(self, batch_input_ids, prompt_lens, sampling, max_new_tokens,
-             output_generation_logits, return_context_logits):
+    def context_step(self, batch_input_ids: list[torch.Tensor], block_tables: torch.Tensor,
+                     return_context_logits: bool):
+        """Run the prompts (packed). Returns (logits of each prompt's last token [B, V],
+        each prompt's logits when return_context_logits else None)."""
         dev = self.device
-        B = len(batch_input_ids)
-        block_tables = self.kv_cache.get_block_table(list(range(B))).to(dev)
-        generator = make_generator(sampling.random_seed, dev)
-
+        prompt_lens = [ids.numel() for ids in batch_input_ids]
         lens = torch.tensor(prompt_lens, dtype=torch.int32)
-        packed = torch.cat(batch_input_ids)
         ends = torch.cumsum(lens.to(torch.int64), 0)
         if return_context_logits:
             wanted = torch.arange(int(ends[-1]), dtype=torch.int64)
         else:
             wanted = ends - 1
         feed = {
-            "input_ids": packed.to(dev),
+            "input_ids": torch.cat(batch_input_ids).to(dev),
             "position_ids": torch.cat([torch.arange(n, dtype=torch.int32) for n in prompt_lens]).to(dev),
             "last_token_ids": wanted.to(dev),
             "kv_cache_pool": self.kv_cache_pool,
@@ -117,10 +144,19 @@ class GenerationSession:
             "host_sequence_lengths": lens,
         }
         logits = self.session.run(feed)["logits"]
-        context_logits = None
-        if return_context_logits:
-            context_logits = list(torch.split(logits, prompt_lens))
-            logits = logits[(ends - 1).to(logits.device)]
+        if not return_context_logits:
+            return logits, None
+        return logits[(ends - 1).to(logits.device)], list(torch.split(logits, prompt_lens))
+
+    def _run(self, batch_input_ids, prompt_lens, sampling, max_new_tokens,
+             output_generation_logits, return_context_logits, stop, bad, outputs):
+        dev = self.device
+        B = len(batch_input_ids)
+        block_tables = self.kv_cache.get_block_table(list(range(B))).to(dev)
+        generator = make_generator(sampling.random_seed, dev)
+        logits, context_logits = self.context_step(batch_input_ids, block_tables,
+                                                   return_context_logits)
+        lens = torch.tensor(prompt_lens, dtype=torch.int32)
 
         width = max(prompt_lens) + max_new_tokens
         pad = sampling.pad_id if sampling.pad_id is not None else 0
@@ -130,8 +166,9 @@ class GenerationSession:
         seq_lens = lens.clone()           # host: tokens of each sequence so far
         lens_dev = lens.to(dev, copy=True)  # device: the same, for the rows still running
         gen_logits = [] if output_generation_logits else None
-        # Penalties and min_length read every row's tokens so far from a device copy.
-        history = output_ids[:, 0].to(dev) if _needs_history(sampling) else None
+        # Penalties, min_length and bad words read every row's tokens so far from a device copy.
+        history = output_ids[:, 0].to(dev) if _needs_history(sampling) or bad else None
+        log_probs = torch.zeros(B, max_new_tokens, device=dev) if any(outputs.values()) else None
         active = torch.arange(B)  # rows of the batch still generating
         host_tokens = torch.empty(B, dtype=torch.int32, pin_memory=dev.type == "cuda")
         copied = torch.cuda.Event() if dev.type == "cuda" else None
@@ -142,11 +179,20 @@ class GenerationSession:
                 full = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=logits.device)
                 full[active.to(logits.device)] = logits
                 gen_logits.append(full)
+            rows = active.to(dev)
             if history is not None:
-                tokens = sample(logits, sampling, generator, token_ids=history[active],
-                                context_lengths=lens[active], sequence_lengths=seq_lens[active])
+                seen = history[rows]
+                logits = process_logits(logits, sampling, token_ids=seen,
+                                        context_lengths=lens[active],
+                                        sequence_lengths=seq_lens[active])
+                if bad is not None:
+                    logits = bad.ban(logits, seen, seq_lens[active], rows)
             else:
-                tokens = sample(logits, sampling, generator)
+                logits = process_logits(logits, sampling)
+            tokens = choose(logits, sampling, generator)
+            if log_probs is not None:
+                log_probs[rows, step] = torch.log_softmax(logits, dim=-1).gather(
+                    1, tokens.long().unsqueeze(1)).squeeze(1)
             host_tokens[:n].copy_(tokens, non_blocking=True)
             if copied is not None:
                 copied.record()
@@ -164,22 +210,28 @@ class GenerationSession:
             output_ids[active, 0, seq_lens[active].long()] = new
             seq_lens[active] += 1
             if history is not None:
-                history[active.to(dev), (seq_lens[active] - 1).to(dev)] = tokens
+                history[rows, (seq_lens[active] - 1).to(dev)] = tokens
             yield self._result(output_ids, seq_lens, gen_logits, context_logits, done=False)
             if not more:
                 break
             logits = next_logits
+            going = torch.ones(n, dtype=torch.bool)
             if sampling.end_id is not None:
-                going = new != sampling.end_id
-                if not bool(going.all()):
-                    rows = going.nonzero().squeeze(1)
-                    if rows.numel() == 0:
-                        break
-                    active = active[rows]
-                    rows_dev = rows.to(dev)
-                    logits, lens_dev = logits[rows_dev], lens_dev[rows_dev]
+                going &= new != sampling.end_id
+            if stop is not None:
+                going &= ~stop.stopped(output_ids[active, 0], seq_lens[active], active)
+            if not bool(going.all()):
+                kept = going.nonzero().squeeze(1)
+                if kept.numel() == 0:
+                    break
+                active = active[kept]
+                kept_dev = kept.to(dev)
+                logits, lens_dev = logits[kept_dev], lens_dev[kept_dev]
 
-        yield self._result(output_ids, seq_lens, gen_logits, context_logits, done=True)
+        result = self._result(output_ids, seq_lens, gen_logits, context_logits, done=True)
+        if log_probs is not None:
+            add_log_probs(result, log_probs.unsqueeze(1).cpu(), outputs)
+        yield result
 
     def _decode_step(self, tokens: torch.Tensor, lengths: torch.Tensor, block_tables: torch.Tensor,
                      active: torch.Tensor, batch: int) -> torch.Tensor:
@@ -190,13 +242,21 @@ class GenerationSession:
         tables = block_tables if n == batch else block_tables[active.to(dev)]
         if self.cuda_graphs is not None:
             return self.cuda_graphs.step(tokens, lengths, tables)
+        return self.decode_step(tokens, lengths, tables)
+
+    def decode_step(self, tokens: torch.Tensor, lengths: torch.Tensor,
+                    block_tables: torch.Tensor) -> torch.Tensor:
+        """Logits [n, V] of one decode step without CUDA graphs: `tokens` [n] (device) of
+        sequences holding `lengths` [n] tokens once these are added, in `block_tables`."""
+        n = tokens.numel()
+        dev = self.device
         ones = torch.ones(n, dtype=torch.int32)
         feed = {
             "input_ids": tokens,
             "position_ids": lengths - 1,
             "last_token_ids": torch.arange(n, dtype=torch.int64, device=dev),
             "kv_cache_pool": self.kv_cache_pool,
-            "block_tables": tables,
+            "block_tables": block_tables,
             "sequence_lengths": lengths.clone(),
             "context_lengths": ones.to(dev),
             "host_context_lengths": ones,
@@ -215,6 +275,15 @@ class GenerationSession:
         if context_logits is not None:
             out["context_logits"] = context_logits
         return out
+
+
+def add_log_probs(result: dict, log_probs: torch.Tensor, outputs: dict) -> None:
+    """Put the asked-for `log_probs` [B, beams, new_tokens] (0 past each end) and their sums
+    `cum_log_probs` [B, beams] into a result."""
+    if outputs["log_probs"]:
+        result["log_probs"] = log_probs
+    if outputs["cum_log_probs"]:
+        result["cum_log_probs"] = log_probs.sum(dim=-1)
 
 
 def _needs_history(s: SamplingConfig) -> bool:

@@ -49,9 +49,11 @@ class ModelRunner:
         dtype = str_dtype_to_torch(cfg["dtype"])
         tpb = bc.tokens_per_block
         max_blocks_per_seq = -(-bc.max_seq_len // tpb)
+        # Every beam of every request may hold a whole sequence.
+        max_sequences = bc.max_batch_size * bc.max_beam_width
         num_blocks = KVCacheConfig(kv_cache_free_gpu_mem_fraction, max_tokens_in_paged_kv_cache).num_blocks(
             device, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            tokens_per_block=tpb, dtype=dtype, max_batch_size=bc.max_batch_size, max_seq_len=bc.max_seq_len)
+            tokens_per_block=tpb, dtype=dtype, max_batch_size=max_sequences, max_seq_len=bc.max_seq_len)
         self.kv_cache = KVCacheManager(num_blocks, tpb, max_blocks_per_seq)
         # One block past the manager's: the scratch block that padding rows of a CUDA-graph
         # bucket write into.
@@ -67,7 +69,7 @@ class ModelRunner:
                                       max_blocks_per_seq, scratch_block=num_blocks)
         limits = ModelLimits(vocab_size=cfg["vocab_size"], max_batch_size=bc.max_batch_size,
                              max_input_len=bc.max_input_len, max_seq_len=bc.max_seq_len,
-                             max_num_tokens=bc.max_num_tokens)
+                             max_num_tokens=bc.max_num_tokens, max_beam_width=bc.max_beam_width)
         self.generation = GenerationSession(self.session, limits, self.kv_cache, self.kv_cache_pool, graphs)
         logger.info(f"engine on {device}: KV cache of {num_blocks} blocks x {tpb} tokens")
 
@@ -85,17 +87,27 @@ class ModelRunner:
                  pad_id: Optional[int] = None, temperature: float = 1.0, top_k: int = 1,
                  top_p: float = 0.0, random_seed: Optional[int] = None, streaming: bool = False,
                  return_dict: bool = True, output_generation_logits: bool = False,
-                 return_context_logits: bool = False, **sampling_kwargs):
+                 return_context_logits: bool = False, stop_words_list=None, bad_words_list=None,
+                 output_log_probs: bool = False, output_cum_log_probs: bool = False,
+                 **sampling_kwargs):
         """Generate for a list of 1-D token-id tensors (or lists).
 
-        Returns `{"output_ids": [B, 1, max_prompt + max_new_tokens], "sequence_lengths": [B, 1]}`
-        (plus logits when asked); with `streaming=True` a generator of such dicts, one per step.
+        Returns `{"output_ids": [B, beams, max_prompt + max_new_tokens], "sequence_lengths":
+        [B, beams]}` (beams = num_beams, best first; beam search adds `sequences_scores`
+        [B, beams]), plus logits and log-probs when asked; with `streaming=True` a generator
+        of such dicts, one per step. `sampling_kwargs` are SamplingConfig's other fields
+        (num_beams, length_penalty, early_stopping, penalties, min_length); the word lists
+        and log-probs are GenerationSession.generate's.
         """
         sampling = SamplingConfig(end_id=end_id, pad_id=pad_id,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   random_seed=random_seed, **sampling_kwargs)
         steps = self.generation.generate(list(batch_input_ids), sampling, max_new_tokens,
-                                         output_generation_logits, return_context_logits)
+                                         output_generation_logits, return_context_logits,
+                                         stop_words_list=stop_words_list,
+                                         bad_words_list=bad_words_list,
+                                         output_log_probs=output_log_probs,
+                                         output_cum_log_probs=output_cum_log_probs)
         if streaming:
             return (_shape(out, return_dict) for out in steps)
         out = None

@@ -31,7 +31,13 @@ class SamplingConfig:
       frequency_penalty: subtracted once per occurrence of a token; 0.0 is off.
     min_length: `end_id` cannot be chosen before this many tokens have been generated
       (transformers' MinNewTokensLengthLogitsProcessor).
-    num_beams, length_penalty: beam search, not supported yet.
+
+    Beam search (num_beams > 1, see beam_search.py) keeps the num_beams best sequences by
+    summed log-probability and does not sample: temperature, top_k and top_p must be left
+    off. A finished sequence scores sum / generated_tokens ** length_penalty;
+    early_stopping is True (stop once num_beams sequences finished), False (stop when no
+    running beam can beat the finished ones, judged at the current length) or "never"
+    (judged at the longest length when length_penalty > 0), as in transformers.
     """
     end_id: int | None = None  # None: no end token, generation runs to max_new_tokens
     pad_id: int | None = None  # None: end_id, or 0 without one
@@ -45,6 +51,7 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     min_length: int = 0
     length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     def __post_init__(self):
         if self.pad_id is None:
@@ -68,9 +75,13 @@ class SamplingConfig:
                  "an int >= 0", self.min_length)
         _require(self.min_length == 0 or self.end_id is not None, "min_length",
                  "0 when there is no end_id", self.min_length)
-        if self.num_beams > 1:
-            raise NotImplementedError(f"beam search (num_beams={self.num_beams}) is not "
-                                      f"supported yet; use num_beams=1")
+        _require(self.early_stopping in (True, False, "never"), "early_stopping",
+                 'True, False or "never"', self.early_stopping)
+        samples = (self.temperature not in (0.0, 1.0) or self.top_k > 1
+                   or 0.0 < self.top_p < 1.0)
+        _require(self.num_beams == 1 or not samples, "num_beams",
+                 "1 when sampling (beam search takes no temperature, top_k > 1 or top_p)",
+                 self.num_beams)
 
     @property
     def is_greedy(self) -> bool:
@@ -213,9 +224,15 @@ def sample(logits: torch.Tensor, config: Configs, generator: torch.Generator | N
     the logits' device (see make_generator); all rows draw from it, so per-request seeds
     need one call per request. See process_logits for the other arguments.
     """
-    configs = _as_list(config, logits.shape[0])
-    logits = process_logits(logits, configs, token_ids=token_ids,
+    logits = process_logits(logits, config, token_ids=token_ids,
                             context_lengths=context_lengths, sequence_lengths=sequence_lengths)
+    return choose(logits, config, generator)
+
+
+def choose(logits: torch.Tensor, config: Configs, generator: torch.Generator | None = None
+           ) -> torch.Tensor:
+    """`sample` on logits that process_logits has already processed."""
+    configs = _as_list(config, logits.shape[0])
     greedy = logits.argmax(dim=-1)
     if all(c.is_greedy for c in configs):
         return greedy.int()

@@ -69,15 +69,18 @@ def test_config_defaults_and_greedy():
     ("top_k", -1), ("top_k", 2.5), ("top_p", 1.5), ("top_p", -0.1), ("random_seed", "x"),
     ("num_beams", 0), ("repetition_penalty", 0.0), ("presence_penalty", math.nan),
     ("frequency_penalty", math.inf), ("min_length", -1), ("length_penalty", math.nan),
+    ("early_stopping", "always"),
 ])
 def test_config_rejects_out_of_range(field, value):
     with pytest.raises(ValueError, match=f"SamplingConfig.{field}"):
         SamplingConfig(**{"end_id": 0, field: value})
 
 
-def test_beam_search_not_supported_yet():
-    with pytest.raises(NotImplementedError, match="not supported yet"):
-        SamplingConfig(end_id=0, num_beams=4)
+@pytest.mark.parametrize("sampling", [dict(top_k=5), dict(top_p=0.9), dict(temperature=0.7)])
+def test_beam_search_does_not_sample(sampling):
+    assert SamplingConfig(end_id=0, num_beams=4, top_k=1).num_beams == 4
+    with pytest.raises(ValueError, match="SamplingConfig.num_beams must be 1 when sampling"):
+        SamplingConfig(end_id=0, num_beams=4, **sampling)
 
 
 # -- greedy ----------------------------------------------------------------------------
