@@ -80,11 +80,14 @@ class WordLists:
 
 
 def _is_seq(x) -> bool:
-    return isinstance(x, (Sequence, torch.Tensor)) and not isinstance(x, str)
+    if isinstance(x, torch.Tensor):
+        return x.dim() > 0
+    return isinstance(x, Sequence) and not isinstance(x, str)
 
 
 def _per_request(value, batch_size: int, name: str) -> list[list[list[int]]]:
-    """One list of words per request from either accepted format."""
+    """One list of words per request from either accepted format. A list of empty lists
+    reads as one (empty) list per request."""
     def words_of(ws):
         return [[int(t) for t in w] for w in ws]
     if not _is_seq(value):
