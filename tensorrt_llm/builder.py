@@ -230,8 +230,13 @@ def read_engine_config(engine_dir: Path) -> dict:
     return config
 
 
-def build(model, build_config: BuildConfig) -> Engine:
-    """Define `model` as a network, bind its weights, rewrite, and return the Engine."""
+def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> Engine:
+    """Define `model` as a network, bind its weights, rewrite, and return the Engine.
+
+    Where a layer's op has several implementations on the target GPU, each is timed there
+    and the fastest recorded in the layer (tensorrt_llm/timing_cache.py): on `device` when
+    given, else on this machine's GPU when it is the target. `timing_cache` (a
+    TimingCache) supplies earlier timings and receives the new ones."""
     t0 = time.perf_counter()
     pretrained = model.config
     build_config = build_config.resolve(pretrained.max_position_embeddings)
@@ -249,6 +254,15 @@ def build(model, build_config: BuildConfig) -> Engine:
         from .graph_rewriting import optimize
         report = optimize(network, passes=build_config.optimizations)
     layers_after = network.num_layers
+    # Timings from another GPU say nothing about the target: time only on the target itself.
+    if device is None and torch.cuda.is_available() and build_config.target_device == current_device_target():
+        device = "cuda"
+    kernel_choice = None
+    if device is not None:
+        # Imported here: it imports the runtime, which imports this module.
+        from .timing_cache import TimingCache, choose_implementations
+        cache = timing_cache if timing_cache is not None else TimingCache()
+        kernel_choice = choose_implementations(network, device, cache)
     weight_bytes = sum(t.numel() * t.element_size() for t in network.weights.values())
     elapsed = time.perf_counter() - t0
     summary = {
@@ -258,6 +272,8 @@ def build(model, build_config: BuildConfig) -> Engine:
         "weight_bytes": weight_bytes,
         "build_seconds": round(elapsed, 3),
     }
+    if kernel_choice is not None:
+        summary["kernel_choice"] = kernel_choice
     logger.info(f"built {network.name} rank {pretrained.mapping.rank}: {layers_before} layers "
                 f"-> {layers_after} after rewriting, {weight_bytes / 2**20:.1f} MiB of weights, "
                 f"{elapsed:.2f} s")

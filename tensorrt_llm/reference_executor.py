@@ -44,7 +44,9 @@ class ReferenceExecutor:
             drop = [n for n in dict.fromkeys(layer.inputs)
                     if n is not None and last_use[n] == i and n not in keep]
             drop += [n for n in layer.outputs if n not in last_use and n not in keep]
-            self._plan.append((ops[layer.op], layer.inputs, layer.attrs, layer.outputs, drop))
+            # `implementation` is the builder's kernel choice, not an argument of the op.
+            attrs = {k: v for k, v in layer.attrs.items() if k != "implementation"}
+            self._plan.append((ops[layer.op], layer.inputs, attrs, layer.outputs, drop))
 
     def check_feed(self, feed: dict[str, torch.Tensor]) -> None:
         """Names, dtypes, ranks, static dims, dynamic ranges, and that dims sharing a

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..builder import BuildConfig, EngineError, build
 from ..models import MODEL_MAP
 from ..models.modeling_utils import PretrainedConfig
+from ..timing_cache import TimingCache, TimingCacheError
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -28,6 +29,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target_device", default=d.target_device,
                    help="'auto' (this machine's GPU, else any), 'any', or e.g. cuda:sm_90")
     p.add_argument("--no_rewrite", action="store_true", help="skip the graph-rewriting passes")
+    p.add_argument("--input_timing_cache", default=None,
+                   help="kernel timings of earlier builds to reuse (an unusable file is ignored with a warning)")
+    p.add_argument("--output_timing_cache", default=None,
+                   help="write the kernel timings (reused and new) to this file")
     return p.parse_args(argv)
 
 
@@ -49,13 +54,20 @@ def main(argv=None) -> int:
                                max_beam_width=args.max_beam_width, tokens_per_block=args.tokens_per_block,
                                target_device=args.target_device,
                                optimizations=[] if args.no_rewrite else BuildConfig().optimizations)
+    timing_cache = TimingCache()
+    if args.input_timing_cache is not None:
+        # Timings only speed the build up: a cache we cannot use is not worth failing for.
+        try:
+            timing_cache = TimingCache.load(args.input_timing_cache)
+        except TimingCacheError as e:
+            print(f"trtllm-build: warning: {e}; timing from scratch", file=sys.stderr)
     model_cls = MODEL_MAP[config.architecture]
     world = config.mapping.world_size
     total_bytes = 0
     for rank in range(world):
         try:
             model = model_cls.from_checkpoint(ckpt, rank=rank, dtype=args.dtype)
-            engine = build(model, build_config)
+            engine = build(model, build_config, timing_cache=timing_cache)
         except (ValueError, EngineError) as e:
             print(f"trtllm-build: {e}", file=sys.stderr)
             return 2
@@ -67,6 +79,16 @@ def main(argv=None) -> int:
               f"{s['layers_after_rewriting']} after rewriting "
               f"({', '.join(f'{k} x{v}' for k, v in fused.items()) or 'no rewrites'}); "
               f"{s['weight_bytes'] / 2**20:.1f} MiB of weights, built in {s['build_seconds']:.1f} s")
+        if "kernel_choice" in s:
+            k = s["kernel_choice"]
+            picked = {}
+            for layer in k["layers"].values():
+                picked[layer["implementation"]] = picked.get(layer["implementation"], 0) + 1
+            print(f"[rank {rank}/{world}] kernel choice on {k['device']}: "
+                  f"{', '.join(f'{n} x{c}' for n, c in sorted(picked.items())) or 'nothing to choose'} "
+                  f"({k['hits']} timing cache hits, {k['misses']} timed)")
+    if args.output_timing_cache is not None:
+        timing_cache.save(args.output_timing_cache)
     print(f"Engine written to {args.output_dir}: {world} rank(s), {total_bytes / 2**20:.1f} MiB, "
           f"{time.perf_counter() - t0:.1f} s")
     return 0

@@ -2,6 +2,9 @@
 
 The reference ops (plain PyTorch) are the meaning of every op and run everywhere; on a
 GPU, ops with a compiled kernel are swapped for it when the compiled module is present.
+Where an op has several implementations, the builder may time them on the target device
+(tensorrt_llm/timing_cache.py) and record its pick in the layer's attrs as
+`implementation`; the Session then runs that one.
 """
 from __future__ import annotations
 
@@ -12,9 +15,16 @@ import torch
 from ..reference_ops import REFERENCE_OPS
 
 
-def ops_for_device(device: torch.device) -> dict[str, Callable]:
-    ops = dict(REFERENCE_OPS)
+def implementations(device: torch.device) -> dict[str, dict[str, Callable]]:
+    """op -> {implementation name: function} on `device`; the first name is the default."""
+    table = {op: {"reference": fn} for op, fn in REFERENCE_OPS.items()}
     if device.type == "cuda":
         from .cuda_ops import CUDA_OPS  # needs the compiled module only on a GPU
-        ops.update(CUDA_OPS)
-    return ops
+        for op, fn in CUDA_OPS.items():
+            table[op] = {"cuda": fn, **table[op]}
+    return table
+
+
+def ops_for_device(device: torch.device) -> dict[str, Callable]:
+    """The default implementation of every op on `device`."""
+    return {op: next(iter(impls.values())) for op, impls in implementations(device).items()}

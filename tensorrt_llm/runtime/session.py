@@ -13,7 +13,7 @@ import torch
 
 from .._utils import str_dtype_to_torch
 from ..network import Network
-from .op_impls import ops_for_device
+from .op_impls import implementations, ops_for_device
 
 
 class Session:
@@ -23,7 +23,9 @@ class Session:
         self.device = torch.device(device)
         self.ops = ops if ops is not None else ops_for_device(self.device)
         self._input_specs = {t.name: t for t in network.inputs}
-        self.source, self._plan = lower(network, self.ops)
+        # Explicit `ops` are run as given; the builder's recorded choices apply to the defaults.
+        impls = implementations(self.device) if ops is None else None
+        self.source, self._plan = lower(network, self.ops, impls)
 
     @classmethod
     def from_engine(cls, engine, device="cpu") -> "Session":
@@ -59,8 +61,13 @@ def _identifier(i: int) -> str:
     return f"t{i}"
 
 
-def lower(network: Network, ops: dict[str, Callable]) -> tuple[str, Callable]:
-    """Generate and compile the plan: `plan(feed) -> {name: tensor}`."""
+def lower(network: Network, ops: dict[str, Callable],
+          impls: Optional[dict[str, dict[str, Callable]]] = None) -> tuple[str, Callable]:
+    """Generate and compile the plan: `plan(feed) -> {name: tensor}`.
+
+    A layer whose attrs name an `implementation` (the builder's timed choice) runs that
+    entry of `impls[op]`; a name this device lacks (an engine for "any" timed on a GPU,
+    run on the CPU) falls back to `ops[op]`: the choice is about speed, never meaning."""
     names: dict[str, str] = {}  # tensor name -> Python identifier
 
     def ident(tensor_name: str) -> str:
@@ -91,10 +98,13 @@ def lower(network: Network, ops: dict[str, Callable]) -> tuple[str, Callable]:
             continue
         if layer.op not in ops:
             raise NotImplementedError(f"layer {layer.name!r}: no implementation of op {layer.op!r}")
-        fn_name = f"op_{layer.op}"
-        env[fn_name] = ops[layer.op]
+        attrs = dict(layer.attrs)
+        chosen = attrs.pop("implementation", None)
+        fn = (impls or {}).get(layer.op, {}).get(chosen, ops[layer.op])
+        fn_name = f"op_{layer.op}" if fn is ops[layer.op] else f"op_{layer.op}_{chosen}"
+        env[fn_name] = fn
         args = [ident(n) if n is not None else "None" for n in layer.inputs]
-        args += [f"{k}={v!r}" for k, v in sorted(layer.attrs.items())]
+        args += [f"{k}={v!r}" for k, v in sorted(attrs.items())]
         lines.append(f"    {outs} = {fn_name}({', '.join(args)})")
         dead = [ident(n) for n in dict.fromkeys(layer.inputs)
                 if n is not None and last_use.get(n) == i and n not in keep

@@ -1,0 +1,189 @@
+"""Timing cache and kernel choice: the cache file, its keys, the builder's recorded choices,
+the Session honouring them, and trtllm-build's --input/--output_timing_cache."""
+import json
+import time
+
+import pytest
+import torch
+
+from tensorrt_llm import timing_cache as tc
+from tensorrt_llm.builder import BuildConfig, Engine, build
+from tensorrt_llm.commands.build import main as trtllm_build
+from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM
+from tensorrt_llm.models.modeling_utils import save_checkpoint
+from tensorrt_llm.reference_ops import REFERENCE_OPS
+from tensorrt_llm.runtime.session import lower
+from tensorrt_llm.timing_cache import TimingCache, TimingCacheError
+
+from .models.llama_utils import generated, random_hf_llama, runner
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return random_hf_llama(seed=0)
+
+
+def build_engine(hf, timing_cache=None, device=None, **build_kwargs):
+    config = config_from_hf(hf.config, dtype="float32")
+    model = LLaMAForCausalLM(config)
+    model.load(load_weights_from_hf(hf, config))
+    bc = dict(max_batch_size=4, max_input_len=64, max_seq_len=128, tokens_per_block=8, target_device="any")
+    bc.update(build_kwargs)
+    return build(model, BuildConfig(**bc), timing_cache=timing_cache, device=device)
+
+
+def layers_of(engine, op):
+    return [layer for layer in engine.network.layers if layer.op == op]
+
+
+def test_cache_round_trip(tmp_path):
+    cache = TimingCache({'["rms_norm","dev"]': {"reference": 12.5, "cuda": 3.25}})
+    path = tmp_path / "sub" / "timing.json"
+    cache.save(path)
+    assert json.loads(path.read_text())["version"] == tc.TIMING_CACHE_VERSION
+    assert TimingCache.load(path).entries == cache.entries
+    assert [p.name for p in path.parent.iterdir()] == ["timing.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", "cannot be read"),
+    ('{"version": 99, "entries": {}}', "version 99"),
+    ('["a list"]', "version None"),
+    ('{"version": 1, "entries": {"k": {"cuda": "fast"}}}', "entries"),
+])
+def test_unusable_cache_files_are_refused_with_the_reason(tmp_path, text, match):
+    path = tmp_path / "timing.json"
+    path.write_text(text)
+    with pytest.raises(TimingCacheError, match=match):
+        TimingCache.load(path)
+    with pytest.raises(TimingCacheError, match="cannot be read"):
+        TimingCache.load(tmp_path / "missing.json")
+
+
+def test_keys_use_opt_shapes_and_are_stable(hf):
+    def keys(engine):
+        memo = {}
+        return [tc.timing_key(layer.op, "dev", "float32", tc.opt_shapes(engine.network, layer, memo), layer.attrs)
+                for layer in layers_of(engine, "rms_norm")]
+
+    a, b = build_engine(hf), build_engine(hf)
+    assert keys(a) == keys(b)
+    # max_num_tokens = 4 * 64 = 256, whose opt is min(256, 256); hidden size 64.
+    layer = layers_of(a, "rms_norm")[0]
+    assert tc.opt_shapes(a.network, layer, {}) == [[256, 64], [64]]
+    smaller = build_engine(hf, max_input_len=16)  # num_tokens opt: 4 * 16 = 64
+    assert tc.opt_shapes(smaller.network, layers_of(smaller, "rms_norm")[0], {}) == [[64, 64], [64]]
+    assert keys(smaller) != keys(a)
+
+
+def test_cpu_build_with_a_cache_records_nothing_and_keeps_the_graph(hf):
+    cache = TimingCache()
+    timed = build_engine(hf, timing_cache=cache, device="cpu")
+    plain = build_engine(hf)
+    k = timed.config["build_summary"]["kernel_choice"]
+    assert k == {"device": "cpu", "hits": 0, "misses": 0, "layers": {}}
+    assert cache.entries == {}
+    assert "kernel_choice" not in plain.config["build_summary"]
+    assert timed.network.to_json() == plain.network.to_json()
+
+
+def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monkeypatch, tmp_path):
+    """No op has two CPU implementations today; give rms_norm a slow second one."""
+    calls = []
+
+    def slow_rms_norm(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.002)
+        return REFERENCE_OPS["rms_norm"](*args, **kwargs)
+
+    def with_slow(device):
+        table = real(device)
+        table["rms_norm"] = {**table["rms_norm"], "slow": slow_rms_norm}
+        return table
+    real = tc.implementations
+    monkeypatch.setattr(tc, "implementations", with_slow)
+
+    cache = TimingCache()
+    first = build_engine(hf, timing_cache=cache, device="cpu")
+    k = first.config["build_summary"]["kernel_choice"]
+    norms = layers_of(first, "rms_norm")
+    assert norms and set(k["layers"]) == {layer.name for layer in norms}
+    assert all(layer.attrs["implementation"] == "reference" for layer in norms)
+    assert k["misses"] == 1 and k["hits"] == len(norms) - 1  # one shape for every rms_norm
+    assert all(v["timings_us"]["slow"] > v["timings_us"]["reference"] for v in k["layers"].values())
+
+    cache.save(tmp_path / "timing.json")
+    calls.clear()
+    second = build_engine(hf, timing_cache=TimingCache.load(tmp_path / "timing.json"), device="cpu")
+    k2 = second.config["build_summary"]["kernel_choice"]
+    assert (k2["misses"], k2["hits"], calls) == (0, len(norms), [])
+
+    # lower() runs the recorded implementation and never passes `implementation` on.
+    layer = layers_of(second, "rms_norm")[0]
+    layer.attrs["implementation"] = "slow"
+    source, plan = lower(second.network, dict(REFERENCE_OPS), with_slow(torch.device("cpu")))
+    assert "implementation" not in source
+    assert plan.__globals__["op_rms_norm_slow"] is slow_rms_norm
+
+
+def test_engine_with_recorded_choices_saves_loads_and_runs(hf, tmp_path):
+    """A choice this device lacks ("cuda" on the CPU) runs the device's default."""
+    engine = build_engine(hf)
+    for layer in layers_of(engine, "rms_norm"):
+        layer.attrs["implementation"] = "cuda"
+    engine.save(tmp_path / "chosen")
+    build_engine(hf).save(tmp_path / "plain")
+    assert all(layer.attrs["implementation"] == "cuda"
+               for layer in layers_of(Engine.from_dir(tmp_path / "chosen"), "rms_norm"))
+    prompt = list(range(3, 20))
+    outs = [runner(tmp_path / name).generate([prompt], max_new_tokens=6) for name in ("chosen", "plain")]
+    assert generated(outs[0], 0, len(prompt)) == generated(outs[1], 0, len(prompt))
+
+
+def test_cli_reads_and_writes_the_timing_cache(hf, tmp_path, capsys):
+    config = config_from_hf(hf.config, dtype="float32")
+    save_checkpoint(tmp_path / "ckpt", config, [load_weights_from_hf(hf, config)])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    out = tmp_path / "out" / "timing.json"
+    argv = ["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "engine"),
+            "--max_batch_size", "2", "--max_input_len", "32", "--max_seq_len", "64", "--target_device", "any",
+            "--input_timing_cache", str(bad), "--output_timing_cache", str(out)]
+    assert trtllm_build(argv) == 0
+    err = capsys.readouterr().err
+    assert "warning: timing cache" in err and "cannot be read" in err and "timing from scratch" in err
+    assert TimingCache.load(out).entries == {}  # nothing to time for target "any"
+    argv[argv.index(str(bad))] = str(out)
+    assert trtllm_build(argv) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_choices_are_recorded_reused_and_keep_outputs(hf, tmp_path):
+    cache = TimingCache()
+    timed = build_engine(hf, timing_cache=cache, device="cuda")
+    k = timed.config["build_summary"]["kernel_choice"]
+    assert k["device"] == torch.cuda.get_device_name() and k["misses"] > 0
+    chosen = {layer.name: layer.attrs.get("implementation") for op in ("rms_norm", "silu_and_mul")
+              for layer in layers_of(timed, op)}
+    assert chosen and all(v in ("cuda", "reference") for v in chosen.values())
+    assert {name: k["layers"][name]["implementation"] for name in chosen} == chosen
+    assert not any("implementation" in layer.attrs for layer in layers_of(timed, "gpt_attention"))
+
+    cache.save(tmp_path / "timing.json")
+    again = build_engine(hf, timing_cache=TimingCache.load(tmp_path / "timing.json"), device="cuda")
+    k2 = again.config["build_summary"]["kernel_choice"]
+    assert k2["misses"] == 0 and k2["hits"] == len(k["layers"])
+    assert {n: v["implementation"] for n, v in k2["layers"].items()} == \
+        {n: v["implementation"] for n, v in k["layers"].items()}
+
+    timed.save(tmp_path / "timed")
+    build_engine(hf).save(tmp_path / "plain")
+    prompt = list(range(3, 40))
+    outs = [runner(tmp_path / name, device="cuda").generate([prompt], max_new_tokens=12,
+                                                            return_context_logits=True)
+            for name in ("timed", "plain")]
+    assert generated(outs[0], 0, len(prompt)) == generated(outs[1], 0, len(prompt))
+    torch.testing.assert_close(outs[0]["context_logits"][0], outs[1]["context_logits"][0],
+                               rtol=1e-3, atol=1e-3)
