@@ -236,7 +236,8 @@ def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> E
     Where a layer's op has several implementations on the target GPU, each is timed there
     and the fastest recorded in the layer (tensorrt_llm/timing_cache.py): on `device` when
     given, else on this machine's GPU when it is the target. `timing_cache` (a
-    TimingCache) supplies earlier timings and receives the new ones."""
+    TimingCache) supplies earlier timings and receives the new ones; without a cache or a
+    device nothing is timed and every op runs its default implementation."""
     t0 = time.perf_counter()
     pretrained = model.config
     build_config = build_config.resolve(pretrained.max_position_embeddings)
@@ -254,8 +255,10 @@ def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> E
         from .graph_rewriting import optimize
         report = optimize(network, passes=build_config.optimizations)
     layers_after = network.num_layers
-    # Timings from another GPU say nothing about the target: time only on the target itself.
-    if device is None and torch.cuda.is_available() and build_config.target_device == current_device_target():
+    # Timing is asked for with a cache (or a device). Timings from another GPU say nothing
+    # about the target: without a device, time only when this machine's GPU is the target.
+    if (device is None and timing_cache is not None and torch.cuda.is_available()
+            and build_config.target_device == current_device_target()):
         device = "cuda"
     kernel_choice = None
     if device is not None:
