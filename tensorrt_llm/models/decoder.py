@@ -50,7 +50,9 @@ class DecoderModelForCausalLM(PretrainedModel):
         bc = build_config
         net = default_net()
         tokens = ("num_tokens", (1, min(bc.max_num_tokens, 256), bc.max_num_tokens))
-        batch = ("batch_size", (1, bc.max_batch_size // 2 + 1, bc.max_batch_size))
+        # Beam search runs every beam of every request as a row of the batch.
+        rows = bc.max_batch_size * bc.max_beam_width
+        batch = ("batch_size", (1, rows // 2 + 1, rows))
         max_blocks = -(-bc.max_seq_len // bc.tokens_per_block)
         kv_heads = cfg.num_key_value_heads // cfg.mapping.tp_size
         inputs = {
