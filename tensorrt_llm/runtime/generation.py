@@ -170,6 +170,9 @@ class GenerationSession:
         history = output_ids[:, 0].to(dev) if _needs_history(sampling) or bad else None
         log_probs = torch.zeros(B, max_new_tokens, device=dev) if any(outputs.values()) else None
         active = torch.arange(B)  # rows of the batch still generating
+        # Its device copy, changed only when rows leave: a host-to-device copy every step
+        # would wait for the step in flight and undo the overlap below.
+        active_dev = active.to(dev)
         host_tokens = torch.empty(B, dtype=torch.int32, pin_memory=dev.type == "cuda")
         copied = torch.cuda.Event() if dev.type == "cuda" else None
 
@@ -179,7 +182,7 @@ class GenerationSession:
                 full = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=logits.device)
                 full[active.to(logits.device)] = logits
                 gen_logits.append(full)
-            rows = active.to(dev)
+            rows = active_dev
             if history is not None:
                 seen = history[rows]
                 logits = process_logits(logits, sampling, token_ids=seen,
@@ -203,7 +206,7 @@ class GenerationSession:
             more = step + 1 < max_new_tokens
             if more:
                 lens_dev += 1
-                next_logits = self._decode_step(tokens, lens_dev, block_tables, active, B)
+                next_logits = self._decode_step(tokens, lens_dev, block_tables, active_dev, B)
             if copied is not None:
                 copied.synchronize()
             new = host_tokens[:n]
@@ -226,6 +229,7 @@ class GenerationSession:
                     break
                 active = active[kept]
                 kept_dev = kept.to(dev)
+                active_dev = active_dev[kept_dev]
                 logits, lens_dev = logits[kept_dev], lens_dev[kept_dev]
 
         result = self._result(output_ids, seq_lens, gen_logits, context_logits, done=True)
@@ -235,11 +239,11 @@ class GenerationSession:
 
     def _decode_step(self, tokens: torch.Tensor, lengths: torch.Tensor, block_tables: torch.Tensor,
                      active: torch.Tensor, batch: int) -> torch.Tensor:
-        """Logits of one decode step: `tokens` (device) of the `active` rows, whose sequences
-        hold `lengths` tokens once these are added."""
+        """Logits of one decode step: `tokens` (device) of the `active` rows (a device
+        tensor), whose sequences hold `lengths` tokens once these are added."""
         n = active.numel()
         dev = self.device
-        tables = block_tables if n == batch else block_tables[active.to(dev)]
+        tables = block_tables if n == batch else block_tables[active]
         if self.cuda_graphs is not None:
             return self.cuda_graphs.step(tokens, lengths, tables)
         return self.decode_step(tokens, lengths, tables)
