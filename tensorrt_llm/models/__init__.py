@@ -15,3 +15,6 @@ MODEL_MAP = {
     "BloomForCausalLM": GPTForCausalLM,
 }
 KNOWN_ARCHITECTURES.update(MODEL_MAP)
+
+__all__ = ["KNOWN_ARCHITECTURES", "MODEL_MAP", "PretrainedConfig", "PretrainedModel", "DecoderModelForCausalLM",
+           "load_checkpoint_weights", "save_checkpoint", "GPTForCausalLM", "LLaMAForCausalLM"]

@@ -242,7 +242,6 @@ class GenerationSession:
         """Logits of one decode step: `tokens` (device) of the `active` rows (a device
         tensor), whose sequences hold `lengths` tokens once these are added."""
         n = active.numel()
-        dev = self.device
         tables = block_tables if n == batch else block_tables[active]
         if self.cuda_graphs is not None:
             return self.cuda_graphs.step(tokens, lengths, tables)
