@@ -89,13 +89,14 @@ def lower(network: Network, ops: dict[str, Callable],
                 last_use[name] = i
 
     for i, layer in enumerate(network.layers):
-        outs = ", ".join(ident(o) for o in layer.outputs)
         if layer.op == "constant":
             # A weight is a global of the plan: no statement, never dropped.
-            global_name = f"w{len(env)}"
+            global_name = f"w{i}"
             env[global_name] = network.weights[layer.attrs["weight"]]
             names[layer.outputs[0]] = global_name
+            keep.add(layer.outputs[0])
             continue
+        outs = ", ".join(ident(o) for o in layer.outputs)
         if layer.op not in ops:
             raise NotImplementedError(f"layer {layer.name!r}: no implementation of op {layer.op!r}")
         attrs = dict(layer.attrs)
@@ -107,8 +108,7 @@ def lower(network: Network, ops: dict[str, Callable],
         args += [f"{k}={v!r}" for k, v in sorted(attrs.items())]
         lines.append(f"    {outs} = {fn_name}({', '.join(args)})")
         dead = [ident(n) for n in dict.fromkeys(layer.inputs)
-                if n is not None and last_use.get(n) == i and n not in keep
-                and not ident(n).startswith("w")]
+                if n is not None and last_use.get(n) == i and n not in keep]
         dead += [ident(o) for o in layer.outputs if o not in last_use and o not in keep]
         if dead:
             lines.append(f"    del {', '.join(dead)}")
