@@ -48,49 +48,47 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
                   alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
                   layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None, sliding_window=None,
                   rotary_dim=0, rotary_is_neox=True):
-    reference = REFERENCE_OPS["gpt_attention"]
+    def on_reference():
+        return REFERENCE_OPS["gpt_attention"](
+            q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+            alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, layer_idx=layer_idx,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, tokens_per_block=tokens_per_block,
+            scale=scale, sliding_window=sliding_window, rotary_dim=rotary_dim, rotary_is_neox=rotary_is_neox)
+
     if not _kernel_covers(num_heads, num_kv_heads, head_dim):
-        return reference(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
-                         host_context_lengths, alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths,
-                         layer_idx=layer_idx, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                         tokens_per_block=tokens_per_block, scale=scale, sliding_window=sliding_window,
-                         rotary_dim=rotary_dim, rotary_is_neox=rotary_is_neox)
+        return on_reference()
     num_tokens, batch = q.shape[0], block_tables.shape[0]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     # q, k, v are column slices of the packed QKV projection: head views, no copies.
     qh = q.view(num_tokens, num_heads, head_dim)
     kh = k.view(num_tokens, num_kv_heads, head_dim)
     vh = v.view(num_tokens, num_kv_heads, head_dim)
     cache = kv_cache_pool[layer_idx]
+    softmax_scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
 
     if num_tokens == batch:  # every sequence has >= 1 new token, so this is one each: decode
         # One launch rotates q/k (decode positions are sequence_lengths - 1, as the runtime
         # feeds them), writes the new K/V rows and attends.
-        out = kernels.decode_attention(qh, cache, block_tables, sequence_lengths, scale, alibi_slopes,
+        out = kernels.decode_attention(qh, cache, block_tables, sequence_lengths, softmax_scale, alibi_slopes,
                                        sliding_window or 0, kh, vh, rotary_cos_sin, rotary_is_neox)
         return out.view(num_tokens, num_heads * head_dim)
 
-    if rotary_cos_sin is not None:
-        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
-
-    cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
-    torch.cumsum(context_lengths, 0, out=cu_seqlens[1:])
-    kernels.paged_kv_write_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
     new = host_context_lengths.tolist()
     fresh = (host_sequence_lengths is not None and host_sequence_lengths.tolist() == new
              and alibi_slopes is None and (sliding_window is None or max(new) <= sliding_window))
     if not fresh:  # some prompt continues a cached past: the reference reads it from the cache
-        return reference(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
-                         host_context_lengths, alibi_slopes, None, None, host_sequence_lengths,
-                         layer_idx=layer_idx, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                         tokens_per_block=tokens_per_block, scale=scale, sliding_window=sliding_window)
+        return on_reference()
+    if rotary_cos_sin is not None:
+        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
+    cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
+    torch.cumsum(context_lengths, 0, out=cu_seqlens[1:])
+    kernels.paged_kv_write_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
     gqa = num_heads != num_kv_heads
     if len(set(new)) == 1:  # prompts of one length: one batched call
         n = new[0]
 
         def heads(t):
             return t.view(batch, n, t.shape[1], head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(heads(qh), heads(kh), heads(vh), is_causal=True, scale=scale,
+        o = F.scaled_dot_product_attention(heads(qh), heads(kh), heads(vh), is_causal=True, scale=softmax_scale,
                                            enable_gqa=gqa)
         return o.transpose(1, 2).reshape(num_tokens, num_heads * head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
@@ -98,7 +96,7 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
     for n in new:  # each prompt attends to itself only: causal SDPA on its rows
         rows = slice(start, start + n)
         o = F.scaled_dot_product_attention(qh[rows].transpose(0, 1), kh[rows].transpose(0, 1),
-                                           vh[rows].transpose(0, 1), is_causal=True, scale=scale,
+                                           vh[rows].transpose(0, 1), is_causal=True, scale=softmax_scale,
                                            enable_gqa=gqa)
         out[rows] = o.transpose(0, 1)
         start += n
