@@ -144,8 +144,21 @@ class Runner:
             for p in paths:
                 os.chown(p, self.uid, self.gid)
 
+    def docker_dir(self, home: Path) -> Path:
+        """docker/ as the runner can read it: the checkout's, or, when the runner is another
+        uid, a copy in its home (a clone under a private folder, such as one `mktemp -d`
+        makes, is not traversable by other users). `release_run` needs only the Makefile."""
+        if self.uid == os.getuid():
+            return ROOT / "docker"
+        copy = home / "docker"
+        if not copy.exists():
+            shutil.copytree(ROOT / "docker", copy)
+            for p in [copy, *copy.rglob("*")]:
+                os.chown(p, self.uid, self.gid)
+        return copy
+
     def make_run(self, home: Path, models: Path, engines: Path, cmd: str) -> subprocess.CompletedProcess:
-        args = ["make", "--no-print-directory", "-C", str(ROOT / "docker"), "release_run", "LOCAL_USER=1",
+        args = ["make", "--no-print-directory", "-C", str(self.docker_dir(home)), "release_run", "LOCAL_USER=1",
                 f"MODELS_DIR={models}", f"ENGINES_DIR={engines}", f"CMD={cmd}"] + extra_make_args()
         env = dict(os.environ, HOME=str(home))
         return run(self.prefix + args, RUN_TIMEOUT, env=env, cwd=home, stdin=subprocess.DEVNULL)
