@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # On a GPU machine (offline): build the module for this GPU, install this checkout editable,
-# and run the GPU kernel tests. Logs go to $OUT when it is set (else ./gpu_check_logs).
+# run the GPU kernel tests, and the attention and sampling tests again under compute-sanitizer's
+# memcheck. Logs go to $OUT when it is set (else ./gpu_check_logs).
 #
 #   bash scripts/gpu_check.sh            # or: invoke gpu
 #
-# Needs: nvcc, cmake, ninja (or make), pybind11, torch with CUDA, pytest. Nothing is downloaded:
-# build_wheel.py runs CMake itself and pip runs with --no-index --no-build-isolation --no-deps.
+# Needs: nvcc (and compute-sanitizer beside it), cmake, ninja (or make), pybind11, torch with CUDA,
+# pytest. Nothing is downloaded: build_wheel.py runs CMake itself and pip runs with --no-index
+# --no-build-isolation --no-deps.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 PYTHON="${PYTHON:-python3}"
@@ -36,9 +38,20 @@ echo "== GPU tests"
   | tee "$LOGS/gpu_tests.txt"
 test_rc=${PIPESTATUS[0]}
 
+# Memory errors of the kernels with the most index arithmetic (paged attention, top-k/top-p
+# sampling). PyTorch's caching allocator is off so that every tensor is an allocation of its own
+# and an access past its end is caught; that rules out CUDA-graph capture (it would cudaMalloc
+# inside the capture) and the host-sync test (cudaFree synchronises), so those are left out.
+echo "== compute-sanitizer memcheck: attention and sampling tests"
+SANITIZER="$(command -v compute-sanitizer || echo "$(dirname "$(command -v nvcc)")/compute-sanitizer")"
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --tool memcheck --error-exitcode 86 \
+  "$PYTHON" -m pytest -m gpu tests/kernels/test_decode_attention.py tests/kernels/test_sampling_kernel.py \
+  -k "not graph and not host_syncs" -q -rfEs 2>&1 | tee "$LOGS/memcheck.txt"
+memcheck_rc=${PIPESTATUS[0]}
+
 echo "== CPU kernel tests against the same build"
 "$PYTHON" -m pytest tests/kernels -q -m "not gpu" 2>&1 | tee "$LOGS/cpu_tests.txt"
 cpu_rc=${PIPESTATUS[0]}
 
-echo "gpu_check: gpu tests exit $test_rc, cpu kernel tests exit $cpu_rc; logs in $LOGS"
-[ "$test_rc" -eq 0 ] && [ "$cpu_rc" -eq 0 ]
+echo "gpu_check: gpu tests exit $test_rc, memcheck exit $memcheck_rc, cpu kernel tests exit $cpu_rc; logs in $LOGS"
+[ "$test_rc" -eq 0 ] && [ "$memcheck_rc" -eq 0 ] && [ "$cpu_rc" -eq 0 ]

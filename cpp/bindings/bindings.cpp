@@ -47,6 +47,18 @@ void checkFitsInt(char const* op, char const* what, int64_t v) {
     }
 }
 
+// The tensor starts on a 16-byte boundary and its rows are whole 16-byte packs (kernels that
+// load 16 bytes at a time).
+void checkPacked16(char const* op, TensorArg const& t) {
+    int64_t const perPack = 16 / dtypeSize(t.dtype);
+    bool ok = t.ptr % 16 == 0;
+    for (int d = 0; d + 1 < t.dim(); ++d) ok = ok && t.stride(d) % perPack == 0;
+    if (!ok) {
+        throw std::invalid_argument(std::string(op) + ": " + t.describe()
+                                    + " must start on a 16-byte boundary with row strides of whole 16-byte packs");
+    }
+}
+
 void rmsNorm(py::handle outObj, py::handle xObj, py::handle weightObj, double eps, uintptr_t stream,
              py::handle residualObj, py::handle residualOutObj) {
     char const* op = "rms_norm";
@@ -270,6 +282,55 @@ void pagedKvWrite(py::handle keyObj, py::handle valueObj, py::handle cacheObj, p
     launchPagedKvWrite(p, reinterpret_cast<void*>(stream));
 }
 
+// ---- top_k_top_p_sample ----
+void topKTopPSample(py::handle outObj, py::handle logitsObj, py::handle temperatureObj, py::handle topKObj,
+                    py::handle topPObj, py::handle uniformObj, uintptr_t stream) {
+    char const* op = "top_k_top_p_sample";
+    TensorArg out = toTensorArg(outObj, "out");
+    TensorArg logits = toTensorArg(logitsObj, "logits");
+    TensorArg temperature = toTensorArg(temperatureObj, "temperature");
+    TensorArg topK = toTensorArg(topKObj, "top_k");
+    TensorArg topP = toTensorArg(topPObj, "top_p");
+    TensorArg uniform = toTensorArg(uniformObj, "uniform");
+    checkDim(logits, 2);
+    checkDtype(logits, kFloatTypes);
+    int64_t const batch = logits.size(0);
+    int64_t const vocab = logits.size(1);
+    if (vocab < 1 || vocab > kSamplingMaxVocab) {
+        throw std::invalid_argument("top_k_top_p_sample: logits " + logits.shapeStr() + " must have 1.."
+                                    + std::to_string(kSamplingMaxVocab) + " tokens per row");
+    }
+    checkLastDimContiguous(logits);
+    checkFitsInt(op, "batch", batch);
+    checkDtype(out, {DType::kInt32});
+    checkDtype(temperature, {DType::kFloat32});
+    checkDtype(topK, {DType::kInt32});
+    checkDtype(topP, {DType::kFloat32});
+    checkDtype(uniform, {DType::kFloat32});
+    for (TensorArg const* t : {&out, &temperature, &topK, &topP, &uniform}) {
+        checkShape(*t, {batch});
+        checkContiguous(*t);
+    }
+    std::vector<TensorArg const*> all = {&out, &logits, &temperature, &topK, &topP, &uniform};
+    int const device = checkSameCudaDevice(op, all);
+    DeviceScope scope(device, all, stream);
+
+    TopKTopPSampleParams p{};
+    p.out = static_cast<int32_t*>(out.data());
+    p.logits = logits.data();
+    p.temperatures = static_cast<float const*>(temperature.data());
+    p.topKs = static_cast<int32_t const*>(topK.data());
+    p.topPs = static_cast<float const*>(topP.data());
+    p.uniforms = static_cast<float const*>(uniform.data());
+    p.batch = batch;
+    p.vocab = vocab;
+    p.logitsRowStride = logits.stride(0);
+    p.dtype = logits.dtype;
+    if (batch == 0) return;
+    py::gil_scoped_release release;
+    launchTopKTopPSample(p, reinterpret_cast<void*>(stream));
+}
+
 py::dict buildInfoDict() {
     BuildInfo const& b = buildInfo();
     py::dict info;
@@ -296,7 +357,8 @@ py::dict buildInfoDict() {
 }
 
 void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py::handle blockTablesObj,
-                     py::handle seqLensObj, py::handle alibiObj, py::handle workspaceObj, int numSplits,
+                     py::handle seqLensObj, py::handle alibiObj, py::handle workspaceObj, py::handle countersObj,
+                     int numSplits,
                      int splitSize, double scale, int slidingWindow, py::handle kNewObj, py::handle vNewObj,
                      py::handle cosSinObj, bool isNeox, uintptr_t stream) {
     char const* op = "decode_attention";
@@ -339,9 +401,12 @@ void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py
     }
     checkShape(blockTables, {batch, blockTables.size(1)});
     checkShape(seqLens, {batch});
-    if (numSplits < 1 || splitSize < 1 || splitSize > 1024) {
-        throw std::invalid_argument("decode_attention: need num_splits >= 1 and 1 <= split_size <= 1024, got "
-                                    + std::to_string(numSplits) + " and " + std::to_string(splitSize));
+    // A block stages the block ids of its chunk (at most split_size positions) in shared memory.
+    if (numSplits < 1 || splitSize < 1 || splitSize / cache.size(3) + 2 > kDecodeAttentionMaxChunkBlocks) {
+        throw std::invalid_argument("decode_attention: need num_splits >= 1 and 1 <= split_size <= "
+                                    + std::to_string((kDecodeAttentionMaxChunkBlocks - 2) * cache.size(3))
+                                    + " (tokens_per_block * " + std::to_string(kDecodeAttentionMaxChunkBlocks - 2)
+                                    + "), got " + std::to_string(numSplits) + " and " + std::to_string(splitSize));
     }
     if (static_cast<int64_t>(numSplits) * splitSize < blockTables.size(1) * cache.size(3)) {
         throw std::invalid_argument("decode_attention: num_splits * split_size must cover the block table ("
@@ -355,10 +420,11 @@ void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py
         throw std::invalid_argument("decode_attention: heads of q and out must be packed (stride(1) == head_dim)");
     }
     checkContiguous(cache);
+    checkPacked16("decode_attention", cache);  // K/V rows are read 16 bytes at a time
     checkContiguous(blockTables);
     checkContiguous(seqLens);
     std::vector<TensorArg const*> all = {&out, &q, &cache, &blockTables, &seqLens};
-    TensorArg alibi, workspace;
+    TensorArg alibi, workspace, counters;
     if (!alibiObj.is_none()) {
         alibi = toTensorArg(alibiObj, "alibi_slopes");
         checkDtype(alibi, {DType::kFloat32});
@@ -377,6 +443,18 @@ void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py
                                         + std::to_string(need) + " floats");
         }
         all.push_back(&workspace);
+        if (countersObj.is_none()) {
+            throw std::invalid_argument("decode_attention: num_splits > 1 needs split_counters");
+        }
+        counters = toTensorArg(countersObj, "split_counters");
+        checkDtype(counters, {DType::kInt32});
+        checkContiguous(counters);
+        if (counters.numel() < batch * kvHeads) {
+            throw std::invalid_argument("decode_attention: split_counters " + counters.shapeStr() + " holds fewer than "
+                                        + std::to_string(batch * kvHeads) + " counters (batch * num_kv_heads)");
+        }
+        checkNonOverlapping(counters);
+        all.push_back(&counters);
     }
     TensorArg kNew, vNew, cosSin;
     bool const fused = !kNewObj.is_none();
@@ -430,6 +508,7 @@ void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py
     p.sequenceLengths = static_cast<int32_t const*>(seqLens.data());
     p.alibiSlopes = alibiObj.is_none() ? nullptr : static_cast<float const*>(alibi.data());
     p.workspace = numSplits > 1 ? static_cast<float*>(workspace.data()) : nullptr;
+    p.splitCounters = numSplits > 1 ? static_cast<int*>(counters.data()) : nullptr;
     p.batch = batch;
     p.numHeads = numHeads;
     p.kvHeads = kvHeads;
@@ -447,6 +526,108 @@ void decodeAttention(py::handle outObj, py::handle qObj, py::handle cacheObj, py
     if (batch == 0 || p.maxBlocks == 0) return;
     py::gil_scoped_release release;
     launchDecodeAttention(p, reinterpret_cast<void*>(stream));
+}
+
+// ---- gemv ----
+void gemv(py::handle outObj, py::handle xObj, py::handle weightObj, py::handle biasObj, int prologueCode,
+          py::handle residualObj, py::handle residualOutObj, py::handle normWeightObj, double eps,
+          uintptr_t stream) {
+    char const* op = "gemv";
+    if (prologueCode < 0 || prologueCode > static_cast<int>(GemvPrologue::kSiluAndMul)) {
+        throw std::invalid_argument("gemv: unknown prologue " + std::to_string(prologueCode));
+    }
+    auto const prologue = static_cast<GemvPrologue>(prologueCode);
+    TensorArg out = toTensorArg(outObj, "out");
+    TensorArg x = toTensorArg(xObj, "x");
+    TensorArg weight = toTensorArg(weightObj, "weight");
+    checkDim(x, 2);
+    checkDim(weight, 2);
+    checkDim(out, 2);
+    checkDtype(x, kFloatTypes);
+    checkSameDtype(x, weight);
+    checkSameDtype(x, out);
+    int64_t const rows = x.size(0);
+    int64_t const n = weight.size(0);
+    int64_t const k = weight.size(1);
+    int64_t const xCols = prologue == GemvPrologue::kSiluAndMul ? 2 * k : k;
+    if (x.size(1) != xCols) {
+        throw std::invalid_argument("gemv: x " + x.shapeStr() + " does not match weight [n, k] " + weight.shapeStr()
+                                    + (prologue == GemvPrologue::kSiluAndMul ? " (x must be [rows, 2k])" : ""));
+    }
+    checkShape(out, {rows, n});
+    if (!gemvSupports(rows, k, x.dtype)) {
+        throw std::invalid_argument("gemv: " + std::to_string(rows) + " rows of k = " + std::to_string(k) + " "
+                                    + dtypeName(x.dtype) + " are not supported (rows 1.."
+                                    + std::to_string(kGemvMaxRows)
+                                    + ", k a multiple of 16 bytes, rows * k in shared memory)");
+    }
+    checkContiguous(weight);
+    checkLastDimContiguous(x);
+    checkLastDimContiguous(out);
+    checkNonOverlapping(out);
+    checkPacked16(op, x);
+    checkPacked16(op, weight);
+    std::vector<TensorArg const*> all = {&out, &x, &weight};
+    TensorArg bias, residual, residualOut, normWeight;
+    if (!biasObj.is_none()) {
+        bias = toTensorArg(biasObj, "bias");
+        checkSameDtype(x, bias);
+        checkShape(bias, {n});
+        checkContiguous(bias);
+        all.push_back(&bias);
+    }
+    bool const hasResidual = !residualObj.is_none();
+    if (hasResidual != !residualOutObj.is_none()) {
+        throw std::invalid_argument("gemv: residual and residual_out must be given together");
+    }
+    if (prologue == GemvPrologue::kRmsNorm) {
+        normWeight = toTensorArg(normWeightObj, "norm_weight");
+        checkSameDtype(x, normWeight);
+        checkShape(normWeight, {k});
+        checkContiguous(normWeight);
+        checkPacked16(op, normWeight);
+        all.push_back(&normWeight);
+        if (!(eps >= 0.0) || !std::isfinite(eps)) {
+            throw std::invalid_argument("gemv: eps must be finite and >= 0, got " + std::to_string(eps));
+        }
+        if (hasResidual) {
+            residual = toTensorArg(residualObj, "residual");
+            residualOut = toTensorArg(residualOutObj, "residual_out");
+            for (TensorArg* t : {&residual, &residualOut}) {
+                checkSameDtype(x, *t);
+                checkShape(*t, {rows, k});
+                checkLastDimContiguous(*t);
+                checkPacked16(op, *t);
+                all.push_back(t);
+            }
+            checkContiguous(residualOut);
+            checkNonOverlapping(residualOut);
+        }
+    } else if (hasResidual || !normWeightObj.is_none()) {
+        throw std::invalid_argument("gemv: residual and norm_weight belong to the RMSNorm prologue only");
+    }
+    int const device = checkSameCudaDevice(op, all);
+    DeviceScope scope(device, all, stream);
+
+    GemvParams p{};
+    p.out = out.data();
+    p.x = x.data();
+    p.weight = weight.data();
+    p.bias = biasObj.is_none() ? nullptr : bias.data();
+    p.residual = hasResidual ? residual.data() : nullptr;
+    p.residualOut = hasResidual ? residualOut.data() : nullptr;
+    p.normWeight = prologue == GemvPrologue::kRmsNorm ? normWeight.data() : nullptr;
+    p.rows = rows;
+    p.n = n;
+    p.k = k;
+    p.xRowStride = x.stride(0);
+    p.outRowStride = out.stride(0);
+    p.residualRowStride = hasResidual ? residual.stride(0) : 0;
+    p.eps = static_cast<float>(eps);
+    p.prologue = prologue;
+    p.dtype = x.dtype;
+    py::gil_scoped_release release;
+    launchGemv(p, reinterpret_cast<void*>(stream));
 }
 
 } // namespace
@@ -519,19 +700,48 @@ PYBIND11_MODULE(bindings, m) {
           "Scatter new K/V rows into kv_cache [num_blocks, 2, KV, tpb, D]. Invalid block ids / positions are "
           "skipped (nothing written).");
     m.def(
+        "top_k_top_p_sample",
+        [](py::handle out, py::handle logits, py::handle temperature, py::handle topK, py::handle topP,
+           py::handle uniform, uintptr_t stream) {
+            withOpName("top_k_top_p_sample",
+                       [&] { topKTopPSample(out, logits, temperature, topK, topP, uniform, stream); });
+        },
+        py::arg("out"), py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("uniform"), py::arg("stream"),
+        "out[b] = the token row b of logits [B, V] draws with uniform[b] after temperature, top-k and top-p "
+        "(per-row float32/int32/float32 device tensors [B]); greedy rows take the argmax.");
+    m.def(
         "decode_attention",
         [](py::handle out, py::handle q, py::handle cache, py::handle blockTables, py::handle seqLens,
-           py::handle alibi, py::handle workspace, int numSplits, int splitSize, double scale, int slidingWindow,
-           py::handle kNew, py::handle vNew, py::handle cosSin, bool isNeox, uintptr_t stream) {
+           py::handle alibi, py::handle workspace, py::handle counters, int numSplits, int splitSize, double scale,
+           int slidingWindow, py::handle kNew, py::handle vNew, py::handle cosSin, bool isNeox, uintptr_t stream) {
             withOpName("decode_attention", [&] {
-                decodeAttention(out, q, cache, blockTables, seqLens, alibi, workspace, numSplits, splitSize, scale,
-                                slidingWindow, kNew, vNew, cosSin, isNeox, stream);
+                decodeAttention(out, q, cache, blockTables, seqLens, alibi, workspace, counters, numSplits, splitSize,
+                                scale, slidingWindow, kNew, vNew, cosSin, isNeox, stream);
             });
         },
         py::arg("out"), py::arg("q"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("sequence_lengths"),
-        py::arg("alibi_slopes"), py::arg("workspace"), py::arg("num_splits"), py::arg("split_size"),
+        py::arg("alibi_slopes"), py::arg("workspace"), py::arg("split_counters"), py::arg("num_splits"),
+        py::arg("split_size"),
         py::arg("scale"), py::arg("sliding_window"), py::arg("k_new"), py::arg("v_new"), py::arg("rotary_cos_sin"),
         py::arg("is_neox"), py::arg("stream"),
         "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache; with k_new/v_new "
         "the step's rows are rotated (with rotary_cos_sin) and written into the cache by the same launch.");
+    m.def(
+        "gemv",
+        [](py::handle out, py::handle x, py::handle weight, py::handle bias, int prologue, py::handle residual,
+           py::handle residualOut, py::handle normWeight, double eps, uintptr_t stream) {
+            withOpName("gemv", [&] {
+                gemv(out, x, weight, bias, prologue, residual, residualOut, normWeight, eps, stream);
+            });
+        },
+        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("prologue"), py::arg("residual"),
+        py::arg("residual_out"), py::arg("norm_weight"), py::arg("eps"), py::arg("stream"),
+        "out = a @ weight.T (+ bias) for 1..4 rows, a computed from x by the prologue: 0 none, 1 RMSNorm "
+        "(of x + residual, written to residual_out, when given), 2 SiLU-and-mul (x [rows, 2k]).");
+    m.def(
+        "gemv_supports",
+        [](int64_t rows, int64_t k, int dtype) { return gemvSupports(rows, k, static_cast<DType>(dtype)); },
+        py::arg("rows"), py::arg("k"), py::arg("dtype"),
+        "Whether gemv serves `rows` rows of k elements of this dtype code.");
 }

@@ -2,21 +2,10 @@
 //
 // The grid is (rows x chunks of the I columns) flattened into blockIdx.x so large token
 // counts and wide MLPs both fill the GPU. Math in float32, one rounding per output element.
+#include "activation.cuh"
 #include "common.cuh"
 
 namespace tensorrt_llm {
-
-template <Activation A>
-__device__ __forceinline__ float activate(float a) {
-    if constexpr (A == Activation::kSilu) {
-        return a / (1.f + expf(-a));
-    } else if constexpr (A == Activation::kGelu) {
-        return 0.5f * a * (1.f + erff(a * 0.70710678118654752f));
-    } else {
-        float const inner = 0.79788456080286536f * (a + 0.044715f * a * a * a);
-        return 0.5f * a * (1.f + tanhf(inner));
-    }
-}
 
 template <typename T, int VEC, Activation A>
 __global__ void actAndMulKernel(T* __restrict__ out, T const* __restrict__ x, int64_t inter, int64_t xRowStride,

@@ -1,12 +1,14 @@
 // Paged decode attention: one new query token per sequence attends to its cached keys/values.
 //
 // Grid (kvHeads, batch, numSplits). A block owns one KV head of one sequence over one chunk of
-// `splitSize` positions, and serves every query head of that KV head's group, so each K/V row
-// is read from memory once per group (grouped-query attention). With several splits, each
-// block writes a partial result (its max, its sum of exponentials and its normalised output)
-// and a second kernel combines them; splits that start past a sequence's end write an empty
-// partial. The number of splits is fixed by the caller (from the engine's max_seq_len), so a
-// launch never depends on data on the device and can be captured in a CUDA graph.
+// its positions, and serves every query head of that KV head's group, so each K/V row is read
+// from memory once per group (grouped-query attention). The chunks split the sequence's actual
+// (visible) length evenly, at most splitSize positions each, so short and long sequences both
+// use the whole grid. With several splits, each block writes a partial result (its max, its
+// sum of exponentials and its normalised output), and the last block of the sequence's KV
+// head to finish combines them; empty chunks write an empty partial. The grid is fixed by the
+// caller (from the engine's max_seq_len), so a launch never depends on data on the device and
+// can be captured in a CUDA graph.
 //
 // Cache layout [numBlocks, 2, kvHeads, tokensPerBlock, headDim]; position p of sequence b is in
 // block blockTables[b, p / tpb], slot p % tpb. A block id outside [0, numBlocks) is treated as
@@ -28,10 +30,10 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
 // Rotates pairs of x[0 .. rotaryDim) in place (shared memory): NeoX pairs (j, j + r/2),
-// GPT-J pairs (2j, 2j + 1), by the angles of row `pos` of cosSin. Threads take pairs.
-__device__ __forceinline__ void rotate(float* x, int heads, int headDim, DecodeAttentionParams const& p, int pos) {
+// GPT-J pairs (2j, 2j + 1), by the angles cs = [cos, sin] (shared memory). Threads take pairs.
+__device__ __forceinline__ void rotate(float* x, int heads, int headDim, DecodeAttentionParams const& p,
+                                       float const* cs) {
     int const half = p.rotaryDim / 2;
-    float const* cs = p.cosSin + static_cast<int64_t>(pos) * p.rotaryDim;
     for (int i = threadIdx.x; i < heads * half; i += blockDim.x) {
         int const h = i / half;
         int const j = i - h * half;
@@ -46,29 +48,74 @@ __device__ __forceinline__ void rotate(float* x, int heads, int headDim, DecodeA
     }
 }
 
-template <typename T, int EPL>
-__device__ __forceinline__ void loadRow(T const* row, int lane, float (&dst)[EPL]) {
-    Pack<T, EPL> p = *reinterpret_cast<Pack<T, EPL> const*>(row + lane * EPL);
+// How a warp reads K/V rows of D elements of T: each lane takes EPL consecutive elements (whole
+// 16-byte packs, at least 16 bytes), LPR lanes cover a row, so a warp reads RPW rows at once
+// and a dot product is reduced over LPR lanes only (e.g. bf16, D = 128: 16 lanes, 2 rows).
+template <typename T, int D>
+struct RowLayout {
+    static constexpr int V = kVec16<T>;
+    static constexpr int EPL = D / 32 > V ? D / 32 : V;
+    static constexpr int LPR = D / EPL;
+    static constexpr int RPW = 32 / LPR;
+    static constexpr int PACKS = EPL / V;
+};
+
+template <typename T, int D>
+struct RowSlice {  // a lane's EPL elements of one row, as loaded
+    Pack<T, kVec16<T>> packs[RowLayout<T, D>::PACKS];
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void loadSlice(T const* rowStart, int sub, RowSlice<T, D>& dst) {
+    using L = RowLayout<T, D>;
+    auto const* src = reinterpret_cast<Pack<T, L::V> const*>(rowStart + sub * L::EPL);
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) dst[e] = toFloat(p.v[e]);
+    for (int i = 0; i < L::PACKS; ++i) dst.packs[i] = src[i];
 }
 
-// EPL: elements of a head per lane (headDim / 32). MAXG: the largest query-head group this
-// instance serves (the launcher picks the smallest of 1, 2, 4, 8 that holds the group, so no
-// work is spent on absent heads). U: K/V rows a warp has in flight at once.
+template <typename T, int D>
+__device__ __forceinline__ float sliceAt(RowSlice<T, D> const& s, int e) {
+    constexpr int V = kVec16<T>;
+    return toFloat(s.packs[e / V].v[e % V]);
+}
+
+// Sum over the LPR lanes that share a row (lanes aligned to LPR: xor offsets below LPR stay
+// inside the group). Every lane of the warp calls it.
+template <int LPR>
+__device__ __forceinline__ float rowReduceSum(float v) {
+#pragma unroll
+    for (int offset = LPR / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// D: head size. MAXG: the largest query-head group this instance serves (the launcher picks
+// the smallest of 1, 2, 4, 8 that holds the group, so no work is spent on absent heads). U:
+// rows each lane group has in flight at once.
 //
-// One pass with an online softmax: each warp walks its positions U at a time, loading the K and
-// V rows of all U positions before using any (their block ids come from shared memory), so a
-// warp waits for memory once per U rows; it keeps a running max, sum and weighted sum per query
-// head, and the warps' partial results are merged in shared memory at the end.
-template <typename T, int EPL, int MAXG, int U>
-__global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKernel(DecodeAttentionParams p) {
-    constexpr int D = EPL * 32;
+// One pass with an online softmax: each lane group (LPR lanes) walks its positions U at a
+// time, loading the K and V rows of all U positions before using any (their block ids come
+// from shared memory), so it waits for memory once per U rows; it keeps a running max, sum and
+// weighted sum per query head, and the groups' partial results are merged in shared memory at
+// the end. The positions a block covers are its share of the sequence's actual length (the
+// visible part of it), so short sequences spread over all the blocks of the grid, whose size
+// depends on shapes only.
+// Two blocks per multiprocessor (128 registers a thread) where that compiles without spills:
+// half-precision heads up to 128 with groups up to 4; one block otherwise.
+template <typename T, int D, int MAXG>
+constexpr int kMinBlocks = MAXG * RowLayout<T, D>::EPL <= 32 && D <= 128 && sizeof(T) == 2 ? 2 : 1;
+
+template <typename T, int D, int MAXG, int U>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<T, D, MAXG>) decodeAttentionKernel(DecodeAttentionParams p) {
+    using L = RowLayout<T, D>;
+    constexpr int kGroups = kWarps * L::RPW;            // lane groups in the block
     extern __shared__ float smem[];
     float* qS = smem;                                  // [MAXG][D], rotated and scaled
-    float* accS = qS + MAXG * D;                       // [kWarps][MAXG][D]
-    float* statS = accS + kWarps * MAXG * D;           // [kWarps][MAXG][2]: max, sum
-    int* blockS = reinterpret_cast<int*>(statS + kWarps * MAXG * 2);  // [splitSize / tpb + 2]
+    float* kS = qS + MAXG * D;                         // [D]: this step's K row (owner block)
+    float* vS = kS + D;                                // [D]: this step's V row (owner block)
+    float* csS = vS + D;                               // [D]: cos, sin of the query's position
+    float* accS = csS + D;                             // [kGroups][MAXG][D]
+    float* statS = accS + kGroups * MAXG * D;          // [kGroups][MAXG][2]: max, sum
+    int* blockS = reinterpret_cast<int*>(statS + kGroups * MAXG * 2);  // [splitSize / tpb + 2]
 
     int const kvh = blockIdx.x;
     int const b = blockIdx.y;
@@ -76,12 +123,15 @@ __global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKer
     int const group = static_cast<int>(p.numHeads / p.kvHeads);
     int const lane = threadIdx.x % 32;
     int const warp = threadIdx.x / 32;
+    int const sub = lane % L::LPR;                     // which slice of a row this lane reads
+    int const laneGroup = warp * L::RPW + lane / L::LPR;
 
     int const seqLen = p.sequenceLengths[b];
     int const first = p.slidingWindow > 0 ? max(0, seqLen - p.slidingWindow) : 0;
-    int const begin = max(first, split * p.splitSize);
-    int const end = min(seqLen, (split + 1) * p.splitSize);
-    int const n = end - begin;
+    int const chunk = min(p.splitSize, (max(0, seqLen - first) + p.numSplits - 1) / p.numSplits);
+    int const begin = first + split * chunk;
+    int const end = min(seqLen, begin + chunk);
+    int const n = max(0, end - begin);
     int const qPos = seqLen - 1;
     // tokensPerBlock is a power of two (checked by the binding): shifts, not 64-bit divisions,
     // which cost a software routine per position.
@@ -89,11 +139,25 @@ __global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKer
     int const tpbShift = 31 - __clz(tpb);
     int const tpbMask = tpb - 1;
     int32_t const* table = p.blockTables + b * p.maxBlocks;
+    bool const rotary = p.cosSin != nullptr && qPos >= 0 && qPos < p.maxPositions;
+    bool const owner = p.kNew != nullptr && qPos >= begin && qPos < end;  // writes the new position
 
-    // Stage q and the chunk's block ids (one memory round trip for both).
-    bool const rotary = p.cosSin != nullptr && qPos < p.maxPositions;
+    // Stage everything else the block reads once (q, the new K/V rows, the rotation angles,
+    // the chunk's block ids) in one memory round trip.
     T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
     for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] = toFloat(q[i]);
+    if (owner) {
+        T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
+        T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
+        for (int d = threadIdx.x; d < D; d += kThreads) {
+            kS[d] = toFloat(kIn[d]);
+            vS[d] = toFloat(vIn[d]);
+        }
+    }
+    if (rotary) {
+        float const* cs = p.cosSin + static_cast<int64_t>(qPos) * p.rotaryDim;
+        for (int i = threadIdx.x; i < p.rotaryDim; i += kThreads) csS[i] = cs[i];
+    }
     int const firstBlock = n > 0 ? begin >> tpbShift : 0;
     int const numChunkBlocks = n > 0 ? ((end - 1) >> tpbShift) - firstBlock + 1 : 0;
     for (int i = threadIdx.x; i < numChunkBlocks; i += kThreads) {
@@ -103,23 +167,15 @@ __global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKer
     }
     __syncthreads();
     if (rotary) {
-        rotate(qS, group, D, p, qPos);
+        rotate(qS, group, D, p, csS);
+        if (owner) rotate(kS, 1, D, p, csS);
         __syncthreads();
     }
     for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] *= p.scale;
 
     int64_t const headStride = tpb * D;
     T* cache = static_cast<T*>(p.kvCache);
-    if (p.kNew != nullptr && qPos >= begin && qPos < end) {  // this block owns the new position
-        float* kS = accS;  // free until the merge
-        T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
-        T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
-        for (int d = threadIdx.x; d < D; d += kThreads) kS[d] = toFloat(kIn[d]);
-        __syncthreads();
-        if (rotary) {
-            rotate(kS, 1, D, p, qPos);
-            __syncthreads();
-        }
+    if (owner) {
         int const block = blockS[(qPos >> tpbShift) - firstBlock];
         if (block >= 0) {
             int64_t const slot = qPos & tpbMask;
@@ -127,84 +183,111 @@ __global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKer
             T* vDst = cache + ((block * 2LL + 1) * p.kvHeads + kvh) * headStride + slot * D;
             for (int d = threadIdx.x; d < D; d += kThreads) {
                 kDst[d] = fromFloat<T>(kS[d]);
-                vDst[d] = vIn[d];
+                vDst[d] = fromFloat<T>(vS[d]);
             }
         }
     }
-    __syncthreads();  // q ready, the new row in the cache, kS no longer needed
+    __syncthreads();  // q ready, the new row in the cache
 
-    // Each lane's slice of every query head, in registers for the whole walk.
-    float qr[MAXG][EPL];
+    // This lane's slice of every query head, in registers for the whole walk.
+    float qr[MAXG][L::EPL];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g)
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) qr[g][e] = g < group ? qS[g * D + lane * EPL + e] : 0.f;
+        for (int e = 0; e < L::EPL; ++e) qr[g][e] = g < group ? qS[g * D + sub * L::EPL + e] : 0.f;
 
-    float m[MAXG], l[MAXG], acc[MAXG][EPL];
+    float m[MAXG], l[MAXG], acc[MAXG][L::EPL];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         m[g] = -FLT_MAX;
         l[g] = 0.f;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[g][e] = 0.f;
+        for (int e = 0; e < L::EPL; ++e) acc[g][e] = 0.f;
     }
-    for (int j0 = warp * U; j0 < n; j0 += kWarps * U) {
-        float k[U][EPL], v[U][EPL];
+    // Positions j0 + u * RPW + (lane / LPR) for u < U: a warp covers RPW * U consecutive ones.
+    for (int j0 = warp * L::RPW * U; j0 < n; j0 += kWarps * L::RPW * U) {
+        RowSlice<T, D> k[U], v[U];
         bool valid[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            int const pos = begin + j0 + u;
-            int const block = j0 + u < n ? blockS[(pos >> tpbShift) - firstBlock] : -1;
+            int const j = j0 + u * L::RPW + lane / L::LPR;
+            int const pos = begin + j;
+            int const block = j < n ? blockS[(pos >> tpbShift) - firstBlock] : -1;
             valid[u] = block >= 0;
             if (valid[u]) {
                 T const* kRow = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + (pos & tpbMask) * D;
-                loadRow<T, EPL>(kRow, lane, k[u]);
-                loadRow<T, EPL>(kRow + p.kvHeads * headStride, lane, v[u]);
+                loadSlice<T, D>(kRow, sub, k[u]);
+                loadSlice<T, D>(kRow + p.kvHeads * headStride, sub, v[u]);
             }
         }
+        // Scores: each K element is converted once and used for every head of the group.
+        float w[MAXG][U];
+#pragma unroll
+        for (int g = 0; g < MAXG; ++g)
+#pragma unroll
+            for (int u = 0; u < U; ++u) w[g][u] = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int e = 0; e < L::EPL; ++e) {
+                float const kf = valid[u] ? sliceAt<T, D>(k[u], e) : 0.f;
+#pragma unroll
+                for (int g = 0; g < MAXG; ++g) w[g][u] += qr[g][e] * kf;
+            }
+        }
+        // Online softmax per head: w becomes each row's weight under the running max.
 #pragma unroll
         for (int g = 0; g < MAXG; ++g) {
             if (g >= group) break;
-            float s[U];
             float mNew = m[g];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                float dot = 0.f;
-#pragma unroll
-                for (int e = 0; e < EPL; ++e) dot += qr[g][e] * (valid[u] ? k[u][e] : 0.f);
-                dot = warpReduceSum(dot);
+                float dot = rowReduceSum<L::LPR>(w[g][u]);
                 if (p.alibiSlopes != nullptr) {
-                    dot += p.alibiSlopes[kvh * group + g] * static_cast<float>(begin + j0 + u - qPos);
+                    int const pos = begin + j0 + u * L::RPW + lane / L::LPR;
+                    dot += p.alibiSlopes[kvh * group + g] * static_cast<float>(pos - qPos);
                 }
-                s[u] = valid[u] ? dot : -FLT_MAX;
-                mNew = fmaxf(mNew, s[u]);
+                w[g][u] = valid[u] ? dot : -FLT_MAX;
+                mNew = fmaxf(mNew, w[g][u]);
             }
-            if (mNew == -FLT_MAX) continue;  // nothing visible yet
+            if (mNew == -FLT_MAX) {  // nothing visible yet for this lane group
+#pragma unroll
+                for (int u = 0; u < U; ++u) w[g][u] = 0.f;
+                continue;
+            }
             float const rescale = __expf(m[g] - mNew);
             l[g] *= rescale;
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) acc[g][e] *= rescale;
+            for (int e = 0; e < L::EPL; ++e) acc[g][e] *= rescale;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (!valid[u]) continue;
-                float const w = __expf(s[u] - mNew);
-                l[g] += w;
-#pragma unroll
-                for (int e = 0; e < EPL; ++e) acc[g][e] += w * v[u][e];
+                w[g][u] = valid[u] ? __expf(w[g][u] - mNew) : 0.f;
+                l[g] += w[g][u];
             }
             m[g] = mNew;
         }
+        // Weighted values: each V element converted once, used for every head.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+#pragma unroll
+            for (int e = 0; e < L::EPL; ++e) {
+                float const vf = sliceAt<T, D>(v[u], e);
+#pragma unroll
+                for (int g = 0; g < MAXG; ++g) acc[g][e] += w[g][u] * vf;
+            }
+        }
     }
 
-    // Merge the warps: each wrote its max, sum and weighted sum per head.
+    // Merge the lane groups: each wrote its max, sum and weighted sum per head.
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         if (g >= group) break;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) accS[(warp * MAXG + g) * D + lane * EPL + e] = acc[g][e];
-        if (lane == 0) {
-            statS[(warp * MAXG + g) * 2] = m[g];
-            statS[(warp * MAXG + g) * 2 + 1] = l[g];
+        for (int e = 0; e < L::EPL; ++e) accS[(laneGroup * MAXG + g) * D + sub * L::EPL + e] = acc[g][e];
+        if (sub == 0) {
+            statS[(laneGroup * MAXG + g) * 2] = m[g];
+            statS[(laneGroup * MAXG + g) * 2 + 1] = l[g];
         }
     }
     __syncthreads();
@@ -212,12 +295,10 @@ __global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKer
         int const g = i / D;
         int const d = i - g * D;
         float mAll = -FLT_MAX;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) mAll = fmaxf(mAll, statS[(w * MAXG + g) * 2]);
+        for (int w = 0; w < kGroups; ++w) mAll = fmaxf(mAll, statS[(w * MAXG + g) * 2]);
         float num = 0.f;
         float den = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
+        for (int w = 0; w < kGroups; ++w) {
             float const lw = statS[(w * MAXG + g) * 2 + 1];
             if (lw == 0.f) continue;
             float const c = __expf(statS[(w * MAXG + g) * 2] - mAll);
@@ -238,64 +319,73 @@ __global__ void __launch_bounds__(kThreads, EPL >= 8 ? 1 : 2) decodeAttentionKer
             }
         }
     }
-}
+    if (p.numSplits == 1) return;
 
-// Grid (numHeads, batch), headDim threads: merges the splits of one head.
-template <typename T>
-__global__ void combineSplitsKernel(DecodeAttentionParams p) {
-    int const h = blockIdx.x;
-    int const b = blockIdx.y;
-    int const D = static_cast<int>(p.headDim);
-    int const d = threadIdx.x;
-    float const* parts = p.workspace + (static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits * (D + 2);
-    float m = -FLT_MAX;
-    for (int s = 0; s < p.numSplits; ++s) m = fmaxf(m, parts[s * (D + 2) + D]);
-    float num = 0.f;
-    float den = 0.f;
-    for (int s = 0; s < p.numSplits; ++s) {
-        float const l = parts[s * (D + 2) + D + 1];
-        if (l == 0.f) continue;
-        float const w = __expf(parts[s * (D + 2) + D] - m) * l;
-        num += w * parts[s * (D + 2) + d];
-        den += w;
+    // The last block of this (sequence, KV head) to finish merges the splits' partials: no
+    // second kernel. Counters are zero before a launch and left zero after it.
+    __shared__ bool lastS;
+    __threadfence();  // this block's partials are visible before its arrival is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* counter = p.splitCounters + b * p.kvHeads + kvh;
+        lastS = atomicAdd(counter, 1) == p.numSplits - 1;
+        if (lastS) *counter = 0;
     }
-    static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(den > 0.f ? num / den : 0.f);
+    __syncthreads();
+    if (!lastS) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < group * D; i += kThreads) {
+        int const g = i / D;
+        int const d = i - g * D;
+        int const h = kvh * group + g;
+        // Read through L2 (__ldcg): other blocks wrote these.
+        float const* parts = p.workspace + (static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits * (D + 2);
+        float mAll = -FLT_MAX;
+        for (int sp = 0; sp < p.numSplits; ++sp) mAll = fmaxf(mAll, __ldcg(parts + sp * (D + 2) + D));
+        float num = 0.f;
+        float den = 0.f;
+        for (int sp = 0; sp < p.numSplits; ++sp) {
+            float const lsp = __ldcg(parts + sp * (D + 2) + D + 1);
+            if (lsp == 0.f) continue;
+            float const c = __expf(__ldcg(parts + sp * (D + 2) + D) - mAll) * lsp;
+            num += c * __ldcg(parts + sp * (D + 2) + d);
+            den += c;
+        }
+        static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(den > 0.f ? num / den : 0.f);
+    }
 }
 
-template <typename T, int EPL, int MAXG>
+template <typename T, int D, int MAXG>
 void launchGrouped(DecodeAttentionParams const& p, cudaStream_t stream) {
-    constexpr int D = EPL * 32;
-    // K/V rows in flight per warp, few enough that two blocks fit on a multiprocessor (128
-    // registers a thread): more warps hide more memory latency than a deeper unroll does.
-    constexpr int U = EPL * MAXG >= 32 ? 2 : 4;
+    using L = RowLayout<T, D>;
+    constexpr int kGroups = kWarps * L::RPW;
+    // Rows in flight per lane group, few enough that the registers (q, accumulators and the
+    // loaded rows) fit without spilling.
+    constexpr int U = MAXG * L::EPL >= 32 ? 2 : 4;
     int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
-    size_t const smem = sizeof(float) * (MAXG * D + kWarps * MAXG * D + kWarps * MAXG * 2) + sizeof(int) * chunkBlocks;
-    auto kernel = decodeAttentionKernel<T, EPL, MAXG, U>;
+    size_t const smem = sizeof(float) * (MAXG * D + 3 * D + kGroups * MAXG * D + kGroups * MAXG * 2)
+                        + sizeof(int) * chunkBlocks;
+    auto kernel = decodeAttentionKernel<T, D, MAXG, U>;
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
     dim3 grid(static_cast<unsigned>(p.kvHeads), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.numSplits));
     kernel<<<grid, kThreads, smem, stream>>>(p);
     checkLaunch("decode_attention");
-    if (p.numSplits > 1) {
-        dim3 grid2(static_cast<unsigned>(p.numHeads), static_cast<unsigned>(p.batch));
-        combineSplitsKernel<T><<<grid2, D, 0, stream>>>(p);
-        checkLaunch("decode_attention (combine)");
-    }
 }
 
-template <typename T, int EPL>
+template <typename T, int D>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     static_assert(kDecodeAttentionMaxGroup == 8, "instances below cover groups up to 8");
     int64_t const group = p.numHeads / p.kvHeads;
     if (group <= 1) {
-        launchGrouped<T, EPL, 1>(p, stream);
+        launchGrouped<T, D, 1>(p, stream);
     } else if (group <= 2) {
-        launchGrouped<T, EPL, 2>(p, stream);
+        launchGrouped<T, D, 2>(p, stream);
     } else if (group <= 4) {
-        launchGrouped<T, EPL, 4>(p, stream);
+        launchGrouped<T, D, 4>(p, stream);
     } else {
-        launchGrouped<T, EPL, 8>(p, stream);
+        launchGrouped<T, D, 8>(p, stream);
     }
 }
 
@@ -311,9 +401,9 @@ void launchDecodeAttention(DecodeAttentionParams const& p, void* stream) {
     dispatchFloat(p.dtype, "decode_attention", [&](auto tag) {
         using T = decltype(tag);
         switch (p.headDim) {
-            case 64: launchTyped<T, 2>(p, s); break;
-            case 128: launchTyped<T, 4>(p, s); break;
-            case 256: launchTyped<T, 8>(p, s); break;
+            case 64: launchTyped<T, 64>(p, s); break;
+            case 128: launchTyped<T, 128>(p, s); break;
+            case 256: launchTyped<T, 256>(p, s); break;
             default:
                 throw std::invalid_argument("decode_attention: head_dim " + std::to_string(p.headDim)
                                             + " is not supported (64, 128 or 256)");

@@ -6,16 +6,32 @@
     kernels.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox=True)
     y = kernels.silu_and_mul(x); y = kernels.gelu_and_mul(x, "tanh")
     kernels.paged_kv_write_(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
+    tokens = kernels.top_k_top_p_sample(logits, temperature, top_k, top_p, torch.rand(B))  # int32 [B]
+    y = kernels.gemv(x, w); y, summed = kernels.rms_norm_gemv(x, norm_w, w, None, 1e-6, residual)
+    y = kernels.silu_and_mul_gemv(x, w)   # a linear layer of 1..4 rows with its input's op fused
 
 CPU tensors run the PyTorch references (kernels.reference); CUDA tensors run the compiled
 kernels. `build_info()` says what the compiled module holds.
 """
 from . import reference
 from ._bindings import bindings_available, build_info, cuda_kernels_available, get_bindings
-from .ops import decode_attention, gelu_and_mul, paged_kv_write_, rms_norm, rotary_embedding_, silu_and_mul
+from .ops import (
+    decode_attention,
+    gelu_and_mul,
+    gemv,
+    gemv_supported,
+    paged_kv_write_,
+    rms_norm,
+    rms_norm_gemv,
+    rotary_embedding_,
+    silu_and_mul,
+    silu_and_mul_gemv,
+    top_k_top_p_sample,
+)
 from .reference import rope_cos_sin_cache
 
 __all__ = [
-    "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul", "get_bindings",
-    "paged_kv_write_", "reference", "rms_norm", "rope_cos_sin_cache", "rotary_embedding_", "silu_and_mul",
+    "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul", "gemv",
+    "gemv_supported", "get_bindings", "paged_kv_write_", "reference", "rms_norm", "rms_norm_gemv", "rope_cos_sin_cache",
+    "rotary_embedding_", "silu_and_mul", "silu_and_mul_gemv", "top_k_top_p_sample",
 ]

@@ -143,6 +143,25 @@ def paged_kv_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
     check_last_dim_contiguous(op, "value", value)
 
 
+SAMPLING_MAX_VOCAB = 2**23 - 1  # token masses are 2**40 fixed point; a row's sum stays below 2**63
+
+
+def top_k_top_p_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                       uniform: torch.Tensor) -> None:
+    op = "top_k_top_p_sample"
+    check_tensors(op, logits=logits, temperature=temperature, top_k=top_k, top_p=top_p, uniform=uniform)
+    check_dtype(op, "logits", logits, FLOAT_DTYPES)
+    check_dim(op, "logits", logits, 2, "[batch, vocab_size]")
+    batch, vocab = logits.shape
+    if not 0 < vocab <= SAMPLING_MAX_VOCAB:
+        raise ValueError(f"{op}: {_desc('logits', logits)} must have 1..{SAMPLING_MAX_VOCAB} tokens per row")
+    for name, t, dtype in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+                           ("top_p", top_p, torch.float32), ("uniform", uniform, torch.float32)):
+        check_dtype(op, name, t, (dtype,))
+        if tuple(t.shape) != (batch,):
+            raise ValueError(f"{op}: {_desc(name, t)} must be [{batch}] for {_desc('logits', logits)}")
+
+
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                      sequence_lengths: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
                      k_new: Optional[torch.Tensor] = None, v_new: Optional[torch.Tensor] = None,
@@ -181,3 +200,25 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     if rotary_cos_sin is not None:
         check_dtype(op, "rotary_cos_sin", rotary_cos_sin, (torch.float32,))
         check_dim(op, "rotary_cos_sin", rotary_cos_sin, 2, "[max_positions, rotary_dim]")
+
+
+def gemv(op: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], gated: bool = False,
+         residual: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None) -> None:
+    """x [rows, k] ([rows, 2k] when gated), weight [n, k], bias [n], residual like x, norm_weight [k]."""
+    check_tensors(op, x=x, weight=weight, bias=bias, residual=residual, norm_weight=norm_weight)
+    check_dtype(op, "x", x, FLOAT_DTYPES)
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual), ("norm_weight", norm_weight)):
+        if t is not None:
+            check_same_dtype(op, "x", x, name, t)
+    check_dim(op, "x", x, 2, "[rows, 2 * k]" if gated else "[rows, k]")
+    check_dim(op, "weight", weight, 2, "[n, k]")
+    n, k = weight.shape
+    if x.shape[1] != (2 * k if gated else k):
+        raise ValueError(f"{op}: {_desc('x', x)} does not match {_desc('weight', weight)}"
+                         + (" (x must be [rows, 2 * k])" if gated else ""))
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"{op}: {_desc('bias', bias)} must be [{n}]")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"{op}: {_desc('residual', residual)} must have the shape of {_desc('x', x)}")
+    if norm_weight is not None and tuple(norm_weight.shape) != (k,):
+        raise ValueError(f"{op}: {_desc('norm_weight', norm_weight)} must be [{k}]")

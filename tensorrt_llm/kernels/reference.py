@@ -134,6 +134,67 @@ def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
         kv_cache[blocks, 1, :, slots] = value[start:end]
 
 
+MASS_BITS = 40  # top_k_top_p_sample weighs tokens in fixed point: the row maximum weighs 2**40
+
+
+def _sampling_logits(logits: torch.Tensor) -> torch.Tensor:
+    """float32 logits as the sampling kernel reads them: NaN as -inf, -0.0 as +0.0 (equal values, equal keys)."""
+    x = logits.float()
+    x = torch.where(x.isnan(), float("-inf"), x)
+    return torch.where(x == 0, 0.0, x)
+
+
+def top_k_top_p_masses(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept bool [B, V], mass int64 [B, V]): the tokens each row may draw and their masses.
+
+    mass = floor(2**40 * exp((l - max) / T)) in float32, exactly 2**40 for the tokens equal to the row
+    maximum. Top-k (0 < k < V) keeps the tokens whose logit is >= the k-th largest; top-p (0 < p < 1)
+    keeps, of those, the tokens whose strictly larger kept logits weigh less than
+    P = max(1, floor(p * kept mass)) (float64 product, truncated). Tokens tied at a threshold are kept.
+    Greedy rows (T <= 0 or k == 1) keep their argmax only, the lowest index among equal maxima.
+    """
+    x = _sampling_logits(logits)
+    vocab = x.shape[1]
+    greedy = ~(temperature > 0) | (top_k == 1)
+    row_max = x.max(dim=1, keepdim=True).values
+    t = torch.where(greedy, 1.0, temperature).unsqueeze(1)
+    e = torch.where(x == row_max, 1.0, torch.exp((x - row_max) / t))
+    mass = torch.where(e > 0, e * 2.0 ** MASS_BITS, 0.0).to(torch.int64)  # the product is exact
+
+    values, order = x.sort(dim=1, descending=True)
+    limit_k = ~greedy & (top_k > 0) & (top_k < vocab)
+    kth = values.gather(1, (top_k.long().clamp(1, vocab) - 1).unsqueeze(1))
+    kept = ~limit_k.unsqueeze(1) | (x >= kth)
+
+    limit_p = ~greedy & (top_p > 0) & (top_p < 1)
+    kept_mass = torch.where(kept, mass, 0)
+    target = (top_p.double() * kept_mass.sum(dim=1).double()).to(torch.int64).clamp_min(1)
+    ranked = kept_mass.gather(1, order)
+    # The mass strictly above a token is the mass ranked before the first token of its tie group.
+    first_of_tie = torch.searchsorted(-values, -values)
+    above = torch.empty_like(ranked).scatter_(1, order, (ranked.cumsum(dim=1) - ranked).gather(1, first_of_tie))
+    kept &= ~limit_p.unsqueeze(1) | (above < target.unsqueeze(1))
+    argmax = F.one_hot(x.argmax(dim=1), vocab).bool()
+    return torch.where(greedy.unsqueeze(1), argmax, kept), mass
+
+
+def top_k_top_p_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                       uniform: torch.Tensor) -> torch.Tensor:
+    """int32 [B]: the token row b draws with uniform[b] (see top_k_top_p_masses for what it may draw).
+
+    The kept tokens' masses are laid out as intervals [S_i, S_i + mass_i) in vocabulary order; the
+    token drawn is the one whose interval holds R = min(floor(u * kept mass), kept mass - 1) (float64
+    product, truncated; u < 0 or NaN counts as 0). A greedy row keeps its argmax only, which holds every R.
+    """
+    kept, mass = top_k_top_p_masses(logits, temperature, top_k, top_p)
+    ends = torch.where(kept, mass, 0).cumsum(dim=1)
+    total = ends[:, -1:]
+    u = torch.where(uniform >= 0, uniform, 0.0).double().unsqueeze(1)
+    draw = torch.minimum((u * total.double()).to(torch.int64), total - 1)
+    return torch.searchsorted(ends, draw, right=True).squeeze(1).to(torch.int32)
+
+
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                      sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
                      sliding_window: int = 0, k_new: Optional[torch.Tensor] = None,
@@ -172,3 +233,23 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hl,lhd->hd", probs, values).to(q.dtype)
     return out
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x @ weight.T + bias (the plain linear layer the fused GEMV ops end with)."""
+    return F.linear(x, weight, bias)
+
+
+def rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    return gemv(rms_norm(x, norm_weight, eps), weight, bias)
+
+
+def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, s = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return gemv(normed, weight, bias), s
+
+
+def silu_and_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return gemv(silu_and_mul(x), weight, bias)

@@ -4,7 +4,11 @@ Order, as in Hugging Face transformers (processors before warpers):
   1. repetition / presence / frequency penalties and min_length, on the raw logits;
   2. greedy rows take the argmax;
   3. sampling rows: temperature, top-k, top-p (nucleus), then one random draw.
-Everything is computed in float32 on the logits' device, without host syncs.
+Tokens tied at the top-k or top-p threshold are all kept (transformers' top-k does the same).
+Everything is computed in float32 on the logits' device, without host syncs. On a GPU with the
+compiled kernels, step 3 is one kernel launch (kernels.top_k_top_p_sample, greedy rows included)
+that draws with one uniform number per row; elsewhere PyTorch ops draw by an exponential race.
+Both draw from sampling_distribution().
 """
 
 import math
@@ -12,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from .. import kernels
 
 
 @dataclass
@@ -21,8 +27,9 @@ class SamplingConfig:
     Greedy decoding is `top_k == 1` or `temperature == 0`. Otherwise tokens are drawn from
     softmax(logits / temperature), restricted to the `top_k` most likely tokens (0: no
     limit) and then to the smallest set whose probability reaches `top_p` (1.0 or 0.0: no
-    limit; 0.0 is accepted as "off" as TensorRT-LLM spells it). The draw uses
-    `random_seed` (None: a nondeterministic seed).
+    limit; 0.0 is accepted as "off" as TensorRT-LLM spells it); tokens tied with the last one
+    either limit keeps are kept too. The draw uses `random_seed` (None: a nondeterministic
+    seed); the same seed draws the same tokens again on the same device.
 
     Penalties look at the prompt and the tokens generated so far:
       repetition_penalty: seen logits l become l / p if l > 0 else l * p (transformers'
@@ -115,7 +122,23 @@ def _per_row(values: list, device, dtype):
     """A Python scalar when every row agrees (broadcasts for free), else a [B, 1] tensor."""
     if all(v == values[0] for v in values):
         return values[0]
-    return torch.tensor(values, dtype=dtype, device=device).unsqueeze(1)
+    return _to_device(torch.tensor(values, dtype=dtype), device).unsqueeze(1)
+
+
+def _row_tensor(values: list, device, dtype) -> torch.Tensor:
+    """The per-row values as a [B] tensor on `device`."""
+    per_row = _per_row(values, device, dtype)
+    if isinstance(per_row, torch.Tensor):
+        return per_row.squeeze(1)
+    return torch.full((len(values),), per_row, dtype=dtype, device=device)
+
+
+def _to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A CPU tensor on `device`. A GPU gets it from pinned memory without a host sync (a plain
+    copy from pageable memory would wait for the work queued before it)."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _as_list(config: Configs, batch_size: int) -> list[SamplingConfig]:
@@ -183,36 +206,44 @@ def _is_off(param, off_value) -> bool:
     return not isinstance(param, torch.Tensor) and param == off_value
 
 
-def _candidates(logits: torch.Tensor, configs: list[SamplingConfig]):
-    """Tokens a sampling row may draw and their (unnormalised) probabilities.
+def _kept_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:
+    """float32 [B, V]: each sampling row's probabilities after temperature and top-k, zeroed
+    outside what top-p keeps too (not renormalised after top-p).
 
-    Returns (probs [B, K], token ids [B, K]), K = the largest top_k, or the vocabulary when
-    a row has no top-k limit. Only then is the full vocabulary sorted.
+    Top-k keeps the tokens whose logit is at least the k-th largest; top-p keeps those whose
+    more likely (strictly larger logit) tokens hold less than top_p of the top-k probability,
+    so the most likely token always stays. Ties at either threshold are kept, as by the CUDA
+    kernel (kernels.reference.top_k_top_p_masses states its integer version of this rule).
+    The full vocabulary is sorted only for top-p in a row without a top-k limit.
     """
     device = logits.device
-    vocab_size = logits.shape[1]
-    top_ks = [c.top_k if 0 < c.top_k < vocab_size else vocab_size for c in configs]
+    vocab = logits.shape[1]
+    top_ks = [c.top_k if 0 < c.top_k < vocab else vocab for c in configs]
+    top_ps = [c.top_p if 0.0 < c.top_p < 1.0 else math.inf for c in configs]
+    # Greedy rows (temperature 0) are answered by argmax; 1.0 only keeps them finite here.
+    temperature = _per_row([c.temperature or 1.0 for c in configs], device, torch.float32)
+    scaled = logits / temperature
     width = max(top_ks)
-    if width < vocab_size:
+    limits_p = any(p != math.inf for p in top_ps)
+    if min(top_ks) == vocab and not limits_p:
+        return torch.softmax(scaled, dim=-1)
+    if width < vocab:
         values, ids = torch.topk(logits, width, dim=-1)
     else:
         values, ids = torch.sort(logits, dim=-1, descending=True)
 
     top_k = _per_row(top_ks, device, torch.int64)
-    if not _is_off(top_k, width):
-        values = values.masked_fill(torch.arange(width, device=device) >= top_k, -math.inf)
-    # Greedy rows (temperature 0) are answered by argmax; 1.0 only keeps them finite here.
-    temperature = _per_row([c.temperature or 1.0 for c in configs], device, torch.float32)
-    probs = torch.softmax(values / temperature, dim=-1)
-
-    top_p = _per_row([c.top_p if 0.0 < c.top_p < 1.0 else math.inf for c in configs], device,
-                     torch.float32)
-    if not _is_off(top_p, math.inf):
-        # Drop a token when the more likely ones already reach top_p. The most likely token
-        # has 0 before it and is always kept.
-        mass_before = probs.cumsum(dim=-1) - probs
-        probs = probs.masked_fill(mass_before >= top_p, 0.0)
-    return probs, ids
+    kth = values[:, width - 1:] if _is_off(top_k, width) else values.gather(1, top_k - 1)
+    probs = torch.softmax(scaled.masked_fill(logits < kth, -math.inf), dim=-1)
+    if limits_p:
+        top_p = _per_row(top_ps, device, torch.float32)
+        ranked = probs.gather(1, ids)
+        # The probability strictly above a token: what is ranked before the first of its ties.
+        first_of_tie = torch.searchsorted(-values, -values)
+        above = (ranked.cumsum(dim=-1) - ranked).gather(1, first_of_tie)
+        kept = (above < top_p).sum(dim=-1, keepdim=True)  # a prefix: `above` never decreases
+        probs = probs.masked_fill(logits < values.gather(1, kept - 1), 0.0)
+    return probs
 
 
 def sample(logits: torch.Tensor, config: Configs, generator: torch.Generator | None = None, *,
@@ -233,30 +264,44 @@ def choose(logits: torch.Tensor, config: Configs, generator: torch.Generator | N
            ) -> torch.Tensor:
     """`sample` on logits that process_logits has already processed."""
     configs = _as_list(config, logits.shape[0])
-    greedy = logits.argmax(dim=-1)
     if all(c.is_greedy for c in configs):
-        return greedy.int()
-    probs, ids = _candidates(logits, configs)
+        return logits.argmax(dim=-1).int()
+    if logits.is_cuda and kernels.cuda_kernels_available():
+        return _choose_with_kernel(logits, configs, generator)
+    probs = _kept_probs(logits, configs)
     # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability
     # p_i / sum(p) -- a draw without normalising and without multinomial's host sync.
     noise = torch.empty_like(probs).exponential_(generator=generator)
     # A zero draw would make 0 / 0 = NaN, which argmax would pick for a discarded token.
     noise.clamp_min_(torch.finfo(noise.dtype).tiny)
-    sampled = ids.gather(1, (probs / noise).argmax(dim=-1, keepdim=True)).squeeze(1)
+    sampled = (probs / noise).argmax(dim=-1)
     greedy_rows = _per_row([c.is_greedy for c in configs], logits.device, torch.bool)
     if isinstance(greedy_rows, torch.Tensor):
-        sampled = torch.where(greedy_rows.squeeze(1), greedy, sampled)
+        sampled = torch.where(greedy_rows.squeeze(1), logits.argmax(dim=-1), sampled)
     return sampled.int()
+
+
+def _choose_with_kernel(logits: torch.Tensor, configs: list[SamplingConfig],
+                        generator: torch.Generator | None) -> torch.Tensor:
+    """One launch of the CUDA top-k/top-p kernel, with one uniform number per row drawn from
+    `generator` (the kernel is deterministic, so a seed fixes the tokens)."""
+    device = logits.device
+    batch, vocab = logits.shape
+    temperature = _row_tensor([c.temperature for c in configs], device, torch.float32)
+    top_k = _row_tensor([min(c.top_k, vocab) for c in configs], device, torch.int32)
+    top_p = _row_tensor([c.top_p for c in configs], device, torch.float32)
+    uniform = torch.rand(batch, generator=generator, device=device)
+    return kernels.top_k_top_p_sample(logits, temperature, top_k, top_p, uniform)
 
 
 def sampling_distribution(logits: torch.Tensor, config: Configs, **history) -> torch.Tensor:
     """float32 [B, V]: the probabilities `sample` draws each row's token from (one-hot for
-    greedy rows). `history`: process_logits' keyword arguments."""
+    greedy rows), on every device: the CUDA kernel's integer masses differ from these by float
+    rounding only. `history`: process_logits' keyword arguments."""
     configs = _as_list(config, logits.shape[0])
     logits = process_logits(logits, configs, **history)
-    probs, ids = _candidates(logits, configs)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    dist = torch.zeros_like(logits).scatter(1, ids, probs)
+    probs = _kept_probs(logits, configs)
+    dist = probs / probs.sum(dim=-1, keepdim=True)
     greedy = torch.zeros_like(logits).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     rows = torch.tensor([c.is_greedy for c in configs], device=logits.device).unsqueeze(1)
     return torch.where(rows, greedy, dist)

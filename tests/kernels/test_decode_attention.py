@@ -47,6 +47,21 @@ def test_reference_equals_dense_attention_over_gathered_rows():
 
 
 @pytest.mark.gpu
+def test_split_merge_leaves_its_counters_zero_and_repeats_exactly():
+    # Long sequences split across blocks; the last block of each (sequence, KV head) merges
+    # the partials and resets its counter, so back-to-back launches agree bit for bit.
+    from tensorrt_llm.kernels.ops import _counters
+    gen = torch.Generator().manual_seed(1)
+    q, cache, tables, lengths = make_inputs(3, 32, 8, 128, 32, 2100, torch.bfloat16, "cuda", gen)
+    first = kernels.decode_attention(q, cache, tables, lengths, 0.1)
+    for _ in range(3):
+        assert torch.equal(kernels.decode_attention(q, cache, tables, lengths, 0.1), first)
+    assert all(int(c.abs().sum()) == 0 for c in _counters[q.device])
+    ref = reference.decode_attention(q.float(), cache.float(), tables, lengths, 0.1)
+    assert_close(first, ref.to(torch.bfloat16), torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_kernel_matches_reference(case, dtype):

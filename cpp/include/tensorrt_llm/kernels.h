@@ -118,11 +118,30 @@ struct PagedKvWriteParams {
 };
 void launchPagedKvWrite(PagedKvWriteParams const& p, void* stream);
 
+// Top-k / top-p sampling of one token per row with one uniform number per row (the rule is in
+// cpp/kernels/sampling.cu). Every per-row parameter lives in device memory (CUDA-graph safe).
+// Token masses are 2^40 fixed point, so the vocabulary is kept below 2^23 (sums stay below 2^63).
+constexpr int64_t kSamplingMaxVocab = (int64_t{1} << 23) - 1;
+struct TopKTopPSampleParams {
+    int32_t* out;               // [batch] token ids
+    void const* logits;         // [batch, vocab], row stride logitsRowStride, last dim contiguous
+    float const* temperatures;  // [batch]; <= 0: greedy
+    int32_t const* topKs;       // [batch]; 0 or >= vocab: no limit, 1: greedy
+    float const* topPs;         // [batch]; outside (0, 1): no limit
+    float const* uniforms;      // [batch], in [0, 1)
+    int64_t batch;
+    int64_t vocab;
+    int64_t logitsRowStride;
+    DType dtype;
+};
+void launchTopKTopPSample(TopKTopPSampleParams const& p, void* stream);
+
 // Decode attention over the paged cache: one query token per sequence at position
 // sequenceLengths[b] - 1, all query heads of a KV head together. With kNew/vNew, the step's
 // K/V rows are written into the cache by the same launch (rotated first when cosSin is given,
 // q too); without them the cache must already hold them.
 constexpr int kDecodeAttentionMaxGroup = 8;  // query heads per KV head served by one block
+constexpr int kDecodeAttentionMaxChunkBlocks = 4096;  // cache blocks one block's chunk may span
 struct DecodeAttentionParams {
     void* out;                       // [batch, numHeads, headDim], row stride outTokenStride
     void const* q;                   // [batch, numHeads, headDim], row stride qTokenStride
@@ -131,6 +150,7 @@ struct DecodeAttentionParams {
     int32_t const* sequenceLengths;  // [batch]
     float const* alibiSlopes;        // [numHeads] or nullptr
     float* workspace;                // [batch, numHeads, numSplits, headDim + 2] when numSplits > 1
+    int* splitCounters;              // [batch * kvHeads], all zero, when numSplits > 1 (left zero)
     void const* kNew;                // [batch, kvHeads, headDim] rows of this step, or nullptr
     void const* vNew;                // [batch, kvHeads, headDim], with kNew
     int64_t kNewTokenStride;
@@ -156,5 +176,40 @@ struct DecodeAttentionParams {
 };
 bool decodeAttentionSupportsHeadDim(int64_t headDim);
 void launchDecodeAttention(DecodeAttentionParams const& p, void* stream);
+
+// Linear layer of a few rows (decode steps of small batches) as one pass over the weights,
+// with the op that produces its input fused in front (the prologue):
+//   kNone:       a = x                                   x [rows, k]
+//   kRmsNorm:    a = rmsnorm(s) * normWeight, s = x (+ residual, written to residualOut)
+//   kSiluAndMul: a = silu(x[:, :k]) * x[:, k:]           x [rows, 2k]
+//   out[r, n] = sum_k a[r, k] * weight[n, k] (+ bias[n])
+// Every block computes a into shared memory, so rows * k elements must fit there
+// (gemvSupports); weight rows are contiguous and k a multiple of 16 bytes' elements.
+enum class GemvPrologue : int {
+    kNone = 0,
+    kRmsNorm = 1,
+    kSiluAndMul = 2,
+};
+constexpr int kGemvMaxRows = 4;
+struct GemvParams {
+    void* out;                  // [rows, n], row stride outRowStride
+    void const* x;              // [rows, k] ([rows, 2k] for kSiluAndMul), row stride xRowStride
+    void const* weight;         // [n, k], contiguous
+    void const* bias;           // [n] or nullptr
+    void const* residual;       // [rows, k] or nullptr (kRmsNorm)
+    void* residualOut;          // [rows, k], contiguous, with residual
+    void const* normWeight;     // [k] (kRmsNorm)
+    int64_t rows;
+    int64_t n;
+    int64_t k;
+    int64_t xRowStride;
+    int64_t outRowStride;
+    int64_t residualRowStride;
+    float eps;
+    GemvPrologue prologue;
+    DType dtype;
+};
+bool gemvSupports(int64_t rows, int64_t k, DType dtype);
+void launchGemv(GemvParams const& p, void* stream);
 
 } // namespace tensorrt_llm
