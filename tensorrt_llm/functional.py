@@ -385,15 +385,21 @@ def matmul(a: Tensor, b: Tensor, transa: bool = False, transb: bool = False) -> 
     return _add("matmul", [a, b], [(dtype, batch + (m, n))], transa=bool(transa), transb=bool(transb))
 
 
+def _linear_shape(op: str, x_shape: Shape, weight: Tensor, bias: Optional[Tensor], what: str = "input") -> Shape:
+    """The shape of x @ weight.T + bias for x of `x_shape` ([..., in]), weight [out, in],
+    bias [out]; `what` names x in the error."""
+    if weight.ndim != 2 or len(x_shape) < 1 or not _shapes_compatible(x_shape[-1:], weight.shape[1:]):
+        raise ValueError(f"{op}: {what} {list(x_shape)} does not match weight [out, in] {list(weight.shape)}")
+    if bias is not None:
+        _check_shape(op, bias, weight.shape[:1], "bias")
+    return tuple(x_shape[:-1]) + weight.shape[:1]
+
+
 @record_signature
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """x @ weight.T + bias, weight [out, in]."""
     dtype = _check_same_dtype("linear", x, weight, bias)
-    if weight.ndim != 2 or x.ndim < 1 or not _shapes_compatible(x.shape[-1:], weight.shape[1:]):
-        raise ValueError(f"linear: input {list(x.shape)} does not match weight [out, in] {list(weight.shape)}")
-    if bias is not None:
-        _check_shape("linear", bias, weight.shape[:1], "bias")
-    return _add("linear", [x, weight, bias], [(dtype, x.shape[:-1] + weight.shape[:1])])
+    return _add("linear", [x, weight, bias], [(dtype, _linear_shape("linear", x.shape, weight, bias))])
 
 
 def _binary(op: str, a, b) -> Tensor:
@@ -499,10 +505,15 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor] = N
     """(rms_norm(x + residual) * weight, x + residual)."""
     _check_norm_params("fused_add_rms_norm", x, weight)
     _check_same_dtype("fused_add_rms_norm", x, residual)
-    if not _shapes_compatible(x.shape, residual.shape):
-        raise ValueError(f"fused_add_rms_norm: x {list(x.shape)} and residual {list(residual.shape)} differ")
-    shape = _broadcast("fused_add_rms_norm", x.shape, residual.shape)
+    shape = _residual_sum_shape("fused_add_rms_norm", x, residual)
     return _add("fused_add_rms_norm", [x, residual, weight], [(x.dtype, shape), (x.dtype, shape)], eps=float(eps))
+
+
+def _residual_sum_shape(op: str, x: Tensor, residual: Tensor) -> Shape:
+    """x + residual without broadcasting (fused kernels add row by row)."""
+    if not _shapes_compatible(x.shape, residual.shape):
+        raise ValueError(f"{op}: x {list(x.shape)} and residual {list(residual.shape)} differ")
+    return _broadcast(op, x.shape, residual.shape)
 
 
 def _gated_shape(op: str, x: Tensor) -> Shape:
@@ -524,6 +535,44 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _add("gelu_and_mul", [x], [(x.dtype, _gated_shape("gelu_and_mul", x))], approximate=approximate)
+
+
+# ---- a norm or gated activation and the linear reading it, as one op -----------------------
+# Made by the fuse_norm_linear / fuse_act_linear passes so that a small-batch decode step can
+# run each pair as one kernel; the meaning is the unfused pair's.
+
+
+@record_signature
+def rms_norm_linear(x: Tensor, norm_weight: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
+                    eps: float) -> Tensor:
+    """linear(rms_norm(x, norm_weight, eps), weight, bias)."""
+    op = "rms_norm_linear"
+    dtype = _check_same_dtype(op, x, norm_weight, weight, bias)
+    _check_shape(op, norm_weight, x.shape[-1:], "norm_weight")
+    return _add(op, [x, norm_weight, weight, bias], [(dtype, _linear_shape(op, x.shape, weight, bias))],
+                eps=float(eps))
+
+
+@record_signature
+def add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, weight: Tensor,
+                        bias: Optional[Tensor] = None, *, eps: float) -> tuple[Tensor, Tensor]:
+    """(linear(rms_norm(x + residual, norm_weight, eps), weight, bias), x + residual)."""
+    op = "add_rms_norm_linear"
+    dtype = _check_same_dtype(op, x, residual, norm_weight, weight, bias)
+    total = _residual_sum_shape(op, x, residual)
+    _check_shape(op, norm_weight, total[-1:], "norm_weight")
+    return _add(op, [x, residual, norm_weight, weight, bias],
+                [(dtype, _linear_shape(op, total, weight, bias)), (dtype, total)], eps=float(eps))
+
+
+@record_signature
+def silu_and_mul_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """linear(silu_and_mul(x), weight, bias) for x [..., 2K], weight [N, K]."""
+    op = "silu_and_mul_linear"
+    dtype = _check_same_dtype(op, x, weight, bias)
+    gated = _gated_shape(op, x)
+    shape = _linear_shape(op, gated, weight, bias, what=f"input {list(x.shape)} gated to")
+    return _add(op, [x, weight, bias], [(dtype, shape)])
 
 
 # ---- rotary position embedding -------------------------------------------------------------

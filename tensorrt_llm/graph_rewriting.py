@@ -144,6 +144,17 @@ def _only_reader(tensor: F.Tensor, layer: Layer) -> bool:
             and tensor.name not in net.debug_outputs)
 
 
+def _is_constant(tensor: F.Tensor) -> bool:
+    parent = tensor.get_parent()
+    return parent is not None and parent.op == "constant"
+
+
+def _has_timed_choice(*layers: Layer) -> bool:
+    """A layer holds the builder's timed implementation choice (timing_cache.py). Fusing it
+    would drop a choice measured for that op, so such layers are left as they are."""
+    return any("implementation" in layer.attrs for layer in layers)
+
+
 class FuseAddRmsNorm(PatternRewriter):
     """rms_norm(a + b) -> fused_add_rms_norm(a, b); the sum (its second output) replaces
     the add's result for every other reader (the residual stream)."""
@@ -154,7 +165,7 @@ class FuseAddRmsNorm(PatternRewriter):
     def match(self, layer: Layer) -> bool:
         total = layer.get_input(0)
         add = total.get_parent()
-        if add is None or add.removed or add.op != "add":
+        if add is None or add.removed or add.op != "add" or _has_timed_choice(layer):
             return False
         a, b = add.get_input(0), add.get_input(1)
         return a.shape == b.shape == total.shape  # no broadcasting inside the fused op
@@ -193,7 +204,7 @@ class FuseGateUp(PatternRewriter):
             if gate.inputs[0] != up.inputs[0] or (gate.inputs[2] is None) != (up.inputs[2] is None):
                 continue
             params = [t for t in gate.get_inputs()[1:] + up.get_inputs()[1:] if t is not None]
-            if any(t.get_parent() is None or t.get_parent().op != "constant" for t in params):
+            if not all(_is_constant(t) for t in params):
                 continue
             if not (_only_reader(act.get_input(0), act) and _only_reader(act_t, mul) and _only_reader(up_t, mul)):
                 continue
@@ -282,8 +293,86 @@ class FuseRopeAttention(PatternRewriter):
             net.mark_removed(old)
 
 
+def _sole_linear_reader(tensor: F.Tensor) -> Optional[Layer]:
+    """The linear that reads `tensor` as its input x, with a constant weight (and bias), when
+    it is the tensor's only reader and the tensor is no network result; else None. Constant
+    parameters are what a fused kernel streams, and they cannot depend on the tensor."""
+    users = tensor.get_users()
+    if len(users) != 1:
+        return None
+    linear = users[0]
+    if linear.op != "linear" or linear.inputs.count(tensor.name) != 1 or linear.inputs[0] != tensor.name:
+        return None
+    if not all(_is_constant(t) for t in linear.get_inputs()[1:] if t is not None):
+        return None
+    return linear if _only_reader(tensor, linear) and not _has_timed_choice(linear) else None
+
+
+# The input holding the norm weight, per norm op that fuse_norm_linear extends.
+_NORM_WEIGHT_INPUT = {"rms_norm": 1, "fused_add_rms_norm": 2}
+
+
+class FuseNormLinear(PatternRewriter):
+    """rms_norm(x, w) -> linear becomes rms_norm_linear, and fused_add_rms_norm(x, r, w) ->
+    linear becomes add_rms_norm_linear, whose sum output takes over every reader of the old
+    sum (the residual stream). Only where the norm has a weight and the normalised output has
+    that linear as its only reader and is no network or debug output: a norm read twice
+    (Phi's parallel attention and MLP) stays as it is. Runs after fuse_add_rms_norm and
+    fuse_gate_up, whose results it matches."""
+
+    def __init__(self):
+        super().__init__("fuse_norm_linear", root_layer=set(_NORM_WEIGHT_INPUT))
+
+    @staticmethod
+    def _linear(norm: Layer) -> Optional[Layer]:
+        if norm.inputs[_NORM_WEIGHT_INPUT[norm.op]] is None or _has_timed_choice(norm):
+            return None
+        return _sole_linear_reader(norm.get_output(0))
+
+    def match(self, layer: Layer) -> bool:
+        return self._linear(layer) is not None
+
+    def rewrite(self, layer: Layer) -> None:
+        linear = self._linear(layer)
+        weight, bias = linear.get_input(1), linear.get_input(2)
+        eps = layer.attrs["eps"]
+        if layer.op == "rms_norm":
+            y = F.rms_norm_linear(layer.get_input(0), layer.get_input(1), weight, bias, eps=eps)
+        else:
+            y, total = F.add_rms_norm_linear(*layer.get_inputs(), weight, bias, eps=eps)
+            layer.get_output(1).replace_all_uses_with(total)
+        linear.get_output(0).replace_all_uses_with(y)
+        layer.network.mark_removed(layer)
+        layer.network.mark_removed(linear)
+
+
+class FuseActLinear(PatternRewriter):
+    """silu_and_mul -> linear becomes silu_and_mul_linear, where that linear is the only reader
+    of the activation and the activation no network or debug output. Runs after fuse_gate_up,
+    which makes the silu_and_mul."""
+
+    def __init__(self):
+        super().__init__("fuse_act_linear", root_layer={"silu_and_mul"})
+
+    @staticmethod
+    def _linear(act: Layer) -> Optional[Layer]:
+        return None if _has_timed_choice(act) else _sole_linear_reader(act.get_output(0))
+
+    def match(self, layer: Layer) -> bool:
+        return self._linear(layer) is not None
+
+    def rewrite(self, layer: Layer) -> None:
+        linear = self._linear(layer)
+        y = F.silu_and_mul_linear(layer.get_input(0), linear.get_input(1), linear.get_input(2))
+        linear.get_output(0).replace_all_uses_with(y)
+        layer.network.mark_removed(layer)
+        layer.network.mark_removed(linear)
+
+
+# The default order: later passes match what earlier ones make.
 PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
-          "fuse_rope_attention": FuseRopeAttention}
+          "fuse_rope_attention": FuseRopeAttention, "fuse_norm_linear": FuseNormLinear,
+          "fuse_act_linear": FuseActLinear}
 
 
 def optimize(network: Network, passes: Optional[list[str]] = None) -> dict:

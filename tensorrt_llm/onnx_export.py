@@ -9,14 +9,16 @@ which become nodes of the custom domain `tensorrt_llm` (semantics in docs/networ
 Their inputs are the layer's inputs in order (absent optional ones as empty names) and
 their attributes the layer's attrs (those that are None left out).
 
-The fused ops (`fused_add_rms_norm`, `silu_and_mul`, `gelu_and_mul`) are decomposed into
-standard ops, so an optimized network still runs in ONNX Runtime. Ops that the reference
-computes in float32 (norms, softmax, rotary) are wrapped in Casts for half precision.
+The fused ops (`fused_add_rms_norm`, `silu_and_mul`, `gelu_and_mul`, `rms_norm_linear`,
+`add_rms_norm_linear`, `silu_and_mul_linear`) are decomposed into standard ops, so an
+optimized network still runs in ONNX Runtime. Ops that the reference computes in float32
+(norms, softmax, rotary) are wrapped in Casts for half precision.
 
-Weights become initializers named after the weight; a weight read only as `linear`
-weights is stored transposed ([in, out]) so that each of those linears is a plain MatMul.
-Past `external_data_threshold` bytes of weights (default 2 GB, under protobuf's 2 GiB
-limit) every weight is written to `<model file>.data` instead, one after the other.
+Weights become initializers named after the weight; a weight read only as the weight of
+linears (plain or fused) is stored transposed ([in, out]) so that each of those linears is a
+plain MatMul. Past `external_data_threshold` bytes of weights (default 2 GB, under
+protobuf's 2 GiB limit) every weight is written to `<model file>.data` instead, one after
+the other.
 
 Re-import (`network_from_onnx`) reads the graph from the JSON form that the exporter
 stores in the model's metadata (`tensorrt_llm.network`) and the weight data from the
@@ -203,6 +205,19 @@ def _gelu_and_mul(g, x, *, approximate="none"):
     return _gated(g, x, lambda gate: g.op("Gelu", gate, approximate=approximate))
 
 
+def _rms_norm_linear(g, x, norm_weight, weight, bias=None, *, eps):
+    return _linear(g, _rms_norm(g, x, norm_weight, eps=eps), weight, bias)
+
+
+def _add_rms_norm_linear(g, x, residual, norm_weight, weight, bias=None, *, eps):
+    normed, total = _fused_add_rms_norm(g, x, residual, norm_weight, eps=eps)
+    return _linear(g, normed, weight, bias), total
+
+
+def _silu_and_mul_linear(g, x, weight, bias=None):
+    return _linear(g, _silu_and_mul(g, x), weight, bias)
+
+
 def _rotary_embedding(g, x, position_ids, cos_sin_cache, *, num_heads, head_dim, rotary_dim, is_neox, dtype):
     """x is float32 here. Gathers each token's cos/sin row and rotates the first rotary_dim
     dims of each head: halves (NeoX) or interleaved pairs (GPT-J)."""
@@ -276,6 +291,9 @@ ONNX_OPS = {
     "fused_add_rms_norm": _fused_add_rms_norm,
     "silu_and_mul": _silu_and_mul,
     "gelu_and_mul": _gelu_and_mul,
+    "rms_norm_linear": _rms_norm_linear,
+    "add_rms_norm_linear": _add_rms_norm_linear,
+    "silu_and_mul_linear": _silu_and_mul_linear,
     "rotary_embedding": _float32_math(_rotary_embedding),
     "gpt_attention": _custom("GptAttention"),
     "concat": _concat,
@@ -294,13 +312,16 @@ ONNX_OPS = {
     "allreduce": _custom("AllReduce"),
 }
 CUSTOM_OPS = {"gpt_attention", "allreduce"}
+# The input of each op that is a linear's weight [out, in] (what `_linear` converts).
+_LINEAR_WEIGHT_INPUT = {"linear": 1, "rms_norm_linear": 2, "add_rms_norm_linear": 3, "silu_and_mul_linear": 1}
 
 
 # ---- export ----------------------------------------------------------------------------------
 
 
 def _linear_only_weights(network: Network) -> set[str]:
-    """2-D weights whose every constant layer is read only as the weight of linear layers."""
+    """2-D weights whose every constant layer is read only as the weight of linears
+    (_LINEAR_WEIGHT_INPUT)."""
     results = set(network.outputs) | set(network.debug_outputs)
     verdict: dict[str, bool] = {}
     for layer in network.layers:
@@ -309,7 +330,8 @@ def _linear_only_weights(network: Network) -> set[str]:
         out, name = layer.outputs[0], layer.attrs["weight"]
         readers = network.consumers(out)
         ok = (bool(readers) and out not in results and network.weights[name].ndim == 2
-              and all(r.op == "linear" and [i for i, n in enumerate(r.inputs) if n == out] == [1] for r in readers))
+              and all(r.op in _LINEAR_WEIGHT_INPUT and [i for i, n in enumerate(r.inputs) if n == out]
+                      == [_LINEAR_WEIGHT_INPUT[r.op]] for r in readers))
         verdict[name] = verdict.get(name, True) and ok
     return {name for name, ok in verdict.items() if ok}
 

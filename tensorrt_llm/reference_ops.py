@@ -68,6 +68,23 @@ def gelu_and_mul(x, *, approximate="none"):
     return F.gelu(x[..., :half], approximate=approximate) * x[..., half:]
 
 
+# A norm or gated activation and the linear reading it: the unfused ops composed, so the
+# fused graph gives the unfused graph's numbers bit for bit.
+
+
+def rms_norm_linear(x, norm_weight, weight, bias=None, *, eps):
+    return linear(rms_norm(x, norm_weight, eps=eps), weight, bias)
+
+
+def add_rms_norm_linear(x, residual, norm_weight, weight, bias=None, *, eps):
+    normed, total = fused_add_rms_norm(x, residual, norm_weight, eps=eps)
+    return linear(normed, weight, bias), total
+
+
+def silu_and_mul_linear(x, weight, bias=None):
+    return linear(silu_and_mul(x), weight, bias)
+
+
 def rotary_embedding(x, position_ids, cos_sin_cache, *, num_heads, head_dim, rotary_dim, is_neox):
     """Rotate each head's first rotary_dim dims by its token's position (in float32)."""
     num_tokens = x.shape[0]
@@ -315,6 +332,9 @@ REFERENCE_OPS: dict[str, Callable] = {
     "fused_add_rms_norm": fused_add_rms_norm,
     "silu_and_mul": silu_and_mul,
     "gelu_and_mul": gelu_and_mul,
+    "rms_norm_linear": rms_norm_linear,
+    "add_rms_norm_linear": add_rms_norm_linear,
+    "silu_and_mul_linear": silu_and_mul_linear,
     "rotary_embedding": rotary_embedding,
     "gpt_attention": gpt_attention,
     "concat": concat,

@@ -120,3 +120,29 @@ def test_each_rewrite_pass_keeps_the_logits(hf, tmp_path):
         torch.testing.assert_close(out["context_logits"][0], plain["context_logits"][0], rtol=1e-5, atol=1e-5)
         assert out["output_ids"].tolist() == plain["output_ids"].tolist()
     assert "rotary_embedding" not in ops
+
+
+def test_norm_and_activation_linear_fusions_keep_the_logits_bit_for_bit(hf, tmp_path):
+    """The default build against one without fuse_norm_linear / fuse_act_linear: saved,
+    loaded and generated with, the engines give the same logits, bit for bit."""
+    prompt = list(range(5, 22))
+    defaults = BuildConfig().optimizations
+    prior = [p for p in defaults if p not in ("fuse_norm_linear", "fuse_act_linear")]
+    outs, op_lists = [], []
+    for name, passes in (("prior", prior), ("default", defaults)):
+        engine_dir = engine_from_hf(hf, tmp_path / name, optimizations=passes)
+        engine = Engine.from_dir(engine_dir)
+        op_lists.append([layer.op for layer in engine.network.layers])
+        assert engine.refit_map is not None  # the fusions make no weight: refit still works
+        outs.append(runner(engine_dir).generate([prompt, prompt[:9]], max_new_tokens=4, return_context_logits=True))
+    before, after = op_lists
+    # Two layers: layer 0's input norm reads the embedding and ln_f the last residual add
+    # (rms_norm); the other three norms read a residual add (fused_add_rms_norm).
+    assert (before.count("rms_norm"), before.count("fused_add_rms_norm"), before.count("silu_and_mul")) == (2, 3, 2)
+    assert (after.count("rms_norm_linear"), after.count("add_rms_norm_linear"), after.count("silu_and_mul_linear")) \
+        == (2, 3, 2)
+    assert not {"rms_norm", "fused_add_rms_norm", "silu_and_mul"} & set(after)
+    assert len(after) == len(before) - 7
+    for b in range(2):
+        assert torch.equal(outs[1]["context_logits"][b], outs[0]["context_logits"][b])
+    assert outs[1]["output_ids"].tolist() == outs[0]["output_ids"].tolist()

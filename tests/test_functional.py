@@ -152,6 +152,44 @@ def test_gated_activations():
     close(got, torch.nn.functional.gelu(x[:, :4], approximate="tanh") * x[:, 4:])
 
 
+def test_norm_and_activation_fused_with_a_linear():
+    w, weight, bias = torch.rand(6) + 0.5, torch.randn(4, 6), torch.randn(4)
+    normed = X / torch.sqrt(X.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    const = F.constant  # static weights: evaluate() makes every input's first dim dynamic
+    out, got = evaluate(lambda t, ww: F.rms_norm_linear(t, ww, const(weight), const(bias), eps=1e-6), X, w)
+    assert out.shape == (-1, 4)
+    close(got, normed @ weight.T + bias)
+    outs, (y, total) = evaluate(lambda t, r, ww: F.add_rms_norm_linear(t, r, ww, const(weight), eps=1e-6), X, Y, w)
+    assert outs[0].shape == (-1, 4) and outs[1].shape == (-1, 6)
+    close(total, X + Y)
+    close(y, ((X + Y) / torch.sqrt((X + Y).pow(2).mean(-1, keepdim=True) + 1e-6) * w) @ weight.T)
+    x2, down = torch.randn(5, 8), torch.randn(3, 4)
+    out, got = evaluate(lambda t: F.silu_and_mul_linear(t, const(down), const(bias[:3])), x2)
+    assert out.shape == (-1, 3)
+    close(got, (torch.nn.functional.silu(x2[:, :4]) * x2[:, 4:]) @ down.T + bias[:3])
+
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, 6], [DYN])
+        ones6, m = F.constant(torch.ones(6)), F.constant(torch.zeros(4, 6))
+        with pytest.raises(ValueError, match=r"rms_norm_linear: norm_weight has shape \[5\], expected \[6\]"):
+            F.rms_norm_linear(x, F.constant(torch.ones(5)), m, eps=1e-6)
+        with pytest.raises(ValueError, match=r"rms_norm_linear: input \[-1, 6\] does not match weight "
+                                             r"\[out, in\] \[6, 4\]"):
+            F.rms_norm_linear(x, ones6, F.constant(torch.zeros(6, 4)), eps=1e-6)
+        with pytest.raises(ValueError, match=r"rms_norm_linear: bias has shape \[3\], expected \[4\]"):
+            F.rms_norm_linear(x, ones6, m, F.constant(torch.zeros(3)), eps=1e-6)
+        with pytest.raises(ValueError, match=r"add_rms_norm_linear: x \[-1, 6\] and residual \[2, 5\] differ"):
+            F.add_rms_norm_linear(x, F.constant(torch.zeros(2, 5)), ones6, m, eps=1e-6)
+        with pytest.raises(ValueError, match="add_rms_norm_linear: dtype mismatch"):
+            F.add_rms_norm_linear(x, x, ones6, F.constant(torch.zeros(4, 6, dtype=torch.bfloat16)), eps=1e-6)
+        with pytest.raises(ValueError, match=r"silu_and_mul_linear: input \[-1, 6\] gated to \[-1, 3\] does not "
+                                             r"match weight \[out, in\] \[4, 6\]"):
+            F.silu_and_mul_linear(x, m)
+        with pytest.raises(ValueError, match=r"silu_and_mul_linear: last dim must be even"):
+            F.silu_and_mul_linear(F.slice(x, 1, 0, 5), m)
+
+
 def test_embedding_gather_index_select_argmax_cast_where():
     table, ids = torch.randn(10, 4), torch.tensor([3, 0, 9], dtype=torch.int32)
     out, got = evaluate(lambda i, t: F.embedding(i, t), ids, table)

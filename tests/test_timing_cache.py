@@ -37,6 +37,10 @@ def layers_of(engine, op):
     return [layer for layer in engine.network.layers if layer.op == op]
 
 
+# What a LLaMA's norms and MLP activations become in a default build: the timed ops.
+FUSED_LINEAR_OPS = ("rms_norm_linear", "add_rms_norm_linear", "silu_and_mul_linear")
+
+
 def test_cache_round_trip(tmp_path):
     cache = TimingCache({'["rms_norm","dev"]': {"reference": 12.5, "cuda": 3.25}})
     path = tmp_path / "sub" / "timing.json"
@@ -65,15 +69,17 @@ def test_keys_use_opt_shapes_and_are_stable(hf):
     def keys(engine):
         memo = {}
         return [tc.timing_key(layer.op, "dev", "float32", tc.opt_shapes(engine.network, layer, memo), layer.attrs)
-                for layer in layers_of(engine, "rms_norm")]
+                for layer in layers_of(engine, "rms_norm_linear")]
 
     a, b = build_engine(hf), build_engine(hf)
     assert keys(a) == keys(b)
-    # max_num_tokens = 4 * 64 = 256, whose opt is min(256, 256); hidden size 64.
-    layer = layers_of(a, "rms_norm")[0]
-    assert tc.opt_shapes(a.network, layer, {}) == [[256, 64], [64]]
+    # max_num_tokens = 4 * 64 = 256, whose opt is min(256, 256); hidden size 64; layer 0's
+    # input norm and the qkv projection ((4 + 2 * 4) heads of 16), no bias.
+    layer = layers_of(a, "rms_norm_linear")[0]
+    assert tc.opt_shapes(a.network, layer, {}) == [[256, 64], [64], [192, 64], None]
     smaller = build_engine(hf, max_input_len=16)  # num_tokens opt: 4 * 16 = 64
-    assert tc.opt_shapes(smaller.network, layers_of(smaller, "rms_norm")[0], {}) == [[64, 64], [64]]
+    assert tc.opt_shapes(smaller.network, layers_of(smaller, "rms_norm_linear")[0], {}) == \
+        [[64, 64], [64], [192, 64], None]
     assert keys(smaller) != keys(a)
 
 
@@ -89,17 +95,18 @@ def test_cpu_build_with_a_cache_records_nothing_and_keeps_the_graph(hf):
 
 
 def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monkeypatch, tmp_path):
-    """No op has two CPU implementations today; give rms_norm a slow second one."""
+    """No op has two CPU implementations today; give silu_and_mul_linear a slow second one."""
     calls = []
+    op = "silu_and_mul_linear"
 
-    def slow_rms_norm(*args, **kwargs):
+    def slow(*args, **kwargs):
         calls.append(1)
         time.sleep(0.002)
-        return REFERENCE_OPS["rms_norm"](*args, **kwargs)
+        return REFERENCE_OPS[op](*args, **kwargs)
 
     def with_slow(device):
         table = real(device)
-        table["rms_norm"] = {**table["rms_norm"], "slow": slow_rms_norm}
+        table[op] = {**table[op], "slow": slow}
         return table
     real = tc.implementations
     monkeypatch.setattr(tc, "implementations", with_slow)
@@ -107,35 +114,38 @@ def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monk
     cache = TimingCache()
     first = build_engine(hf, timing_cache=cache, device="cpu")
     k = first.config["build_summary"]["kernel_choice"]
-    norms = layers_of(first, "rms_norm")
-    assert norms and set(k["layers"]) == {layer.name for layer in norms}
-    assert all(layer.attrs["implementation"] == "reference" for layer in norms)
-    assert k["misses"] == 1 and k["hits"] == len(norms) - 1  # one shape for every rms_norm
+    timed = layers_of(first, op)
+    assert len(timed) == 2 and set(k["layers"]) == {layer.name for layer in timed}
+    assert all(layer.attrs["implementation"] == "reference" for layer in timed)
+    assert k["misses"] == 1 and k["hits"] == len(timed) - 1  # one shape for every MLP's down projection
     assert all(v["timings_us"]["slow"] > v["timings_us"]["reference"] for v in k["layers"].values())
 
     cache.save(tmp_path / "timing.json")
     calls.clear()
     second = build_engine(hf, timing_cache=TimingCache.load(tmp_path / "timing.json"), device="cpu")
     k2 = second.config["build_summary"]["kernel_choice"]
-    assert (k2["misses"], k2["hits"], calls) == (0, len(norms), [])
+    assert (k2["misses"], k2["hits"], calls) == (0, len(timed), [])
 
     # lower() runs the recorded implementation and never passes `implementation` on.
-    layer = layers_of(second, "rms_norm")[0]
+    layer = layers_of(second, op)[0]
     layer.attrs["implementation"] = "slow"
     source, plan = lower(second.network, dict(REFERENCE_OPS), with_slow(torch.device("cpu")))
     assert "implementation" not in source
-    assert plan.__globals__["op_rms_norm_slow"] is slow_rms_norm
+    assert plan.__globals__[f"op_{op}_slow"] is slow
 
 
 def test_engine_with_recorded_choices_saves_loads_and_runs(hf, tmp_path):
     """A choice this device lacks ("cuda" on the CPU) runs the device's default."""
     engine = build_engine(hf)
-    for layer in layers_of(engine, "rms_norm"):
+    chosen = [layer for op in FUSED_LINEAR_OPS for layer in layers_of(engine, op)]
+    assert len(chosen) == 2 + 3 + 2  # first and final norms, the other norms, the MLPs' down projections
+    for layer in chosen:
         layer.attrs["implementation"] = "cuda"
     engine.save(tmp_path / "chosen")
     build_engine(hf).save(tmp_path / "plain")
-    assert all(layer.attrs["implementation"] == "cuda"
-               for layer in layers_of(Engine.from_dir(tmp_path / "chosen"), "rms_norm"))
+    loaded = Engine.from_dir(tmp_path / "chosen")
+    assert [layer.attrs["implementation"] for op in FUSED_LINEAR_OPS for layer in layers_of(loaded, op)] == \
+        ["cuda"] * len(chosen)
     prompt = list(range(3, 20))
     outs = [runner(tmp_path / name).generate([prompt], max_new_tokens=6) for name in ("chosen", "plain")]
     assert generated(outs[0], 0, len(prompt)) == generated(outs[1], 0, len(prompt))
@@ -165,7 +175,7 @@ def test_cuda_choices_are_recorded_reused_and_keep_outputs(hf, tmp_path):
     timed = build_engine(hf, timing_cache=cache, device="cuda")
     k = timed.config["build_summary"]["kernel_choice"]
     assert k["device"] == torch.cuda.get_device_name() and k["misses"] > 0
-    chosen = {layer.name: layer.attrs.get("implementation") for op in ("rms_norm", "silu_and_mul")
+    chosen = {layer.name: layer.attrs.get("implementation") for op in FUSED_LINEAR_OPS
               for layer in layers_of(timed, op)}
     assert chosen and all(v in ("cuda", "reference") for v in chosen.values())
     assert {name: k["layers"][name]["implementation"] for name in chosen} == chosen

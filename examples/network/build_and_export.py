@@ -100,7 +100,7 @@ def main(argv=None) -> int:
 
     network = build(args.seed)
     print(f"built {network}: {op_counts(network)}")
-    report = optimize(network)  # fuse_add_rms_norm, fuse_gate_up, dead-layer and weight removal
+    report = optimize(network)  # the builder's fusion passes, dead-layer and weight removal
     print(f"optimized: {report['layers_before']} -> {report['layers_after']} layers, rewrites {report['rewrites']}")
     print(f"ops now: {op_counts(network)}")
 

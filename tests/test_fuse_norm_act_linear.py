@@ -1,0 +1,219 @@
+"""fuse_norm_linear and fuse_act_linear: a norm or gated activation and the one linear reading
+it become one op (rms_norm_linear, add_rms_norm_linear, silu_and_mul_linear) with the same
+numbers bit for bit on the CPU, and only where nothing else reads the intermediate."""
+import pytest
+import torch
+
+from tensorrt_llm import Network, functional as F, net_guard
+from tensorrt_llm.graph_rewriting import FuseActLinear, FuseNormLinear, PatternRewriter, optimize
+from tensorrt_llm.reference_executor import ReferenceExecutor
+from tensorrt_llm.runtime.session import Session
+
+H, FFN, V = 16, 24, 40
+BEFORE = ["fuse_add_rms_norm", "fuse_gate_up"]  # what the two passes match is made by these
+
+
+def decoder(dtype="float32", num_layers=2, bias=False, debug_residual=False):
+    """embedding -> [x += attn(norm(x)); x += mlp(norm(x))] * num_layers -> ln_f -> lm_head,
+    llama style, with a linear standing in for attention."""
+    g = torch.Generator().manual_seed(0)
+
+    def w(name, *shape, center=0.0):
+        return F.constant((center + torch.randn(*shape, generator=g) * 0.3).to(getattr(torch, dtype)), name=name)
+
+    def linear(x, name, out, inp):
+        return F.linear(x, w(f"{name}.weight", out, inp), w(f"{name}.bias", out) if bias else None)
+
+    net = Network("decoder")
+    with net_guard(net):
+        ids = net.add_input("input_ids", "int32", [-1], [("num_tokens", (1, 4, 16))])
+        x = F.embedding(ids, w("transformer.vocab_embedding.weight", V, H))
+        for i in range(num_layers):
+            p = f"transformer.layers.{i}"
+            h = F.rms_norm(x, w(f"{p}.input_layernorm.weight", H, center=1.0), eps=1e-5)
+            x = x + linear(h, f"{p}.attention.dense", H, H)
+            if debug_residual and i == 0:
+                net.mark_debug(x)
+            h = F.rms_norm(x, w(f"{p}.post_layernorm.weight", H, center=1.0), eps=1e-5)
+            gate, up = linear(h, f"{p}.mlp.gate", FFN, H), linear(h, f"{p}.mlp.fc", FFN, H)
+            x = x + linear(F.silu(gate) * up, f"{p}.mlp.proj", H, FFN)
+        h = F.rms_norm(x, w("transformer.ln_f.weight", H, center=1.0), eps=1e-5)
+        net.mark_output(linear(h, "lm_head", V, H), "logits")
+    return net
+
+
+def ops(net):
+    return [layer.op for layer in net.layers]
+
+
+def outputs(net, feed):
+    return ReferenceExecutor(net).run(feed)
+
+
+def copy(net):
+    return Network.from_json(net.to_json(), dict(net.weights))
+
+
+IDS = {"input_ids": torch.tensor([3, 1, 4, 1, 5, 9, 2], dtype=torch.int32)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_each_pass_keeps_the_outputs_bit_for_bit(dtype, bias):
+    net = decoder(dtype, bias=bias, debug_residual=True)
+    optimize(net, passes=BEFORE)
+    before = outputs(net, IDS)
+    counts = {op: ops(net).count(op) for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "linear")}
+    # layer 0's input norm reads the embedding; every other norm reads a residual add.
+    assert counts == {"rms_norm": 1, "fused_add_rms_norm": 4, "silu_and_mul": 2, "linear": 7}
+    num_layers = net.num_layers
+
+    report = optimize(net, passes=["fuse_norm_linear"])
+    assert report["rewrites"] == {"fuse_norm_linear": 5}
+    assert net.num_layers == num_layers - 5
+    assert ops(net).count("rms_norm_linear") == 1 and ops(net).count("add_rms_norm_linear") == 4
+    assert not {"rms_norm", "fused_add_rms_norm"} & set(ops(net))
+    after_norm = outputs(net, IDS)
+
+    report = optimize(net, passes=["fuse_act_linear"])
+    assert report["rewrites"] == {"fuse_act_linear": 2}
+    assert net.num_layers == num_layers - 7
+    assert ops(net).count("silu_and_mul_linear") == 2 and "silu_and_mul" not in ops(net)
+    assert ops(net).count("linear") == 0
+    after_act = outputs(net, IDS)
+
+    for after in (after_norm, after_act):
+        assert list(after) == list(before)  # logits, then the residual kept as a debug output
+        for name in before:
+            assert after[name].dtype == getattr(torch, dtype)
+            assert torch.equal(after[name], before[name]), name
+    # The runtime's lowering runs the same reference ops on the CPU.
+    assert all(torch.equal(got, before[name]) for name, got in Session(net).run(IDS).items())
+
+
+def test_fused_network_round_trips_through_json():
+    net = decoder()
+    optimize(net)
+    again = copy(net)
+    assert again.to_json() == net.to_json()
+    assert torch.equal(outputs(again, IDS)["logits"], outputs(net, IDS)["logits"])
+
+
+def test_residual_sum_keeps_every_reader():
+    net = decoder(debug_residual=True)
+    debug_name = net.debug_outputs[0]
+    optimize(net, passes=BEFORE + ["fuse_norm_linear"])
+    assert net.debug_outputs == [debug_name]
+    producer = net.producer(debug_name)
+    assert producer.op == "add_rms_norm_linear" and producer.outputs[1] == debug_name
+    # ...which also feeds the next residual add's fused op as its residual input.
+    assert any(layer.op == "add_rms_norm_linear" and layer.inputs[0] == debug_name
+               for layer in net.consumers(debug_name))
+
+
+def norm_read_twice():
+    """Phi's parallel attention and MLP: one norm output, two linears."""
+    net = Network("parallel")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("n", (1, 4, 8))])
+        h = F.rms_norm(x, F.constant(torch.ones(H), name="ln.weight"), eps=1e-5)
+        a = F.linear(h, F.constant(torch.randn(H, H), name="attn.weight"))
+        m = F.linear(h, F.constant(torch.randn(H, H), name="mlp.weight"))
+        net.mark_output(x + a + m, "y")
+    return net
+
+
+def norm_linear(mark):
+    net = Network("marked")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("n", (1, 4, 8))])
+        r = net.add_input("r", "float32", [-1, H], [("n", (1, 4, 8))])
+        h, _ = F.fused_add_rms_norm(x, r, F.constant(torch.ones(H), name="ln.weight"), eps=1e-5)
+        net.mark_output(F.linear(h, F.constant(torch.randn(H, H), name="w")), "y")
+        mark(net, h)
+    return net
+
+
+def act_linear(mark):
+    net = Network("act")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, 2 * FFN], [("n", (1, 4, 8))])
+        a = F.silu_and_mul(x)
+        net.mark_output(F.linear(a, F.constant(torch.randn(H, FFN), name="w")), "y")
+        mark(net, a)
+    return net
+
+
+def timed(net, op):
+    for layer in net.layers:
+        if layer.op == op:
+            layer.attrs["implementation"] = "cuda"
+    return net
+
+
+def read_again(net, t):
+    net.mark_output(F.relu(t), "other")
+
+
+def norm_without_weight():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("n", (1, 4, 8))])
+        net.mark_output(F.linear(F.rms_norm(x, None, eps=1e-5), F.constant(torch.randn(H, H))), "y")
+    return net
+
+
+def weight_from_an_input():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("n", (1, 4, 8))])
+        w = net.add_input("w", "float32", [H, H])
+        net.mark_output(F.linear(F.rms_norm(x, F.constant(torch.ones(H)), eps=1e-5), w), "y")
+    return net
+
+
+def layer_norm_linear():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("n", (1, 4, 8))])
+        h = F.layer_norm(x, F.constant(torch.ones(H)), F.constant(torch.zeros(H)), eps=1e-5)
+        net.mark_output(F.linear(h, F.constant(torch.randn(H, H))), "y")
+    return net
+
+
+@pytest.mark.parametrize("make", [
+    norm_read_twice,
+    lambda: norm_linear(lambda net, h: net.mark_output(h, "normed")),
+    lambda: norm_linear(lambda net, h: net.mark_debug(h)),
+    lambda: norm_linear(read_again),
+    lambda: timed(norm_linear(lambda net, h: None), "fused_add_rms_norm"),
+    norm_without_weight,
+    weight_from_an_input,
+    layer_norm_linear,
+    lambda: act_linear(lambda net, a: net.mark_output(a, "act")),
+    lambda: act_linear(lambda net, a: net.mark_debug(a)),
+    lambda: act_linear(read_again),
+    lambda: timed(act_linear(lambda net, a: None), "silu_and_mul"),
+], ids=["read_twice", "network_output", "debug_output", "other_reader", "norm_timed", "no_norm_weight",
+        "weight_input", "layer_norm", "act_output", "act_debug_output", "act_other_reader", "act_timed"])
+def test_left_alone(make):
+    net = make()
+    layers = [(layer.op, layer.inputs, layer.outputs, dict(layer.attrs)) for layer in net.layers]
+    report = optimize(net, passes=["fuse_norm_linear", "fuse_act_linear"])
+    assert report["rewrites"] == {"fuse_norm_linear": 0, "fuse_act_linear": 0}
+    assert [(layer.op, layer.inputs, layer.outputs, dict(layer.attrs)) for layer in net.layers] == layers
+
+
+def test_the_same_networks_fuse_without_the_obstacle():
+    for net, fused in ((norm_linear(lambda net, h: None), "add_rms_norm_linear"),
+                       (act_linear(lambda net, a: None), "silu_and_mul_linear")):
+        optimize(net, passes=["fuse_norm_linear", "fuse_act_linear"])
+        assert [op for op in ops(net) if op != "constant"] == [fused]
+
+
+def test_default_build_order_and_registration():
+    from tensorrt_llm.builder import BuildConfig
+    order = BuildConfig().optimizations
+    assert order.index("fuse_norm_linear") > max(order.index(p) for p in BEFORE)
+    assert order.index("fuse_act_linear") > order.index("fuse_gate_up")
+    assert isinstance(FuseNormLinear(), PatternRewriter) and isinstance(FuseActLinear(), PatternRewriter)
