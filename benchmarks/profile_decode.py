@@ -27,11 +27,14 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input_len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--max_seq_len", type=int, default=0,
+                   help="engine max_seq_len (default: input_len + steps + 8); bench_generation.py "
+                        "builds for its longest prompt, e.g. 2184 for --ttft_input_len 2048")
     args = p.parse_args()
     dev = torch.device("cuda")
     model, _ = random_models(args.model, args.dtype, dev, with_hf=False)
     bc = BuildConfig(max_batch_size=max(args.batch, 1), max_input_len=args.input_len,
-                     max_seq_len=args.input_len + args.steps + 8)
+                     max_seq_len=args.max_seq_len or args.input_len + args.steps + 8)
     prompts = [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32) for _ in range(args.batch)]
     with tempfile.TemporaryDirectory() as tmp:
         build(model, bc).save(tmp)

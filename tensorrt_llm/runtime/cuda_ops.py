@@ -39,6 +39,32 @@ def gelu_and_mul(x, *, approximate="none"):
     return kernels.gelu_and_mul(x, approximate)
 
 
+# ---- norm / activation + linear ----------------------------------------------------------
+# One row (a batch-1 decode step): one compiled GEMV launch computes the norm or activation
+# into shared memory and streams the weights (see use_gemv below). Otherwise the norm or
+# activation kernel, then cuBLAS through F.linear.
+
+def rms_norm_linear(x, norm_weight, weight, bias=None, *, eps):
+    if use_gemv(x, weight):
+        return kernels.rms_norm_gemv(x, norm_weight, weight, bias, eps)
+    return F.linear(kernels.rms_norm(x, norm_weight, eps), weight, bias)
+
+
+def add_rms_norm_linear(x, residual, norm_weight, weight, bias=None, *, eps):
+    if use_gemv(x, weight) and residual.stride(-1) == 1:
+        return kernels.rms_norm_gemv(x, norm_weight, weight, bias, eps, residual=residual)
+    normed, total = kernels.rms_norm(x, norm_weight, eps, residual)
+    return F.linear(normed, weight, bias), total
+
+
+def silu_and_mul_linear(x, weight, bias=None):
+    if use_gemv(x, weight):
+        return kernels.silu_and_mul_gemv(x, weight, bias)
+    return F.linear(kernels.silu_and_mul(x), weight, bias)
+
+
+# ---- gpt_attention -----------------------------------------------------------------------
+
 def _kernel_covers(num_heads, num_kv_heads, head_dim) -> bool:
     return (kernels.cuda_kernels_available() and head_dim in (64, 128, 256)
             and num_heads // num_kv_heads <= 8)
@@ -103,10 +129,31 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
     return out.view(num_tokens, num_heads * head_dim)
 
 
+# ---- linear layers of one row (batch-1 decode steps): the compiled GEMV --------------------
+# Measured on an H200 (benchmarks/bench_gemv.py): for one row it beats cuBLAS, alone or after a
+# separate norm or activation kernel, except for wide layers with a short k (a small model's
+# LM head), where cuBLAS spreads the work better; with 2 or more rows cuBLAS wins.
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a linear layer (weight [n, k]) on x runs as the compiled GEMV."""
+    n, k = weight.shape
+    return x.dim() == 2 and x.shape[0] == 1 and (k >= 2048 or n <= 16384) and kernels.gemv_supported(x, weight)
+
+
+def linear(x, weight, bias=None):
+    if use_gemv(x, weight):
+        return kernels.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 CUDA_OPS = {
     "rms_norm": rms_norm,
     "fused_add_rms_norm": fused_add_rms_norm,
     "silu_and_mul": silu_and_mul,
     "gelu_and_mul": gelu_and_mul,
+    "rms_norm_linear": rms_norm_linear,
+    "add_rms_norm_linear": add_rms_norm_linear,
+    "silu_and_mul_linear": silu_and_mul_linear,
     "gpt_attention": gpt_attention,
+    "linear": linear,
 }

@@ -65,7 +65,9 @@ def test_beams_and_scores_match_transformers(beam_runner, hf, end_id, length_pen
         beams, scores = hf_beams(hf, prompt, end_id, length_penalty=length_penalty,
                                  early_stopping=early_stopping)
         assert our_beams(out, b, prompt) == beams, f"prompt {b}"
-        torch.testing.assert_close(out["sequences_scores"][b], scores, rtol=0, atol=1e-4)
+        # length_penalty -1 multiplies sums of about -400 by the length: float32 sums taken in
+        # another order (cuBLAS on a GPU) differ by a few units in the last place (~4e-7).
+        torch.testing.assert_close(out["sequences_scores"][b], scores, rtol=1e-6, atol=1e-4)
     if early_stopping is True:  # the end token did finish hypotheses before max_new_tokens
         assert int(out["sequence_lengths"][0].min()) < len(PROMPTS[0]) + NEW
     assert beam_runner.kv_cache.num_free_blocks == free
