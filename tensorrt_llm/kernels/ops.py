@@ -291,16 +291,17 @@ def _multiprocessors(device_index: int) -> int:
 
 
 def _decode_splits(batch: int, kv_heads: int, max_positions: int, multiprocessors: int,
-                   tokens_per_block: int) -> tuple[int, int]:
+                   tokens_per_block: int, max_chunk_blocks: int) -> tuple[int, int]:
     """(num_splits, split_size). The kernel's blocks (KV head x sequence x split) share each
     sequence's actual length evenly, so splits only add blocks: enough for about one block per
     multiprocessor when batch x KV heads is small, none when it already fills the GPU (each
     block has a fixed cost, and a split costs a merge); never chunks under 64 positions, and
-    never more block ids per chunk than a block stages. Depends on shapes only, so graphs can
-    capture it."""
+    never more block ids per chunk than a block stages (max_chunk_blocks, the binding's
+    DECODE_ATTENTION_MAX_CHUNK_BLOCKS, which counts the 2 ids a chunk may straddle). Depends
+    on shapes only, so graphs can capture it."""
     blocks = max(1, batch * kv_heads)
     splits = max(1, min(-(-multiprocessors // blocks), -(-max_positions // 64)))
-    splits = max(splits, -(-max_positions // ((4096 - 2) * tokens_per_block)))
+    splits = max(splits, -(-max_positions // ((max_chunk_blocks - 2) * tokens_per_block)))
     split = -(-max_positions // splits)
     return -(-max_positions // split), split
 
@@ -342,7 +343,8 @@ def _decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     out = torch.empty_like(q)
     max_positions = block_tables.shape[1] * kv_cache.shape[3]
     num_splits, split_size = _decode_splits(batch, kv_cache.shape[2], max_positions,
-                                            _multiprocessors(q.device.index), kv_cache.shape[3])
+                                            _multiprocessors(q.device.index), kv_cache.shape[3],
+                                            get_bindings().DECODE_ATTENTION_MAX_CHUNK_BLOCKS)
     workspace = counters = None
     if num_splits > 1:
         workspace = torch.empty(batch * num_heads * num_splits * (head_dim + 2), dtype=torch.float32,
