@@ -22,15 +22,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ._utils import str_dtype_to_torch
+from .errors import EngineError
 from .logger import logger
 from .network import Network
 from .version import __version__
 
 ENGINE_FORMAT_VERSION = 1
-
-
-class EngineError(RuntimeError):
-    """An engine that cannot be used as it is: the message says what to rebuild."""
 
 
 @dataclass

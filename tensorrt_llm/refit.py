@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .builder import Engine, EngineError, read_engine_config
+from .builder import Engine, read_engine_config
+from .errors import EngineError, TrtLlmError
 from .models.modeling_utils import CONFIG_NAME, PretrainedConfig, rank_weights_name
 
 
-class RefitError(ValueError):
+class RefitError(TrtLlmError, ValueError):
     """The checkpoint does not fit the engine; the message lists every difference."""
 
 

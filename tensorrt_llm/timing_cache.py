@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from ._utils import str_dtype_to_torch
+from .errors import TrtLlmError
 from .network import Layer, Network
 from .runtime.op_impls import implementations
 
@@ -34,7 +35,7 @@ WARMUP_RUNS = 3
 TIMED_RUNS = 20
 
 
-class TimingCacheError(ValueError):
+class TimingCacheError(TrtLlmError, ValueError):
     """A timing cache file that cannot be used; the message says why."""
 
 

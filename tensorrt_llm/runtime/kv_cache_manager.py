@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from .._utils import str_dtype_to_torch
+from ..errors import TrtLlmError
 
 _KNOBS = "kv_cache_free_gpu_mem_fraction / max_tokens_in_paged_kv_cache"
 
 
-class KVCacheFullError(RuntimeError):
+class KVCacheFullError(TrtLlmError, RuntimeError):
     """Not enough free blocks in the paged KV cache for a request."""
 
     def __init__(self, seq_id, needed_blocks: int, free_blocks: int, total_blocks: int):
