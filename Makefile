@@ -20,7 +20,9 @@ PYTEST_ARGS ?=
 # Installed only when no torch is importable (a CUDA torch already there is kept).
 TORCH_SPEC  ?= torch==2.13.0
 
-BUILD_WHEEL = $(PYTHON) build_wheel.py -a "$(CUDA_ARCHS)" --dist_dir "$(DIST_DIR)" $(if $(JOBS),-j $(JOBS)) $(BUILD_ARGS)
+# --install_build_requirements: pybind11, setuptools, cmake and ninja come from the package index
+# into $(PYTHON) when it lacks them (a fresh venv, a bare machine); nothing is assumed installed.
+BUILD_WHEEL = $(PYTHON) build_wheel.py --install_build_requirements -a "$(CUDA_ARCHS)" --dist_dir "$(DIST_DIR)" $(if $(JOBS),-j $(JOBS)) $(BUILD_ARGS)
 
 .PHONY: help deps-runtime deps wheel install develop test quickstart clean
 

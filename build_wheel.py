@@ -5,7 +5,9 @@
     python build_wheel.py -a native -s -i          # GPU machine: this GPU only, editable install
     python build_wheel.py --cpu_only               # no CUDA kernels
 
-Stages: configure (CMake, reusing --build_dir), build (the compiler, -j jobs), copy the module
+Stages: requirements (pybind11, setuptools, CMake >= 3.24 and Ninja; with
+--install_build_requirements the missing or too old ones are pip-installed into this Python),
+configure (CMake, reusing --build_dir), build (the compiler, -j jobs), copy the module
 into tensorrt_llm/, wheel (pip wheel --no-build-isolation --no-deps: nothing is downloaded),
 install (-i). Each stage prints its time; a failing stage ends the script with the compiler's
 (or CMake's, or pip's) own output and its exit code, never a Python traceback.
@@ -116,6 +118,90 @@ def read_cmake_cache(build_dir: Path) -> dict:
     return values
 
 
+# ---- build requirements ------------------------------------------------------------------------
+
+# What the build needs in the Python running it; pyproject.toml lists the same for isolated builds.
+BUILD_REQUIREMENTS = {"pybind11": (2, 12), "setuptools": (70, 1), "cmake": (3, 24), "ninja": None}
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """(3, 24, 0) from "3.24.0-rc1": the leading digits of each dotted part, up to the first without."""
+    parts = []
+    for piece in text.split("."):
+        digits = piece[:len(piece) - len(piece.lstrip("0123456789"))]
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def scripts_dir() -> Path:
+    """Where pip puts this Python's commands (a venv's bin/): found even when not on PATH."""
+    return Path(sysconfig.get_path("scripts"))
+
+
+def find_tool(name: str) -> Optional[str]:
+    """`name` on PATH, else in this Python's scripts folder (where `pip install cmake ninja` puts them)."""
+    found = shutil.which(name)
+    local = scripts_dir() / name
+    if name == "cmake" and found and local.is_file() and not tool_version_ok(found, BUILD_REQUIREMENTS["cmake"]):
+        return str(local)  # an old system cmake first on PATH; the pip one is new enough
+    return found or (str(local) if local.is_file() and os.access(local, os.X_OK) else None)
+
+
+def tool_version_ok(path: str, minimum: Optional[tuple[int, ...]]) -> bool:
+    if minimum is None:
+        return True
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    words = out.split()
+    # "cmake version 3.25.1"
+    version = words[2] if len(words) > 2 and words[1] == "version" else (words[0] if words else "")
+    return version_tuple(version) >= minimum
+
+
+def module_version(name: str) -> Optional[str]:
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def missing_build_requirements(need_setuptools: bool = True) -> list[str]:
+    """pip specs of what this Python lacks to build: modules missing or too old, tools not found."""
+    missing = []
+    for name, minimum in BUILD_REQUIREMENTS.items():
+        spec = name + (">=" + ".".join(map(str, minimum)) if minimum else "")
+        if name in ("cmake", "ninja"):
+            tool = find_tool(name)
+            if tool is None or not tool_version_ok(tool, minimum):
+                missing.append(spec)
+        elif name != "setuptools" or need_setuptools:
+            version = module_version(name)
+            if version is None or (minimum and version_tuple(version) < minimum):
+                missing.append(spec)
+    return missing
+
+
+def ensure_build_requirements(args: argparse.Namespace) -> None:
+    need_setuptools = not args.skip_building_wheel or args.install
+    missing = missing_build_requirements(need_setuptools)
+    if not missing:
+        log("build requirements present")
+        return
+    if not args.install_build_requirements:
+        raise StageFailed("requirements", 1, f"this Python ({sys.executable}) lacks {', '.join(missing)}: "
+                          f"{sys.executable} -m pip install {' '.join(shlex.quote(m) for m in missing)} "
+                          "(or run build_wheel.py --install_build_requirements)")
+    run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *missing], "requirements")
+    still = missing_build_requirements(need_setuptools)
+    if still:
+        raise StageFailed("requirements", 1, f"still missing after pip install: {', '.join(still)}")
+
+
 # ---- arguments -------------------------------------------------------------------------------
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -138,6 +224,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("-i", "--install", action="store_true",
                    help="pip install the wheel (with -s: an editable install of this checkout); offline, no deps")
     p.add_argument("--use_ccache", action="store_true", help="compile through ccache")
+    p.add_argument("--install_build_requirements", action="store_true",
+                   help="pip install what the build lacks into this Python (pybind11, setuptools, and cmake "
+                        "and ninja when not found or too old) instead of stopping with the command to run")
     p.add_argument("-D", "--extra-cmake-vars", dest="extra_cmake_vars", action="append", default=[],
                    metavar="NAME=VALUE", help="extra CMake cache entries, repeatable (-D A=1 -D B=2)")
     args = p.parse_args(argv)
@@ -196,11 +285,14 @@ def pybind11_cmake_dir() -> str:
 
 
 def configure_command(args: argparse.Namespace, nvcc: Optional[str], generator: str) -> list[str]:
-    cmd = ["cmake", "-S", str(ROOT / "cpp"), "-B", str(args.build_dir), "-G", generator,
+    cmd = [find_tool("cmake") or "cmake", "-S", str(ROOT / "cpp"), "-B", str(args.build_dir), "-G", generator,
            f"-DCMAKE_BUILD_TYPE={args.build_type}",
            f"-DPython_EXECUTABLE={sys.executable}",
            f"-Dpybind11_DIR={pybind11_cmake_dir()}",
            f"-DTRTLLM_GIT_COMMIT={git_commit()}"]
+    ninja = find_tool("ninja") if generator == "Ninja" else None
+    if ninja and not shutil.which("ninja"):
+        cmd += [f"-DCMAKE_MAKE_PROGRAM={ninja}"]  # pip's ninja, in this Python's scripts folder
     launcher = shutil.which("ccache") if args.use_ccache else ""
     cmd += [f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}"]
     if nvcc:
@@ -231,7 +323,7 @@ def prepare_build_dir(args: argparse.Namespace) -> str:
             cache = {}
     if cache.get("CMAKE_GENERATOR"):
         return cache["CMAKE_GENERATOR"]
-    return "Ninja" if shutil.which("ninja") else "Unix Makefiles"
+    return "Ninja" if find_tool("ninja") else "Unix Makefiles"
 
 
 def copy_module(args: argparse.Namespace) -> Path:
@@ -300,9 +392,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if nvcc is None:
             log("notice: nvcc not found ($CUDACXX, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): building the "
                 "CPU-only bindings, without CUDA kernels")
-    for tool in ("cmake",):
-        if shutil.which(tool) is None:
-            raise StageFailed("configure", 127, f"{tool} not found on PATH")
+    with stages("requirements"):
+        ensure_build_requirements(args)
     log(f"python {sys.executable}; {'CUDA ' + args.cuda_architectures + ' via ' + nvcc if nvcc else 'CPU-only'}; "
         f"{jobs} job(s); build folder {args.build_dir}")
 
@@ -310,7 +401,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         generator = prepare_build_dir(args)
         run(configure_command(args, nvcc, generator), "configure")
     with stages("build"):
-        run(["cmake", "--build", str(args.build_dir), "--parallel", str(jobs)], "build")
+        run([find_tool("cmake"), "--build", str(args.build_dir), "--parallel", str(jobs)], "build")
     with stages("copy"):
         module = copy_module(args)
         info = describe_module(module)

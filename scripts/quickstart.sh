@@ -35,7 +35,8 @@ step "convert $GGUF -> $CHECKPOINT_DIR"
   --dtype float32
 
 step "build the engine -> $ENGINE_DIR"
-trtllm-build --checkpoint_dir "$CHECKPOINT_DIR" --output_dir "$ENGINE_DIR" \
+# through the interpreter: a console script just installed into a pyenv Python is not on PATH until a rehash
+"$PYTHON" -m tensorrt_llm.commands.build --checkpoint_dir "$CHECKPOINT_DIR" --output_dir "$ENGINE_DIR" \
   --max_batch_size 4 --max_input_len 512 --max_seq_len 1024
 
 step "generate"

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -66,6 +67,40 @@ def test_find_nvcc(tmp_path):
     assert bw.find_nvcc({"PATH": "", "CUDACXX": str(fake)}, fallbacks=()) == str(fake)
 
 
+def _fake_tool(folder: Path, name: str, version_line: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    tool = folder / name
+    tool.write_text(f"#!/bin/sh\necho '{version_line}'\n")
+    tool.chmod(0o755)
+    return tool
+
+
+def test_build_tools_found_in_this_pythons_scripts_folder(tmp_path, monkeypatch):
+    """A venv's pip-installed cmake/ninja are used when PATH has none, or only a too old cmake."""
+    scripts = tmp_path / "venv-bin"
+    monkeypatch.setattr(bw, "scripts_dir", lambda: scripts)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert bw.find_tool("cmake") is None and bw.find_tool("ninja") is None
+    assert {"cmake>=3.24", "ninja"} <= set(bw.missing_build_requirements())
+    local_cmake = _fake_tool(scripts, "cmake", "cmake version 3.31.6")
+    _fake_tool(scripts, "ninja", "1.13.0")
+    assert bw.find_tool("cmake") == str(local_cmake)
+    assert not {"cmake>=3.24", "ninja"} & set(bw.missing_build_requirements())
+    old = _fake_tool(tmp_path / "usr-bin", "cmake", "cmake version 3.18.4")
+    monkeypatch.setenv("PATH", str(old.parent))
+    assert bw.find_tool("cmake") == str(local_cmake)  # the old one on PATH is passed over
+    local_cmake.unlink()
+    assert bw.find_tool("cmake") == str(old) and "cmake>=3.24" in bw.missing_build_requirements()
+
+
+def test_missing_build_requirements_stop_with_the_pip_command(monkeypatch):
+    monkeypatch.setattr(bw, "missing_build_requirements", lambda need_setuptools=True: ["pybind11>=2.12"])
+    with pytest.raises(bw.StageFailed, match=r"lacks pybind11>=2.12: .* -m pip install 'pybind11>=2.12'"):
+        bw.ensure_build_requirements(bw.parse_args([]))
+    assert bw.version_tuple("2.13.6") == (2, 13, 6) and bw.version_tuple("3.24.0-rc1") == (3, 24, 0)
+    assert bw.version_tuple("70.1.0.post1") >= (70, 1)
+
+
 def test_configure_command_cuda_and_cpu_only():
     args = bw.parse_args(["-a", "90-real", "-D", "FOO=1"])
     cuda = bw.configure_command(args, "/opt/cuda/bin/nvcc", "Ninja")
@@ -97,9 +132,10 @@ def test_cpu_only_build(tmp_path):
     build = tmp_path / "build"
     args = bw.parse_args(["--cpu_only", "--build_dir", str(build)])
     jobs = str(bw.default_job_count())
-    subprocess.run(bw.configure_command(args, None, "Ninja" if shutil.which("ninja") else "Unix Makefiles"),
+    subprocess.run(bw.configure_command(args, None, "Ninja" if bw.find_tool("ninja") else "Unix Makefiles"),
                    check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build), "--parallel", jobs], check=True, capture_output=True)
+    subprocess.run([bw.find_tool("cmake"), "--build", str(build), "--parallel", jobs], check=True,
+                   capture_output=True)
     module = build / "tensorrt_llm" / bw.module_filename()
     info = bw.describe_module(module)
     assert info["cuda"] is False and info["cuda_version"] is None and info["cuda_architectures"] == []
@@ -144,10 +180,15 @@ def test_wheel_in_a_fresh_virtual_environment(tmp_path):
     if not build["wheel"]:
         pytest.skip("the last build_wheel.py run made no wheel (-s)")
     venv = tmp_path / "venv"
-    # The system site packages provide torch & co. and pip itself (no download; a venv-local pip
-    # would bring an old setuptools that shadows the system one). The package comes only from the wheel.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    # torch & co. and pip itself come from the environment running this test (no download), listed
+    # in a .pth file: `--system-site-packages` would give the base interpreter's packages instead,
+    # which inside a venv are not these. The package itself comes only from the wheel.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
+    venv_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir() and not p.startswith(str(venv))]
+    (Path(venv_site) / "outer_environment.pth").write_text("\n".join(outer) + "\n")
     pip = [str(py), "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "-q"]
     # into the venv even when a tensorrt_llm is installed system-wide; then pip install again, which
     # resolves the wheel's requirements against what is installed

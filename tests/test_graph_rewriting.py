@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from tensorrt_llm import Network, functional as F, net_guard
-from tensorrt_llm.functional import FLayerInfoMemo
-from tensorrt_llm.graph_rewriting import (AnalysisPatternManager, FuseAddRmsNorm, FuseGateUp, PatternAnalyzer,
-                                          PatternRewriter, RewritePatternManager, optimize, prune_unused_weights,
-                                          remove_dead_layers)
+from tensorrt_llm import functional
+from tensorrt_llm.graph_rewriting import (AnalysisPatternManager, FLayerInfo, FLayerInfoMemo, FuseAddRmsNorm,
+                                          FuseGateUp, PatternAnalyzer, PatternRewriter, RewritePatternManager,
+                                          optimize, prune_unused_weights, record_signature, remove_dead_layers)
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 H, I = 8, 12
@@ -174,6 +174,13 @@ class TanhToSigmoid(PatternRewriter):
         y = F.sigmoid(x * 2.0) * 2.0 - 1.0
         info.replace_output_uses_with(layer.network, [y])
         layer.network.mark_removed(layer)
+
+
+def test_rewriting_names_are_importable_where_trtllm_users_find_them():
+    # A pass ported from TensorRT-LLM imports these from graph_rewriting; they are functional's objects.
+    assert FLayerInfo is functional.FLayerInfo
+    assert FLayerInfoMemo is functional.FLayerInfoMemo
+    assert record_signature is functional.record_signature
 
 
 def test_managers_with_user_patterns():
