@@ -6,10 +6,15 @@ special case of this loop where every request arrives at once.
 """
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
+
+from ..errors import RequestError
 
 from . import beam_search
 from .cuda_graph import CudaGraphDecoder
@@ -41,69 +46,96 @@ class GenerationSession:
         self.kv_cache_pool = kv_cache_pool
         self.device = session.device
 
-    def check_request(self, batch_input_ids: list[torch.Tensor], max_new_tokens: int,
-                      num_beams: int = 1) -> None:
+    def check_request(self, batch_input_ids, max_new_tokens, sampling: SamplingConfig,
+                      stop_words_list=None, bad_words_list=None
+                      ) -> tuple[list[torch.Tensor], Optional[WordLists], Optional[WordLists]]:
+        """Every check of a request, before any work: returns (the prompts as 1-D int32 CPU
+        tensors, the parsed stop words, the parsed bad words) or raises RequestError.
+
+        batch_input_ids: a list of prompts, each a 1-D sequence of token ids (a list of
+        Python ints, or an integer torch tensor or numpy array), or one 2-D integer tensor /
+        array [batch, tokens] whose rows are taken whole as the prompts (no padding is
+        removed: pass a list for prompts of different lengths). Ids are checked as integers
+        in [0, vocab_size) before they are cast to int32; floats, bools, 0-D and 2-D prompts
+        are refused.
+        """
         lim = self.limits
-        if num_beams > lim.max_beam_width:
-            raise ValueError(f"num_beams {num_beams} exceeds the engine's max_beam_width "
-                             f"{lim.max_beam_width}; rebuild with a larger --max_beam_width")
-        if not batch_input_ids:
-            raise ValueError("batch_input_ids is empty")
-        if len(batch_input_ids) > lim.max_batch_size:
-            raise ValueError(f"{len(batch_input_ids)} prompts exceed the engine's max_batch_size "
-                             f"{lim.max_batch_size}; rebuild with a larger --max_batch_size")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not _is_integer(max_new_tokens) or max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1 and an integer, got {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)
+        if sampling.num_beams > lim.max_beam_width:
+            raise RequestError(f"num_beams {sampling.num_beams} exceeds the engine's max_beam_width "
+                               f"{lim.max_beam_width}; rebuild with a larger --max_beam_width")
+        for name in ("end_id", "pad_id"):
+            value = getattr(sampling, name)
+            if value is not None and not 0 <= value < lim.vocab_size:
+                raise RequestError(f"{name} {value} is outside the vocabulary [0, {lim.vocab_size})")
+        prompts = _batch(batch_input_ids)
+        if not prompts:
+            raise RequestError("batch_input_ids is empty")
         total = 0
-        for i, ids in enumerate(batch_input_ids):
-            n = ids.numel()
+        for i, ids in enumerate(prompts):
+            ids, n, lo, hi = _prompt_ids(i, ids)
+            if len(prompts) > lim.max_batch_size:
+                # Said after the first prompt's form: [1, 2, 3] is one prompt too few brackets.
+                raise RequestError(f"{len(prompts)} prompts exceed the engine's max_batch_size "
+                                   f"{lim.max_batch_size}; rebuild with a larger --max_batch_size")
             total += n
             if n == 0:
-                raise ValueError(f"prompt {i} is empty")
+                raise RequestError(f"prompt {i} is empty")
             if n > lim.max_input_len:
-                raise ValueError(f"prompt {i} has {n} tokens, more than the engine's max_input_len "
-                                 f"{lim.max_input_len}; rebuild with a larger --max_input_len")
+                raise RequestError(f"prompt {i} has {n} tokens, more than the engine's max_input_len "
+                                   f"{lim.max_input_len}; rebuild with a larger --max_input_len")
             if n + max_new_tokens > lim.max_seq_len:
-                raise ValueError(f"prompt {i} ({n} tokens) + max_new_tokens {max_new_tokens} exceeds "
-                                 f"the engine's max_seq_len {lim.max_seq_len}")
-            lo, hi = int(ids.min()), int(ids.max())
+                raise RequestError(f"prompt {i} ({n} tokens) + max_new_tokens {max_new_tokens} exceeds "
+                                   f"the engine's max_seq_len {lim.max_seq_len}")
             if lo < 0 or hi >= lim.vocab_size:
                 bad = lo if lo < 0 else hi
-                raise ValueError(f"prompt {i} holds token id {bad}, outside the vocabulary "
-                                 f"[0, {lim.vocab_size})")
+                raise RequestError(f"prompt {i} holds token id {bad}, outside the vocabulary "
+                                   f"[0, {lim.vocab_size})")
+            # In range, so the cast to int32 is exact.
+            prompts[i] = _as_int32(ids)
         if total > lim.max_num_tokens:
-            raise ValueError(f"the prompts hold {total} tokens, more than the engine's max_num_tokens "
-                             f"{lim.max_num_tokens}; send fewer prompts at once or rebuild")
+            raise RequestError(f"the prompts hold {total} tokens, more than the engine's max_num_tokens "
+                               f"{lim.max_num_tokens}; send fewer prompts at once or rebuild")
+        B, V = len(prompts), lim.vocab_size
+        # The loop checks stop words on the host, where the output is; beam search on the
+        # device, where its candidates are.
+        stop = WordLists.parse(stop_words_list, B, V, "stop_words_list",
+                               self.device if sampling.num_beams > 1 else "cpu")
+        bad = WordLists.parse(bad_words_list, B, V, "bad_words_list", self.device, bans=True)
+        return prompts, stop, bad
 
-    def generate(self, batch_input_ids: list[torch.Tensor], sampling: SamplingConfig,
+    def generate(self, batch_input_ids, sampling: SamplingConfig,
                  max_new_tokens: int, output_generation_logits: bool = False,
                  return_context_logits: bool = False, stop_words_list=None, bad_words_list=None,
                  output_log_probs: bool = False, output_cum_log_probs: bool = False
                  ) -> Iterator[dict]:
-        """Yield the state after every step; the last item is the final result.
+        """An iterator over the state after every step; the last item is the final result.
 
+        The request is checked when this is called (check_request says what
+        batch_input_ids may be), not when the iterator is first read.
         stop_words_list / bad_words_list: see word_lists.py. output_log_probs adds
         `log_probs` [B, beams, max_new_tokens]: the log-probability of each generated token
         under the processed logits (penalties, min_length, bad words; before temperature,
         top-k and top-p), 0 past a sequence's end; output_cum_log_probs adds their sums,
         `cum_log_probs` [B, beams]. Beam search (sampling.num_beams > 1) is beam_search.py.
         """
-        batch_input_ids = [torch.as_tensor(ids, dtype=torch.int32).reshape(-1).cpu()
-                           for ids in batch_input_ids]
-        self.check_request(batch_input_ids, max_new_tokens, sampling.num_beams)
-        B, V = len(batch_input_ids), self.limits.vocab_size
-        # The loop below checks stop words on the host, where the output is; beam search on
-        # the device, where its candidates are.
-        stop = WordLists.parse(stop_words_list, B, V, "stop_words_list",
-                               self.device if sampling.num_beams > 1 else "cpu")
-        bad = WordLists.parse(bad_words_list, B, V, "bad_words_list", self.device)
+        batch_input_ids, stop, bad = self.check_request(batch_input_ids, max_new_tokens, sampling,
+                                                        stop_words_list, bad_words_list)
+        max_new_tokens = int(max_new_tokens)
         outputs = dict(log_probs=output_log_probs, cum_log_probs=output_cum_log_probs)
         if sampling.num_beams > 1:
             if output_generation_logits:
-                raise ValueError("output_generation_logits is not available with beam search")
-            yield from beam_search.generate(self, batch_input_ids, sampling, max_new_tokens,
-                                            return_context_logits, stop, bad, outputs)
-            return
+                raise RequestError("output_generation_logits is not available with beam search")
+            return beam_search.generate(self, batch_input_ids, sampling, max_new_tokens,
+                                        return_context_logits, stop, bad, outputs)
+        return self._generate(batch_input_ids, sampling, max_new_tokens, output_generation_logits,
+                              return_context_logits, stop, bad, outputs)
+
+    def _generate(self, batch_input_ids, sampling, max_new_tokens, output_generation_logits,
+                  return_context_logits, stop, bad, outputs) -> Iterator[dict]:
+        B = len(batch_input_ids)
         prompt_lens = [ids.numel() for ids in batch_input_ids]
         seq_ids = list(range(B))
         # Reserve every block a request can need now, so a request never fails half-way
@@ -278,6 +310,86 @@ class GenerationSession:
         if context_logits is not None:
             out["context_logits"] = context_logits
         return out
+
+
+def _is_integer(value) -> bool:
+    """A Python or numpy integer; not a bool, a float or a string."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _batch(batch_input_ids) -> list:
+    """The prompts of a request: a list's items, or the rows of one 2-D tensor / array."""
+    if isinstance(batch_input_ids, (torch.Tensor, np.ndarray)):
+        shape = list(batch_input_ids.shape)
+        if len(shape) == 2:
+            return list(batch_input_ids)
+        raise RequestError(f"batch_input_ids is a tensor of shape {shape}: pass a list of 1-D "
+                           f"prompts or one 2-D [batch, tokens] tensor")
+    if isinstance(batch_input_ids, (str, bytes, dict)) or not isinstance(batch_input_ids, Iterable):
+        raise RequestError(f"batch_input_ids must be a list of prompts (token-id lists or 1-D "
+                           f"tensors), got {type(batch_input_ids).__name__}")
+    return list(batch_input_ids)
+
+
+def _prompt_ids(i: int, ids) -> tuple[object, int, int, int]:
+    """(ids, n, lo, hi): prompt i's ids as given (a 1-D integer tensor, array or list of
+    ints, not yet cast, so nothing has wrapped), its length and its smallest and largest id
+    (0, -1 when empty). RequestError naming prompt i for anything but a 1-D sequence of
+    integers."""
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if not _integer_dtype(ids):
+            kind = "numpy array" if isinstance(ids, np.ndarray) else "tensor"
+            dtype = str(ids.dtype).removeprefix("torch.")
+            raise RequestError(f"prompt {i} is a {dtype} {kind}; token ids must be integers")
+        _check_1d(i, list(ids.shape))
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach()
+        n = int(ids.shape[0])
+        if n == 0:
+            return ids, 0, 0, -1
+        return ids, n, int(ids.min()), int(ids.max())
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        if _is_integer(ids):
+            _check_1d(i, [])
+        raise RequestError(f"prompt {i} must be a 1-D sequence of token ids, got "
+                           f"{type(ids).__name__}")
+    ids = list(ids)
+    for pos, t in enumerate(ids):
+        if isinstance(t, (torch.Tensor, np.ndarray)) and t.ndim == 0 and _integer_dtype(t):
+            ids[pos] = t = int(t)
+        if isinstance(t, (Sequence, torch.Tensor, np.ndarray)) and not isinstance(t, (str, bytes)):
+            _check_1d(i, [len(ids), len(t)] if isinstance(t, Sequence) else [len(ids), *t.shape])
+        if not _is_integer(t):
+            raise RequestError(f"prompt {i} holds {t!r} ({type(t).__name__}) at position {pos}; "
+                               f"token ids must be integers")
+    if not ids:
+        return ids, 0, 0, -1
+    return ids, len(ids), int(min(ids)), int(max(ids))
+
+
+def _as_int32(ids) -> torch.Tensor:
+    """A prompt checked by _prompt_ids, its ids within int32: a 1-D int32 CPU tensor."""
+    if isinstance(ids, torch.Tensor):
+        return ids.to("cpu", torch.int32).contiguous()
+    if isinstance(ids, np.ndarray):
+        return torch.from_numpy(ids.astype(np.int32))
+    return torch.tensor([int(t) for t in ids], dtype=torch.int32)
+
+
+def _integer_dtype(t) -> bool:
+    if isinstance(t, np.ndarray):
+        return t.dtype.kind in "iu"
+    return not (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def _check_1d(i: int, shape: list) -> None:
+    if len(shape) == 0:
+        raise RequestError(f"prompt {i} is a single token id, not a sequence: batch_input_ids is a "
+                           f"list of prompts, e.g. [[1, 2, 3]]")
+    if len(shape) != 1:
+        raise RequestError(f"prompt {i} has shape {shape}: each prompt must be a 1-D sequence of "
+                           f"token ids; pass a 2-D tensor [batch, tokens] as batch_input_ids "
+                           f"itself for a batch of equal-length prompts")
 
 
 def add_log_probs(result: dict, log_probs: torch.Tensor, outputs: dict) -> None:

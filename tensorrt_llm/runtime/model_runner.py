@@ -1,17 +1,18 @@
 """ModelRunner: load an engine folder and generate from it, the way run.py users expect."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .._utils import str_dtype_to_torch
 from ..builder import Engine
+from ..errors import RequestError
 from ..logger import logger
 from .cuda_graph import CudaGraphDecoder
 from .generation import GenerationSession, ModelLimits
-from .kv_cache_manager import KVCacheConfig, KVCacheManager, allocate_pool
+from .kv_cache_manager import KVCacheConfig, KVCacheLayout, KVCacheManager, allocate_pool
 from .sampling import SamplingConfig
 from .session import Session
 
@@ -43,10 +44,9 @@ class ModelRunner:
         self.build_config = bc
         self.session = Session.from_engine(engine, device)
 
-        num_layers = cfg["num_hidden_layers"]
-        num_kv_heads = max(1, cfg["num_key_value_heads"] // cfg["mapping"]["tp_size"])
-        head_dim = cfg.get("head_size") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        dtype = str_dtype_to_torch(cfg["dtype"])
+        layout = KVCacheLayout.of_engine(cfg, bc.tokens_per_block)
+        num_layers, num_kv_heads, head_dim = layout.num_layers, layout.num_kv_heads, layout.head_dim
+        dtype = layout.dtype
         tpb = bc.tokens_per_block
         max_blocks_per_seq = -(-bc.max_seq_len // tpb)
         # Every beam of every request may hold a whole sequence.
@@ -90,7 +90,9 @@ class ModelRunner:
                  return_context_logits: bool = False, stop_words_list=None, bad_words_list=None,
                  output_log_probs: bool = False, output_cum_log_probs: bool = False,
                  **sampling_kwargs):
-        """Generate for a list of 1-D token-id tensors (or lists).
+        """Generate for a list of prompts, each a 1-D sequence of token ids (a list of ints,
+        an integer tensor or numpy array), or for one 2-D integer tensor [batch, tokens] whose
+        rows are the prompts, taken whole (GenerationSession.check_request).
 
         Returns `{"output_ids": [B, beams, max_prompt + max_new_tokens], "sequence_lengths":
         [B, beams]}` (beams = num_beams, best first; beam search adds `sequences_scores`
@@ -98,11 +100,18 @@ class ModelRunner:
         of such dicts, one per step. `sampling_kwargs` are SamplingConfig's other fields
         (num_beams, length_penalty, early_stopping, penalties, min_length); the word lists
         and log-probs are GenerationSession.generate's.
+
+        The whole request is checked here, before any work and before a stream is read: a
+        bad id, prompt, parameter or word list raises RequestError (a ValueError) in one line.
         """
+        unknown = sorted(set(sampling_kwargs) - _SAMPLING_FIELDS)
+        if unknown:
+            raise RequestError(f"generate() got unknown option(s) {', '.join(unknown)}; sampling "
+                               f"options are {', '.join(sorted(_SAMPLING_FIELDS))}")
         sampling = SamplingConfig(end_id=end_id, pad_id=pad_id,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   random_seed=random_seed, **sampling_kwargs)
-        steps = self.generation.generate(list(batch_input_ids), sampling, max_new_tokens,
+        steps = self.generation.generate(batch_input_ids, sampling, max_new_tokens,
                                          output_generation_logits, return_context_logits,
                                          stop_words_list=stop_words_list,
                                          bad_words_list=bad_words_list,
@@ -114,6 +123,9 @@ class ModelRunner:
         for out in steps:
             pass
         return _shape(out, return_dict)
+
+
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingConfig)}
 
 
 def _shape(out: dict, return_dict: bool):

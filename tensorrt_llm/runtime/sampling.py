@@ -12,12 +12,14 @@ Both draw from sampling_distribution().
 """
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .. import kernels
+from ..errors import RequestError
 
 
 @dataclass
@@ -61,29 +63,41 @@ class SamplingConfig:
     early_stopping: bool | str = False
 
     def __post_init__(self):
+        """Checks every field's type and range: a RequestError (a ValueError) naming it."""
         if self.pad_id is None:
             self.pad_id = self.end_id if self.end_id is not None else 0
         _require(self.end_id is None or (_is_int(self.end_id) and self.end_id >= 0), "end_id",
                  "None or an int >= 0", self.end_id)
         _require(_is_int(self.pad_id) and self.pad_id >= 0, "pad_id", "an int >= 0", self.pad_id)
-        _require(math.isfinite(self.temperature) and self.temperature >= 0, "temperature",
-                 "a finite number >= 0", self.temperature)
+        _require(_is_real(self.temperature) and math.isfinite(self.temperature)
+                 and self.temperature >= 0, "temperature", "a finite number >= 0", self.temperature)
         _require(_is_int(self.top_k) and self.top_k >= 0, "top_k", "an int >= 0", self.top_k)
-        _require(0.0 <= self.top_p <= 1.0, "top_p", "in [0, 1]", self.top_p)
-        _require(self.random_seed is None or _is_int(self.random_seed), "random_seed",
-                 "None or an int", self.random_seed)
+        _require(_is_real(self.top_p) and 0.0 <= self.top_p <= 1.0, "top_p", "a number in [0, 1]",
+                 self.top_p)
+        _require(self.random_seed is None or (_is_int(self.random_seed)
+                                              and -2**63 <= self.random_seed < 2**64),
+                 "random_seed", "None or an int in [-2**63, 2**64)", self.random_seed)
         _require(_is_int(self.num_beams) and self.num_beams >= 1, "num_beams", "an int >= 1",
                  self.num_beams)
-        _require(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+        _require(_is_real(self.repetition_penalty) and math.isfinite(self.repetition_penalty)
+                 and self.repetition_penalty > 0,
                  "repetition_penalty", "a finite number > 0", self.repetition_penalty)
         for name in ("presence_penalty", "frequency_penalty", "length_penalty"):
-            _require(math.isfinite(getattr(self, name)), name, "finite", getattr(self, name))
+            value = getattr(self, name)
+            _require(_is_real(value) and math.isfinite(value), name, "a finite number", value)
         _require(_is_int(self.min_length) and self.min_length >= 0, "min_length",
                  "an int >= 0", self.min_length)
         _require(self.min_length == 0 or self.end_id is not None, "min_length",
                  "0 when there is no end_id", self.min_length)
-        _require(self.early_stopping in (True, False, "never"), "early_stopping",
-                 'True, False or "never"', self.early_stopping)
+        _require(isinstance(self.early_stopping, bool) or self.early_stopping == "never",
+                 "early_stopping", 'True, False or "never"', self.early_stopping)
+        # Plain Python numbers from here on (numpy scalars are accepted above).
+        for name in ("end_id", "pad_id", "top_k", "random_seed", "num_beams", "min_length"):
+            if getattr(self, name) is not None:
+                setattr(self, name, int(getattr(self, name)))
+        for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty", "length_penalty"):
+            setattr(self, name, float(getattr(self, name)))
         samples = (self.temperature not in (0.0, 1.0) or self.top_k > 1
                    or 0.0 < self.top_p < 1.0)
         _require(self.num_beams == 1 or not samples, "num_beams",
@@ -96,12 +110,18 @@ class SamplingConfig:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A Python or numpy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    """A Python or numpy int or float, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _require(ok: bool, name: str, what: str, value) -> None:
     if not ok:
-        raise ValueError(f"SamplingConfig.{name} must be {what}, got {value!r}")
+        raise RequestError(f"SamplingConfig.{name} must be {what}, got {value!r}")
 
 
 def make_generator(random_seed: int | None, device) -> torch.Generator:

@@ -12,9 +12,12 @@ Format (TensorRT-LLM's): for every request a list of token sequences, e.g.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
+
+from ..errors import RequestError
 
 
 class WordLists:
@@ -34,16 +37,22 @@ class WordLists:
         self.tokens = torch.tensor(padded, dtype=torch.int64, device=device).reshape(-1, width)
 
     @classmethod
-    def parse(cls, value, batch_size: int, vocab_size: int, name: str, device) -> WordLists | None:
-        """None when `value` holds no word; a ValueError naming `name` when it is malformed."""
+    def parse(cls, value, batch_size: int, vocab_size: int, name: str, device,
+              bans: bool = False) -> WordLists | None:
+        """None when `value` holds no word; a RequestError naming `name` when it is malformed.
+        `bans`: the words are bad words, refused when one request's single-token words ban
+        the whole vocabulary (nothing could be generated)."""
         if value is None:
             return None
         words = _per_request(value, batch_size, name)
         for request, ws in enumerate(words):
             for w in ws:
                 if not w or any(t < 0 or t >= vocab_size for t in w):
-                    raise ValueError(f"{name}: request {request} holds {w!r}; every word must be a "
-                                     f"non-empty list of token ids in [0, {vocab_size})")
+                    raise RequestError(f"{name}: request {request} holds {w!r}; every word must be a "
+                                       f"non-empty list of token ids in [0, {vocab_size})")
+            if bans and len({w[0] for w in ws if len(w) == 1}) >= vocab_size:
+                raise RequestError(f"{name} bans every token of the vocabulary ({vocab_size}) for "
+                                   f"request {request}: nothing could be generated")
         if not any(words):
             return None
         return cls(words, device)
@@ -88,18 +97,26 @@ def _is_seq(x) -> bool:
 def _per_request(value, batch_size: int, name: str) -> list[list[list[int]]]:
     """One list of words per request from either accepted format. A list of empty lists
     reads as one (empty) list per request."""
+    def token(t):
+        if isinstance(t, torch.Tensor) and t.dim() == 0 and not (
+                t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex):
+            t = int(t)
+        if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+            raise RequestError(f"{name} holds {t!r} ({type(t).__name__}); token ids must be integers")
+        return int(t)
+
     def words_of(ws):
-        return [[int(t) for t in w] for w in ws]
+        return [[token(t) for t in w] for w in ws]
     if not _is_seq(value):
-        raise ValueError(f"{name} must be a list of token-id lists (shared by all requests) or "
+        raise RequestError(f"{name} must be a list of token-id lists (shared by all requests) or "
                          f"one such list per request, got {type(value).__name__}")
     value = list(value)
     if all(_is_seq(w) and all(_is_seq(s) for s in w) for w in value) and value:
         if len(value) != batch_size:
-            raise ValueError(f"{name} has {len(value)} lists for {batch_size} requests")
+            raise RequestError(f"{name} has {len(value)} lists for {batch_size} requests")
         return [words_of(ws) for ws in value]
     if all(_is_seq(w) and all(not _is_seq(t) for t in w) for w in value):
         shared = words_of(value)
         return [shared] * batch_size
-    raise ValueError(f"{name} must be List[List[int]] (shared) or List[List[List[int]]] "
+    raise RequestError(f"{name} must be List[List[int]] (shared) or List[List[List[int]]] "
                      f"(per request)")
