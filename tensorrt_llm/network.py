@@ -481,7 +481,12 @@ class Network:
     def from_json(cls, text: str, weights: Optional[dict[str, torch.Tensor]] = None) -> "Network":
         """Rebuild a network; `weights` must hold every weight the JSON lists, with its
         dtype and shape (None: a graph without weight data, e.g. for inspection)."""
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text), weights)
+
+    @classmethod
+    def from_dict(cls, data: dict, weights: Optional[dict[str, torch.Tensor]] = None) -> "Network":
+        """`from_json` of the parsed JSON (what `to_dict` returns). A graph from a file of
+        unknown origin is checked first with engine_check.check_graph, as Engine.from_dir does."""
         if data.get("format") != JSON_FORMAT:
             raise ValueError(f"not a {JSON_FORMAT} graph (format={data.get('format')!r})")
         if data.get("version") != JSON_VERSION:

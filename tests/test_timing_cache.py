@@ -131,7 +131,7 @@ def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monk
     layer.attrs["implementation"] = "slow"
     source, plan = lower(second.network, dict(REFERENCE_OPS), with_slow(torch.device("cpu")))
     assert "implementation" not in source
-    assert plan.__globals__[f"op_{op}_slow"] is slow
+    assert any(v is slow for v in plan.__globals__.values())
 
 
 def test_engine_with_recorded_choices_saves_loads_and_runs(hf, tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._utils import str_dtype_to_torch
+from .._utils import canonical_dtype, str_dtype_to_torch
 from ..errors import TrtLlmError
 
 _KNOBS = "kv_cache_free_gpu_mem_fraction / max_tokens_in_paged_kv_cache"
@@ -44,6 +44,48 @@ def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, tokens_pe
     """Bytes one block index takes in the pool, over all layers and both K and V."""
     element_size = torch.empty((), dtype=_torch_dtype(dtype)).element_size()
     return num_layers * 2 * num_kv_heads * tokens_per_block * head_dim * element_size
+
+
+def blocks_for_tokens_of(max_sequences: int, max_seq_len: int, tokens_per_block: int) -> int:
+    """The most blocks an engine can use at once: `max_sequences` sequences (every beam of
+    every request) of `max_seq_len` tokens, each rounded up to whole blocks."""
+    return max_sequences * blocks_for_tokens(max_seq_len, tokens_per_block)
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """The per-block layout of an engine's pool, from its model config: the one place that
+    says how many layers, KV heads, head dims and bytes a block has (ModelRunner sizes the
+    pool with it, trtllm-build checks that the pool fits, the engine loader checks the graph
+    against it)."""
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    tokens_per_block: int
+    dtype_name: str
+
+    @classmethod
+    def of_engine(cls, pretrained_config: dict, tokens_per_block: int) -> "KVCacheLayout":
+        cfg = pretrained_config
+        return cls(num_layers=cfg["num_hidden_layers"],
+                   num_kv_heads=max(1, cfg["num_key_value_heads"] // cfg["mapping"]["tp_size"]),
+                   head_dim=cfg.get("head_size") or cfg["hidden_size"] // cfg["num_attention_heads"],
+                   tokens_per_block=tokens_per_block, dtype_name=canonical_dtype(cfg["dtype"]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return str_dtype_to_torch(self.dtype_name)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return bytes_per_block(self.num_layers, self.num_kv_heads, self.head_dim, self.tokens_per_block,
+                               self.dtype)
+
+    def max_pool_bytes(self, max_sequences: int, max_seq_len: int) -> int:
+        """Bytes of the pool when it holds all an engine can use at once (see
+        `blocks_for_tokens_of`): what the runtime allocates unless memory or
+        `max_tokens_in_paged_kv_cache` bound it."""
+        return blocks_for_tokens_of(max_sequences, max_seq_len, self.tokens_per_block) * self.bytes_per_block
 
 
 def blocks_for_memory(free_bytes: int, fraction: float, num_layers: int, num_kv_heads: int,
@@ -84,7 +126,7 @@ class KVCacheConfig:
         that engine limit.
         """
         device = torch.device(device)
-        blocks = max_batch_size * blocks_for_tokens(max_seq_len, tokens_per_block)
+        blocks = blocks_for_tokens_of(max_batch_size, max_seq_len, tokens_per_block)
         if self.max_tokens is not None:
             blocks = min(blocks, blocks_for_tokens(self.max_tokens, tokens_per_block))
         if device.type == "cuda":

@@ -14,14 +14,19 @@ import torch
 
 from ..reference_ops import REFERENCE_OPS
 
+# Every implementation name an engine may record (attrs["implementation"]); an engine
+# naming any other is refused at load (tensorrt_llm/engine_check.py).
+REFERENCE, CUDA = "reference", "cuda"
+IMPLEMENTATION_NAMES = frozenset({REFERENCE, CUDA})
+
 
 def implementations(device: torch.device) -> dict[str, dict[str, Callable]]:
     """op -> {implementation name: function} on `device`; the first name is the default."""
-    table = {op: {"reference": fn} for op, fn in REFERENCE_OPS.items()}
+    table = {op: {REFERENCE: fn} for op, fn in REFERENCE_OPS.items()}
     if device.type == "cuda":
         from .cuda_ops import CUDA_OPS  # needs the compiled module only on a GPU
         for op, fn in CUDA_OPS.items():
-            table[op] = {"cuda": fn, **table[op]}
+            table[op] = {CUDA: fn, **table[op]}
     return table
 
 

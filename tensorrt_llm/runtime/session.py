@@ -1,9 +1,11 @@
 """The engine executor: lowers a Network to a flat execution plan once, then runs it.
 
-The plan is generated Python source, one statement per layer, compiled at load. Weights
-and op implementations are bound as globals of that code, so a step costs one call per
-layer and nothing else: no graph walking, no dict lookups of layer attributes, and each
-intermediate is dropped right after its last use.
+The plan is generated Python source, one statement per layer, compiled at load. Weights,
+op implementations, attribute dicts, feed keys and output names are bound as globals of
+that code under generated names, so a step costs one call per layer and nothing else (no
+graph walking, no dict lookups of layer attributes, each intermediate dropped right after
+its last use), and no string of the network, which may come from an engine file, is ever
+part of the compiled source (docs/security.md).
 """
 from __future__ import annotations
 
@@ -67,7 +69,13 @@ def lower(network: Network, ops: dict[str, Callable],
 
     A layer whose attrs name an `implementation` (the builder's timed choice) runs that
     entry of `impls[op]`; a name this device lacks (an engine for "any" timed on a GPU,
-    run on the CPU) falls back to `ops[op]`: the choice is about speed, never meaning."""
+    run on the CPU) falls back to `ops[op]`: the choice is about speed, never meaning.
+
+    The source holds only identifiers this function makes up (`t<i>` tensors, `w<i>`
+    weights, `f<i>` functions, `a<i>` attribute dicts) and the keywords of the plan itself:
+    no string of the network (names, ops, attribute keys or values) is written into it.
+    Feed keys, output names, functions and attribute dicts are globals of the plan, so an
+    engine from a stranger cannot smuggle code into what is compiled here."""
     names: dict[str, str] = {}  # tensor name -> Python identifier
 
     def ident(tensor_name: str) -> str:
@@ -75,10 +83,20 @@ def lower(network: Network, ops: dict[str, Callable],
             names[tensor_name] = _identifier(len(names))
         return names[tensor_name]
 
-    env: dict[str, object] = {}
+    # No builtins but the two the return statement uses: the plan calls only what is bound here.
+    env: dict[str, object] = {"__builtins__": {}, "dict": dict, "zip": zip}
+    fn_names: dict[int, str] = {}  # id(function) -> its global
+
+    def bind_function(fn: Callable) -> str:
+        if id(fn) not in fn_names:
+            fn_names[id(fn)] = f"f{len(fn_names)}"
+            env[fn_names[id(fn)]] = fn
+        return fn_names[id(fn)]
+
     lines = ["def plan(feed):"]
-    for spec in network.inputs:
-        lines.append(f"    {ident(spec.name)} = feed[{spec.name!r}]")
+    env["feed_keys"] = tuple(spec.name for spec in network.inputs)
+    for j, spec in enumerate(network.inputs):
+        lines.append(f"    {ident(spec.name)} = feed[feed_keys[{j}]]")
 
     # Last use of every tensor, so the plan can drop intermediates as soon as it can.
     keep = set(network.outputs) | set(network.debug_outputs)
@@ -102,21 +120,22 @@ def lower(network: Network, ops: dict[str, Callable],
         attrs = dict(layer.attrs)
         chosen = attrs.pop("implementation", None)
         fn = (impls or {}).get(layer.op, {}).get(chosen, ops[layer.op])
-        fn_name = f"op_{layer.op}" if fn is ops[layer.op] else f"op_{layer.op}_{chosen}"
-        env[fn_name] = fn
         args = [ident(n) if n is not None else "None" for n in layer.inputs]
-        args += [f"{k}={v!r}" for k, v in sorted(attrs.items())]
-        lines.append(f"    {outs} = {fn_name}({', '.join(args)})")
+        if attrs:
+            env[f"a{i}"] = attrs
+            args.append(f"**a{i}")
+        lines.append(f"    {outs} = {bind_function(fn)}({', '.join(args)})")
         dead = [ident(n) for n in dict.fromkeys(layer.inputs)
                 if n is not None and last_use.get(n) == i and n not in keep]
         dead += [ident(o) for o in layer.outputs if o not in last_use and o not in keep]
         if dead:
             lines.append(f"    del {', '.join(dead)}")
 
-    result = [f"{n!r}: {ident(n)}" for n in list(network.outputs) + list(network.debug_outputs)]
-    lines.append(f"    return {{{', '.join(result)}}}")
+    returned = list(network.outputs) + list(network.debug_outputs)
+    env["result_keys"] = tuple(returned)
+    values = "".join(f"{ident(n)}, " for n in returned)
+    lines.append(f"    return dict(zip(result_keys, ({values})))")
     source = "\n".join(lines) + "\n"
-    code = compile(source, f"<plan {network.name}>", "exec")
+    code = compile(source, "<plan>", "exec")
     exec(code, env)
     return source, env["plan"]
-
