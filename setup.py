@@ -19,8 +19,9 @@ MODULE = f"bindings{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 # Console scripts, each included when its module exists in this checkout.
 CONSOLE_SCRIPTS = {
-    "trtllm-build": "tensorrt_llm.commands.build:main",
-    "trtllm-refit": "tensorrt_llm.commands.refit:main",
+    # cli(): main() through tensorrt_llm.cli.run_cli (one "error:" line, --debug).
+    "trtllm-build": "tensorrt_llm.commands.build:cli",
+    "trtllm-refit": "tensorrt_llm.commands.refit:cli",
     "trtllm-serve": "tensorrt_llm.commands.serve:main",
     "trtllm-bench": "tensorrt_llm.commands.bench:main",
     "trtllm-build-info": "tensorrt_llm.kernels.info:main",

@@ -8,6 +8,10 @@ rank{N}.safetensors for each tensor-parallel rank, and the tokenizer files.
 --model_type picks the converter (tensorrt_llm/models/<type>/convert.py): gpt2, opt, phi,
 bloom or llama. --dtype auto (the default) keeps the dtype the Hugging Face config records
 (float32 if none). examples/llama/convert_checkpoint.py also reads GGUF files.
+
+The checkpoint is written into a new folder beside --output_dir and renamed into place
+when complete: a failed conversion leaves an earlier --output_dir as it was. An error ends
+in one "error:" line (exit code 2); --debug shows its traceback.
 """
 import argparse
 import importlib
@@ -15,22 +19,26 @@ import sys
 import time
 from pathlib import Path
 
+from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.mapping import Mapping
-from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, save_checkpoint
+from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, write_checkpoint
 from tensorrt_llm.tokenizer_utils import save_tokenizer
+
+PROG = "convert_checkpoint.py"
 
 # --model_type -> the package under tensorrt_llm.models whose convert module handles it.
 CONVERTERS = {"gpt2": "gpt", "opt": "opt", "phi": "phi", "bloom": "bloom", "llama": "llama"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_type", choices=list(CONVERTERS), required=True)
     parser.add_argument("--model_dir", type=Path, required=True, help="Hugging Face model folder")
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto")
     parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks to write")
+    add_debug_argument(parser)
     args = parser.parse_args(argv)
     if not args.model_dir.is_dir():
         parser.error(f"--model_dir {args.model_dir} is not a folder")
@@ -44,16 +52,14 @@ def main(argv=None):
     start = time.perf_counter()
     convert = importlib.import_module(f"tensorrt_llm.models.{CONVERTERS[args.model_type]}.convert")
     mapping = Mapping(world_size=args.tp_size, tp_size=args.tp_size)
-    try:
-        config = convert.config_from_hf(args.model_dir, None if args.dtype == "auto" else args.dtype,
-                                        mapping)
-        # A generator: each rank is converted, written and freed before the next.
-        ranks = (convert.load_weights_from_hf(args.model_dir, config, mapping.with_rank(r))
-                 for r in range(mapping.world_size))
-        save_checkpoint(args.output_dir, config, ranks)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
-    tokenizer_files = save_tokenizer(args.model_dir, args.output_dir)
+    config = convert.config_from_hf(args.model_dir, None if args.dtype == "auto" else args.dtype,
+                                    mapping)
+    # A generator: each rank is converted, written and freed before the next.
+    ranks = (convert.load_weights_from_hf(args.model_dir, config, mapping.with_rank(r))
+             for r in range(mapping.world_size))
+    with atomic_output_dir(args.output_dir, sources=[args.model_dir]) as tmp:
+        write_checkpoint(tmp, config, ranks)
+        tokenizer_files = save_tokenizer(args.model_dir, tmp)
 
     print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, "
           f"hidden {config.hidden_size}, vocab {config.vocab_size}, dtype {config.dtype}, "
@@ -65,5 +71,9 @@ def main(argv=None):
     print(f"  {time.perf_counter() - start:.1f} s")
 
 
+def cli() -> int:
+    return run_cli(main, PROG)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

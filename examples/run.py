@@ -2,6 +2,9 @@
 
     python examples/run.py --engine_dir engines/smollm2 --tokenizer_dir engines/smollm2 \
         --input_text "What is the capital of France?" --max_output_len 32
+
+A bad engine, tokenizer or request ends in one "error:" line (exit code 2); --debug shows
+its traceback.
 """
 from __future__ import annotations
 
@@ -11,12 +14,16 @@ import time
 
 import torch
 
+from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.runtime import ModelRunner
 from tensorrt_llm.tokenizer_utils import load_tokenizer
 
+PROG = "run.py"
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine_dir", required=True)
     p.add_argument("--tokenizer_dir", default=None,
                    help="tokenizer folder or .gguf file (default: the engine folder)")
@@ -48,6 +55,7 @@ def parse_args(argv=None):
                    help="send the text as is, without the tokenizer's chat template")
     p.add_argument("--streaming", action="store_true")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    add_debug_argument(p)
     return p.parse_args(argv)
 
 
@@ -68,8 +76,9 @@ def word_list(tokenizer, texts):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    tokenizer = load_tokenizer(args.tokenizer_dir or args.engine_dir)
+    # The engine first: a folder that is no engine is said as such, not as "no tokenizer".
     runner = ModelRunner.from_dir(args.engine_dir, device=args.device)
+    tokenizer = load_tokenizer(args.tokenizer_dir or args.engine_dir)
     batch = [torch.tensor(encode(tokenizer, t, not args.no_chat_template), dtype=torch.int32)
              for t in args.input_text]
     end_id = tokenizer.eos_token_id
@@ -124,5 +133,9 @@ def main(argv=None) -> int:
     return 0
 
 
+def cli() -> int:
+    return run_cli(main, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -9,7 +9,8 @@ Both backends get the same prompts (the tokenizer's chat template around "Summar
 the article) and decode greedily, so a ROUGE difference between them measures the engine,
 not the sampling. The articles are examples/data/summarize_articles.jsonl (see the README
 there). --check_accuracy exits with status 1 when the engine's ROUGE-1 is below
---tensorrt_llm_rouge1_threshold.
+--tensorrt_llm_rouge1_threshold. A bad engine, model or data file ends in one "error:" line
+(exit code 2); --debug shows its traceback.
 """
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ from pathlib import Path
 
 import torch
 
+PROG = "summarize.py"
 DATA = Path(__file__).resolve().parent / "data" / "summarize_articles.jsonl"
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tensorrt_llm.cli import add_debug_argument
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine_dir", help="engine folder (for --test_trt_llm)")
     p.add_argument("--hf_model_dir", help="Hugging Face model folder, or a .gguf file (for --test_hf)")
     p.add_argument("--hf_gguf_file", help="name of the GGUF file inside --hf_model_dir")
@@ -43,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--show_summaries", type=int, default=1, help="summaries to print per backend")
     p.add_argument("--check_accuracy", action="store_true")
     p.add_argument("--tensorrt_llm_rouge1_threshold", type=float, default=15.0)
+    add_debug_argument(p)
     args = p.parse_args(argv)
     if not (args.test_trt_llm or args.test_hf):
         p.error("choose --test_trt_llm and/or --test_hf")
@@ -66,6 +71,7 @@ def hf_source(args) -> tuple[str, str | None]:
 
 
 def load_tokenizer_for(args):
+    from tensorrt_llm.errors import ConfigError
     from tensorrt_llm.tokenizer_utils import TOKENIZER_FILES, load_tokenizer
     if args.tokenizer_dir:
         return load_tokenizer(args.tokenizer_dir)
@@ -74,12 +80,27 @@ def load_tokenizer_for(args):
     if args.hf_model_dir:
         folder, gguf = hf_source(args)
         return load_tokenizer(Path(folder) / gguf if gguf else folder)
-    sys.exit("error: no tokenizer: the engine folder has none; pass --tokenizer_dir")
+    raise ConfigError("no tokenizer: the engine folder has none; pass --tokenizer_dir")
 
 
 def load_articles(path, count: int) -> list[dict]:
+    from tensorrt_llm.errors import ConfigError
+    rows = []
     with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path} line {number} is not valid JSON ({e})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("article"), str) \
+                    or not isinstance(row.get("highlights"), str):
+                raise ConfigError(f"{path} line {number} is not an object with 'article' and "
+                                  f"'highlights' texts")
+            rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path} holds no articles")
     if len(rows) < count:
         print(f"note: {path} has {len(rows)} articles, fewer than the {count} asked for", file=sys.stderr)
     return rows[:count]
@@ -198,5 +219,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def cli() -> int:
+    from tensorrt_llm.cli import run_cli
+    return run_cli(main, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

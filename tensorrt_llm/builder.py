@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ._utils import str_dtype_to_torch
-from .errors import EngineError
+from .errors import ConfigError, EngineError
 from .logger import logger
 from .network import Network
 from .version import __version__
@@ -52,13 +52,18 @@ class BuildConfig:
                                                                    "fuse_act_linear"])
 
     def __post_init__(self):
+        """Raises ConfigError (a ValueError) naming the first field out of range."""
         if self.kv_cache_type != "paged":
-            raise ValueError(f"kv_cache_type must be 'paged', got {self.kv_cache_type!r}")
-        for name in ("max_batch_size", "max_input_len", "max_beam_width", "tokens_per_block"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"BuildConfig.{name} must be >= 1, got {getattr(self, name)}")
+            raise ConfigError(f"kv_cache_type must be 'paged', got {self.kv_cache_type!r}")
+        for name in ("max_batch_size", "max_input_len", "max_beam_width", "tokens_per_block",
+                     "max_seq_len", "max_num_tokens"):
+            value = getattr(self, name)
+            if value is None and name in ("max_seq_len", "max_num_tokens"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"BuildConfig.{name} must be an integer >= 1, got {value!r}")
         if self.tokens_per_block & (self.tokens_per_block - 1):
-            raise ValueError(f"tokens_per_block must be a power of two, got {self.tokens_per_block}")
+            raise ConfigError(f"tokens_per_block must be a power of two, got {self.tokens_per_block}")
 
     def resolve(self, max_position_embeddings: int) -> "BuildConfig":
         """Fill the derived defaults against a model's limits; checks consistency."""
@@ -66,10 +71,10 @@ class BuildConfig:
         if cfg.max_seq_len is None:
             cfg.max_seq_len = min(cfg.max_input_len + 1024, max_position_embeddings)
         if cfg.max_seq_len > max_position_embeddings:
-            raise ValueError(f"max_seq_len {cfg.max_seq_len} exceeds the model's "
-                             f"max_position_embeddings {max_position_embeddings}")
+            raise ConfigError(f"max_seq_len {cfg.max_seq_len} exceeds the model's "
+                              f"max_position_embeddings {max_position_embeddings}")
         if cfg.max_input_len > cfg.max_seq_len:
-            raise ValueError(f"max_input_len {cfg.max_input_len} exceeds max_seq_len {cfg.max_seq_len}")
+            raise ConfigError(f"max_input_len {cfg.max_input_len} exceeds max_seq_len {cfg.max_seq_len}")
         if cfg.max_num_tokens is None:
             cfg.max_num_tokens = cfg.max_batch_size * cfg.max_input_len
         if cfg.target_device == "auto":
@@ -84,7 +89,7 @@ class BuildConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown BuildConfig fields: {sorted(unknown)}")
+            raise ConfigError(f"unknown BuildConfig fields: {sorted(unknown)}")
         return cls(**d)
 
 

@@ -59,3 +59,11 @@ def run_cli(main: Callable[..., int], prog: str, argv: Optional[Sequence[str]] =
         print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
         return USER_ERROR_EXIT
     return 0 if code is None else code
+
+
+DEBUG_HELP = "show the traceback of an error instead of one line (also TRTLLM_DEBUG=1)"
+
+
+def add_debug_argument(parser) -> None:
+    """`--debug` (read by run_cli; the parser only has to accept it), with its help line."""
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)

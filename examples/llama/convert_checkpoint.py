@@ -10,21 +10,28 @@ tokenizer files.
 --dtype auto (the default) keeps the source's precision: the dtype a Hugging Face config
 records (float32 if none), and float32 for GGUF, whose dequantised weights are exact only
 in float32.
+
+The checkpoint is written into a new folder beside --output_dir and renamed into place
+when complete: a failed conversion leaves an earlier --output_dir as it was. An error ends
+in one "error:" line (exit code 2); --debug shows its traceback.
 """
 import argparse
 import sys
 import time
 from pathlib import Path
 
+from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.llama import convert
 from tensorrt_llm.models.llama.meta import MetaCheckpoint
-from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, save_checkpoint
+from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, write_checkpoint
 from tensorrt_llm.tokenizer_utils import save_tokenizer
+
+PROG = "convert_checkpoint.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model_dir", type=Path, help="Hugging Face model folder")
@@ -34,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto")
     parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks to write")
+    add_debug_argument(parser)
     args = parser.parse_args(argv)
     if args.model_dir is not None and not args.model_dir.is_dir():
         parser.error(f"--model_dir {args.model_dir} is not a folder")
@@ -51,43 +59,40 @@ def main(argv=None):
     start = time.perf_counter()
     mapping = Mapping(world_size=args.tp_size, tp_size=args.tp_size)
     dtype = None if args.dtype == "auto" else args.dtype
-    try:
-        if args.gguf_file is not None:
-            source = args.gguf_file
-            reader = convert.open_gguf(source)
-            config = convert.config_from_gguf(source, dtype or "float32", mapping, reader=reader)
+    if args.gguf_file is not None:
+        source = args.gguf_file
+        reader = convert.open_gguf(source)
+        config = convert.config_from_gguf(source, dtype or "float32", mapping, reader=reader)
 
-            def rank_weights(rank):
-                return convert.load_weights_from_gguf(source, config, mapping.with_rank(rank),
-                                                      reader=reader)
-        elif args.meta_ckpt_dir is not None:
-            source = args.meta_ckpt_dir
-            meta_ckpt = MetaCheckpoint(source)
-            config = meta_ckpt.config(dtype, mapping)
+        def rank_weights(rank):
+            return convert.load_weights_from_gguf(source, config, mapping.with_rank(rank),
+                                                  reader=reader)
+    elif args.meta_ckpt_dir is not None:
+        source = args.meta_ckpt_dir
+        meta_ckpt = MetaCheckpoint(source)
+        config = meta_ckpt.config(dtype, mapping)
 
-            def rank_weights(rank):
-                return meta_ckpt.rank_weights(config, mapping.with_rank(rank))
-        else:
-            source = args.model_dir
-            config = convert.config_from_hf(source, dtype, mapping)
+        def rank_weights(rank):
+            return meta_ckpt.rank_weights(config, mapping.with_rank(rank))
+    else:
+        source = args.model_dir
+        config = convert.config_from_hf(source, dtype, mapping)
 
-            def rank_weights(rank):
-                return convert.load_weights_from_hf(source, config, mapping.with_rank(rank))
+        def rank_weights(rank):
+            return convert.load_weights_from_hf(source, config, mapping.with_rank(rank))
 
-        stats = {"tensors": 0, "elements": 0, "bytes": 0}
+    stats = {"tensors": 0, "elements": 0, "bytes": 0}
 
-        def counted(weights):
-            stats["tensors"] += len(weights)
-            stats["elements"] += sum(t.numel() for t in weights.values())
-            stats["bytes"] += sum(t.numel() * t.element_size() for t in weights.values())
-            return weights
+    def counted(weights):
+        stats["tensors"] += len(weights)
+        stats["elements"] += sum(t.numel() for t in weights.values())
+        stats["bytes"] += sum(t.numel() * t.element_size() for t in weights.values())
+        return weights
 
-        # A generator: each rank is converted, written and freed before the next.
-        save_checkpoint(args.output_dir, config,
-                        (counted(rank_weights(r)) for r in range(mapping.world_size)))
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
-    tokenizer_files = save_tokenizer(source, args.output_dir)
+    # A generator: each rank is converted, written and freed before the next.
+    with atomic_output_dir(args.output_dir, sources=[source]) as tmp:
+        write_checkpoint(tmp, config, (counted(rank_weights(r)) for r in range(mapping.world_size)))
+        tokenizer_files = save_tokenizer(source, tmp)
 
     print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, "
           f"hidden {config.hidden_size}, vocab {config.vocab_size}, dtype {config.dtype}, "
@@ -101,5 +106,9 @@ def main(argv=None):
     print(f"  {time.perf_counter() - start:.1f} s")
 
 
+def cli() -> int:
+    return run_cli(main, PROG)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

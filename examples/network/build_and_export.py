@@ -5,6 +5,8 @@ export with ONNX Runtime next to the reference executor.
 
 The network is an attention-free language model: token embedding, two residual blocks of
 RMSNorm + gated SiLU MLP, a final RMSNorm and an output head. See docs/network.md.
+An error (e.g. an --onnx_path that cannot be written) ends in one "error:" line (exit code
+2); --debug shows its traceback.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from tensorrt_llm import Module, ModuleList, Network, Parameter, net_guard
 from tensorrt_llm import functional as F
+from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.graph_rewriting import AnalysisPatternManager, PatternAnalyzer, optimize
 from tensorrt_llm.layers.embedding import Embedding
 from tensorrt_llm.layers.mlp import GatedMLP
@@ -28,6 +31,7 @@ from tensorrt_llm.reference_executor import ReferenceExecutor
 
 VOCAB, HIDDEN, FFN, NUM_BLOCKS = 64, 32, 64, 2
 MAX_TOKENS = 128
+PROG = "build_and_export.py"
 
 
 class Block(Module):
@@ -92,9 +96,11 @@ def build(seed: int) -> Network:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--onnx_path", default=None, help="where to write the model (default: a new temporary folder)")
     parser.add_argument("--seed", type=int, default=0)
+    add_debug_argument(parser)
     args = parser.parse_args(argv)
     onnx_path = args.onnx_path or os.path.join(tempfile.mkdtemp(prefix="tiny_lm_"), "tiny_lm.onnx")
 
@@ -125,5 +131,9 @@ def main(argv=None) -> int:
     return 0 if worst <= 1e-5 else 1
 
 
+def cli() -> int:
+    return run_cli(main, PROG)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

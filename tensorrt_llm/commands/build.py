@@ -33,6 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="kernel timings of earlier builds to reuse (an unusable file is ignored with a warning)")
     p.add_argument("--output_timing_cache", default=None,
                    help="write the kernel timings (reused and new) to this file")
+    from ..cli import add_debug_argument
+    add_debug_argument(p)
     return p.parse_args(argv)
 
 
@@ -98,5 +100,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def cli() -> int:
+    """The trtllm-build console script: main() through tensorrt_llm.cli.run_cli, so a user
+    error ends in one "trtllm-build: error: ..." line (exit code 2); --debug shows its
+    traceback."""
+    from ..cli import run_cli
+    return run_cli(main, "trtllm-build")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -4,17 +4,27 @@ A checkpoint folder holds `config.json` (one `PretrainedConfig`, shared by every
 `rank{N}.safetensors` for N in [0, world_size): the weights rank N loads, named as in
 docs/architecture.md "Checkpoint weight names".
 """
+import contextlib
 import copy
 import dataclasses
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import safetensors.torch
 import torch
 
+try:  # safetensors' error for a file it cannot read
+    from safetensors import SafetensorError
+except ImportError:  # older safetensors
+    SafetensorError = OSError
+
 from .._utils import str_dtype_to_torch
+from ..errors import CheckpointError, ConfigError
 from ..mapping import Mapping
 
 # Architecture names a checkpoint may declare. `tensorrt_llm/models/__init__.py` adds the
@@ -81,7 +91,7 @@ class PretrainedConfig:
             self._check_positive_int("num_attention_heads")
             self._check_positive_int("hidden_size")
             if self.hidden_size % self.num_attention_heads:
-                raise ValueError(
+                raise ConfigError(
                     f"PretrainedConfig: num_attention_heads ({self.num_attention_heads}) must divide "
                     f"hidden_size ({self.hidden_size}), or head_size must be given")
             self.head_size = self.hidden_size // self.num_attention_heads
@@ -90,75 +100,79 @@ class PretrainedConfig:
     def _check_positive_int(self, name: str):
         value = getattr(self, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"PretrainedConfig: {name} must be a positive integer, got {value!r}")
+            raise ConfigError(f"PretrainedConfig: {name} must be a positive integer, got {value!r}")
 
     def validate(self):
-        """Raises ValueError naming the first inconsistent field."""
+        """Raises ConfigError (a ValueError) naming the first inconsistent field."""
         if self.architecture not in KNOWN_ARCHITECTURES:
-            raise ValueError(f"PretrainedConfig: unknown architecture {self.architecture!r}; "
-                             f"known: {sorted(KNOWN_ARCHITECTURES)}")
+            raise ConfigError(f"PretrainedConfig: unknown architecture {self.architecture!r}; "
+                              f"known: {sorted(KNOWN_ARCHITECTURES)}")
         for name in ("dtype", "logits_dtype"):
             if getattr(self, name) not in MODEL_DTYPES:
-                raise ValueError(f"PretrainedConfig: {name} must be one of {list(MODEL_DTYPES)}, "
-                                 f"got {getattr(self, name)!r}")
+                raise ConfigError(f"PretrainedConfig: {name} must be one of {list(MODEL_DTYPES)}, "
+                                  f"got {getattr(self, name)!r}")
         for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
                      "intermediate_size", "vocab_size", "max_position_embeddings", "head_size"):
             self._check_positive_int(name)
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"PretrainedConfig: num_key_value_heads ({self.num_key_value_heads}) must divide "
                 f"num_attention_heads ({self.num_attention_heads})")
         if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
-            raise ValueError(f"PretrainedConfig: position_embedding_type must be one of "
-                             f"{POSITION_EMBEDDING_TYPES}, got {self.position_embedding_type!r}")
+            raise ConfigError(f"PretrainedConfig: position_embedding_type must be one of "
+                              f"{POSITION_EMBEDDING_TYPES}, got {self.position_embedding_type!r}")
         if self.hidden_act not in HIDDEN_ACTS:
-            raise ValueError(f"PretrainedConfig: hidden_act must be one of {HIDDEN_ACTS}, "
-                             f"got {self.hidden_act!r}")
+            raise ConfigError(f"PretrainedConfig: hidden_act must be one of {HIDDEN_ACTS}, "
+                              f"got {self.hidden_act!r}")
+        for name in ("norm_epsilon", "rotary_base", "rotary_pct"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"PretrainedConfig: {name} must be a number, got {value!r}")
         if not self.norm_epsilon > 0:
-            raise ValueError(f"PretrainedConfig: norm_epsilon must be > 0, got {self.norm_epsilon!r}")
+            raise ConfigError(f"PretrainedConfig: norm_epsilon must be > 0, got {self.norm_epsilon!r}")
         if not self.rotary_base > 0:
-            raise ValueError(f"PretrainedConfig: rotary_base must be > 0, got {self.rotary_base!r}")
+            raise ConfigError(f"PretrainedConfig: rotary_base must be > 0, got {self.rotary_base!r}")
         if not 0 < self.rotary_pct <= 1:
-            raise ValueError(f"PretrainedConfig: rotary_pct must be in (0, 1], got {self.rotary_pct!r}")
+            raise ConfigError(f"PretrainedConfig: rotary_pct must be in (0, 1], got {self.rotary_pct!r}")
         rotary_dim = self.head_size * self.rotary_pct
         if rotary_dim != int(rotary_dim) or int(rotary_dim) % 2:
-            raise ValueError(f"PretrainedConfig: head_size * rotary_pct ({self.head_size} * "
-                             f"{self.rotary_pct}) must be an even integer")
+            raise ConfigError(f"PretrainedConfig: head_size * rotary_pct ({self.head_size} * "
+                              f"{self.rotary_pct}) must be an even integer")
         self._validate_rotary_scaling()
         if self.lm_head_bias and self.share_embedding_table:
-            raise ValueError("PretrainedConfig: lm_head_bias needs an lm_head of its own "
-                             "(share_embedding_table is set)")
+            raise ConfigError("PretrainedConfig: lm_head_bias needs an lm_head of its own "
+                              "(share_embedding_table is set)")
         if any(value is not None for value in self.quantization.values()):
-            raise ValueError(f"PretrainedConfig: quantized checkpoints are not supported, "
-                             f"got quantization={self.quantization!r}")
+            raise ConfigError(f"PretrainedConfig: quantized checkpoints are not supported, "
+                              f"got quantization={self.quantization!r}")
         self._validate_mapping()
         clashes = set(self.extra) & {f.name for f in dataclasses.fields(self)}
         if clashes:
-            raise ValueError(f"PretrainedConfig: extra keys {sorted(clashes)} clash with fields")
+            raise ConfigError(f"PretrainedConfig: extra keys {sorted(clashes)} clash with fields")
 
     def _validate_rotary_scaling(self):
         scaling = self.rotary_scaling
         if scaling is None:
             return
         if not isinstance(scaling, dict) or scaling.get("type") not in ROTARY_SCALING_KEYS:
-            raise ValueError(f"PretrainedConfig: rotary_scaling must be None or a dict with type in "
-                             f"{list(ROTARY_SCALING_KEYS)}, got {scaling!r}")
+            raise ConfigError(f"PretrainedConfig: rotary_scaling must be None or a dict with type in "
+                              f"{list(ROTARY_SCALING_KEYS)}, got {scaling!r}")
         expected = ROTARY_SCALING_KEYS[scaling["type"]]
         if set(scaling) != expected:
-            raise ValueError(f"PretrainedConfig: rotary_scaling of type {scaling['type']!r} needs "
-                             f"exactly the keys {sorted(expected)}, got {sorted(scaling)}")
-        if not scaling["factor"] > 0:
-            raise ValueError(f"PretrainedConfig: rotary_scaling factor must be > 0, got {scaling!r}")
+            raise ConfigError(f"PretrainedConfig: rotary_scaling of type {scaling['type']!r} needs "
+                              f"exactly the keys {sorted(expected)}, got {sorted(scaling)}")
+        if not isinstance(scaling["factor"], (int, float)) or not scaling["factor"] > 0:
+            raise ConfigError(f"PretrainedConfig: rotary_scaling factor must be > 0, got {scaling!r}")
 
     def _validate_mapping(self):
         tp = self.mapping.tp_size
         for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
             if getattr(self, name) % tp:
-                raise ValueError(f"PretrainedConfig: tp_size ({tp}) must divide {name} "
-                                 f"({getattr(self, name)})")
+                raise ConfigError(f"PretrainedConfig: tp_size ({tp}) must divide {name} "
+                                  f"({getattr(self, name)})")
         if self.num_hidden_layers % self.mapping.pp_size:
-            raise ValueError(f"PretrainedConfig: pp_size ({self.mapping.pp_size}) must divide "
-                             f"num_hidden_layers ({self.num_hidden_layers})")
+            raise ConfigError(f"PretrainedConfig: pp_size ({self.mapping.pp_size}) must divide "
+                              f"num_hidden_layers ({self.num_hidden_layers})")
 
     @property
     def rotary_dim(self) -> int:
@@ -188,6 +202,8 @@ class PretrainedConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PretrainedConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"PretrainedConfig: a config is a JSON object, got {type(d).__name__}")
         d = copy.deepcopy(d)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs = {k: v for k, v in d.items() if k in names}
@@ -195,9 +211,14 @@ class PretrainedConfig:
                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
                    and f.name not in kwargs]
         if missing:
-            raise ValueError(f"PretrainedConfig: missing required keys {missing}")
+            raise ConfigError(f"PretrainedConfig: missing required keys {missing}")
         if "mapping" in kwargs:
-            kwargs["mapping"] = Mapping.from_dict(kwargs["mapping"])
+            if not isinstance(kwargs["mapping"], dict):
+                raise ConfigError(f"PretrainedConfig: mapping must be a dict, got {kwargs['mapping']!r}")
+            try:
+                kwargs["mapping"] = Mapping.from_dict(kwargs["mapping"])
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"PretrainedConfig: {e}") from e
         extra = {k: v for k, v in d.items() if k not in names}
         return cls(**kwargs, extra=extra)
 
@@ -206,26 +227,84 @@ class PretrainedConfig:
 
     @classmethod
     def from_json_file(cls, path) -> "PretrainedConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The config of a JSON file; CheckpointError naming the file when it is not JSON
+        and ConfigError (naming it too) when its content is not a valid config."""
+        try:
+            d = json.loads(Path(path).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path} is not valid JSON ({e})") from e
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from e
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir, rank: int = 0) -> "PretrainedConfig":
         path = Path(checkpoint_dir) / CONFIG_NAME
         if not path.is_file():
-            raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint folder {checkpoint_dir}")
+            gone = "" if Path(checkpoint_dir).is_dir() else " (the folder does not exist)"
+            raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint folder {checkpoint_dir}{gone}")
         config = cls.from_json_file(path)
         config.set_rank(rank)
         return config
 
 
-def save_checkpoint(output_dir, config: PretrainedConfig,
-                    weights_per_rank: Iterable[dict[str, torch.Tensor]]) -> list[Path]:
-    """Writes config.json and one rank{N}.safetensors per item of weights_per_rank.
+@contextlib.contextmanager
+def atomic_output_dir(output_dir, sources: Iterable = ()) -> Iterator[Path]:
+    """Writes a folder all at once: yields a new, empty temporary folder beside `output_dir`
+    (same parent, so the renames below stay on one file system) to write into; when the
+    block ends without an error it becomes `output_dir`.
+
+    An existing `output_dir` is renamed aside, the new folder renamed in, and only then is
+    the old one deleted (if renaming the new one in fails, the old one is put back). When
+    the block raises, or is interrupted, the temporary folder is deleted and `output_dir`
+    is left exactly as it was. Every converter writes its checkpoint through this.
+    `sources`: paths being read; an output folder that is or holds one is refused (replacing
+    it would delete the source).
+    """
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise CheckpointError(f"output folder {output_dir} exists and is not a folder")
+    out = output_dir.resolve()
+    for source in sources:
+        if Path(source).resolve().is_relative_to(out):
+            raise CheckpointError(f"output folder {output_dir} holds the source {source}: writing "
+                                  f"the checkpoint there would replace the source; choose another folder")
+    parent = output_dir.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
+        yield tmp
+        old = None
+        if output_dir.exists() or output_dir.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old-", dir=parent))
+            os.rename(output_dir, old / output_dir.name)
+        try:
+            os.rename(tmp, output_dir)
+        except BaseException:
+            if old is not None:
+                os.rename(old / output_dir.name, output_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_checkpoint(folder, config: PretrainedConfig,
+                     weights_per_rank: Iterable[dict[str, torch.Tensor]]) -> list[Path]:
+    """Writes config.json and one rank{N}.safetensors per item of weights_per_rank into
+    `folder`, in place (see save_checkpoint for the atomic version).
 
     weights_per_rank is consumed in rank order, one rank at a time, so a generator keeps
     only one rank's weights in memory. Returns the paths written.
     """
-    output_dir = Path(output_dir)
+    output_dir = Path(folder)
     output_dir.mkdir(parents=True, exist_ok=True)
     config.to_json_file(output_dir / CONFIG_NAME)
     paths = [output_dir / CONFIG_NAME]
@@ -249,8 +328,91 @@ def save_checkpoint(output_dir, config: PretrainedConfig,
     return paths
 
 
+def save_checkpoint(output_dir, config: PretrainedConfig,
+                    weights_per_rank: Iterable[dict[str, torch.Tensor]]) -> list[Path]:
+    """write_checkpoint into `output_dir` through atomic_output_dir: `output_dir` (replaced
+    whole if it exists) holds the new checkpoint, or, if anything fails, stays as it was.
+    Returns the paths written."""
+    output_dir = Path(output_dir)
+    with atomic_output_dir(output_dir) as tmp:
+        names = [p.name for p in write_checkpoint(tmp, config, weights_per_rank)]
+    return [output_dir / name for name in names]
+
+
+def hf_config_from_dir(model_dir, model_type: str, required: Iterable[str | tuple[str, ...]]):
+    """The transformers config of a Hugging Face model folder, once its raw config.json has
+    been checked: of `model_type`, and holding every key of `required` (a tuple: any of
+    these names). transformers fills a missing key with its class default (hidden_size 4096
+    for LLaMA), which would convert a model that is not the one in the folder; here a missing
+    key is a CheckpointError naming it."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"Hugging Face model folder not found: {model_dir}")
+    path = model_dir / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(f"no {CONFIG_NAME} in Hugging Face model folder {model_dir}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} is not a Hugging Face config (not a JSON object)")
+    if raw.get("model_type") != model_type:
+        raise CheckpointError(f"unsupported architecture {raw.get('architectures')} (model_type "
+                              f"{raw.get('model_type')!r}); this converter handles model_type "
+                              f"{model_type!r}")
+    missing = [" or ".join(names) for names in ((n,) if isinstance(n, str) else n for n in required)
+               if not any(name in raw for name in names)]
+    if missing:
+        raise CheckpointError(f"{path} has no {', '.join(missing)}: the converter needs "
+                              f"{'them' if len(missing) > 1 else 'it'} and does not guess defaults")
+    import transformers
+    try:
+        return transformers.AutoConfig.from_pretrained(str(model_dir))
+    except (ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"transformers cannot read {path}: {' '.join(str(e).split())}") from e
+
+
+# safetensors' own limit on the JSON header of a file.
+_SAFETENSORS_MAX_HEADER = 100_000_000
+
+
+def check_safetensors_file(path) -> None:
+    """CheckpointError when `path` is not a whole safetensors file: shorter than its header
+    says ("... is truncated: expected N bytes, file has M") or not safetensors at all.
+    Reads only the header, so it is cheap to call before reading any tensor."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path} is truncated: expected at least 8 bytes, file has {size}")
+        header_len = int.from_bytes(head, "little")
+        if header_len > _SAFETENSORS_MAX_HEADER:
+            raise CheckpointError(f"{path} is not a safetensors file (its first 8 bytes give a "
+                                  f"header of {header_len} bytes)")
+        if 8 + header_len > size:
+            raise CheckpointError(f"{path} is truncated: expected at least {8 + header_len} bytes, "
+                                  f"file has {size}")
+        header = f.read(header_len)
+    try:
+        entries = json.loads(header)
+        end = max((int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"),
+                  default=0)
+    except (ValueError, UnicodeDecodeError, TypeError, KeyError, IndexError, AttributeError):
+        raise CheckpointError(f"{path} is not a safetensors file (its header is not a "
+                              f"safetensors header)") from None
+    expected = 8 + header_len + end
+    if size < expected:
+        raise CheckpointError(f"{path} is truncated: expected {expected} bytes, file has {size}")
+
+
 def load_checkpoint_weights(checkpoint_dir, rank: int = 0) -> dict[str, torch.Tensor]:
     path = Path(checkpoint_dir) / rank_weights_name(rank)
     if not path.is_file():
         raise FileNotFoundError(f"no {path.name} in checkpoint folder {checkpoint_dir}")
-    return safetensors.torch.load_file(path)
+    check_safetensors_file(path)
+    try:
+        return safetensors.torch.load_file(path)
+    except SafetensorError as e:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from e

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from ..errors import RequestError
-
 from . import beam_search
 from .cuda_graph import CudaGraphDecoder
 from .kv_cache_manager import KVCacheManager

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..builder import Engine
-from ..errors import RequestError
+from ..errors import ConfigError, RequestError
 from ..logger import logger
 from .cuda_graph import CudaGraphDecoder
 from .generation import GenerationSession, ModelLimits
@@ -28,6 +28,17 @@ def default_device() -> torch.device:
         print("[tensorrt_llm] No GPU found: running on the CPU with the reference kernels.")
         _cpu_notice_shown = True
     return torch.device("cpu")
+
+
+def _device(device) -> torch.device:
+    """`device` as a torch.device; ConfigError for a name that is none, or a GPU there is not."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"{device!r} is not a device: {' '.join(str(e).split())}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device} asked for, but no CUDA GPU is available here")
+    return device
 
 
 class ModelRunner:
@@ -75,7 +86,7 @@ class ModelRunner:
 
     @classmethod
     def from_dir(cls, engine_dir: str | Path, rank: int = 0, device=None, **kwargs) -> "ModelRunner":
-        device = torch.device(device) if device is not None else default_device()
+        device = _device(device) if device is not None else default_device()
         engine = Engine.from_dir(engine_dir, rank=rank, device=device)
         return cls(engine, device, **kwargs)
 

@@ -319,8 +319,9 @@ def test_cli_usage_errors(args, message, tmp_path):
 def test_cli_rejects_an_unsupported_architecture(tmp_path):
     transformers.GPT2Config(n_layer=1, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
     out = run_cli("--model_dir", tmp_path, "--output_dir", tmp_path / "out")
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert "error: unsupported architecture ['GPT2LMHeadModel'] (model_type 'gpt2')" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 # ---------------------------------------------------------------- GGUF (SmolLM2-135M-Instruct)

@@ -4,11 +4,18 @@ Bloom's fused query_key_value rows are interleaved per head, [heads, 3 (q, k, v)
 they are regrouped into our q-then-k-then-v rows. Positions are ALiBi biases (no table), and
 the embeddings go through a LayerNorm (`transformer.ln_embed`).
 """
+from ...errors import CheckpointError
 from ...mapping import Mapping
 from ..gpt.conversion import config_dtype, hf_config, load_weights
 from ..modeling_utils import PretrainedConfig
 
 ARCHITECTURE = "BloomForCausalLM"
+
+# Keys a Hugging Face config.json must give (a tuple: any one of these names); the
+# converter does not take transformers' defaults for them.
+HF_REQUIRED_KEYS = (("hidden_size", "n_embed"), ("n_layer", "num_hidden_layers"),
+                    ("n_head", "num_attention_heads"), "vocab_size", "layer_norm_epsilon")
+
 # ALiBi has no position table; Bloom was trained on 2048-token sequences.
 _MAX_POSITIONS = 2048
 
@@ -16,9 +23,9 @@ _MAX_POSITIONS = 2048
 def config_from_hf(hf_config_or_dir, dtype: str | None = None,
                    mapping: Mapping | None = None) -> PretrainedConfig:
     """Our config from a transformers BloomConfig or a Hugging Face model folder."""
-    hf = hf_config(hf_config_or_dir, "bloom")
+    hf = hf_config(hf_config_or_dir, "bloom", HF_REQUIRED_KEYS)
     if hf.apply_residual_connection_post_layernorm:
-        raise ValueError("Bloom with apply_residual_connection_post_layernorm is not supported")
+        raise CheckpointError("Bloom with apply_residual_connection_post_layernorm is not supported")
     return PretrainedConfig(
         architecture=ARCHITECTURE,
         dtype=config_dtype(hf, dtype),

@@ -15,9 +15,10 @@ from typing import Callable, Iterator
 
 import torch
 
+from ...errors import CheckpointError
 from ...mapping import Mapping
 from ..llama.convert import _dtype_name, _HFTensors  # LLaMA's Hugging Face folder reader
-from ..modeling_utils import PretrainedConfig
+from ..modeling_utils import PretrainedConfig, hf_config_from_dir
 
 Getter = Callable[[str], torch.Tensor]
 Has = Callable[[str], bool]
@@ -25,17 +26,15 @@ Has = Callable[[str], bool]
 WeightSource = Callable[[Getter, Has, PretrainedConfig], Iterator[tuple[str, torch.Tensor]]]
 
 
-def hf_config(hf_config_or_dir, model_type: str):
-    """A transformers config of `model_type`, given as one or as a model folder."""
+def hf_config(hf_config_or_dir, model_type: str, required=()):
+    """A transformers config of `model_type`, given as one or as a model folder. A folder's
+    config.json must give every key of `required` (see modeling_utils.hf_config_from_dir)."""
     hf = hf_config_or_dir
     if isinstance(hf, (str, Path)):
-        if not Path(hf).is_dir():
-            raise FileNotFoundError(f"Hugging Face model folder not found: {hf}")
-        import transformers
-        hf = transformers.AutoConfig.from_pretrained(str(hf))
+        hf = hf_config_from_dir(hf, model_type, required)
     if hf.model_type != model_type:
-        raise ValueError(f"unsupported architecture {getattr(hf, 'architectures', None)} "
-                         f"(model_type {hf.model_type!r}); this converter handles {model_type!r}")
+        raise CheckpointError(f"unsupported architecture {getattr(hf, 'architectures', None)} "
+                              f"(model_type {hf.model_type!r}); this converter handles {model_type!r}")
     return hf
 
 

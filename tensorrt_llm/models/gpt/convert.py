@@ -3,6 +3,7 @@
 GPT-2's linears are `Conv1D`s, whose weights are stored [in, out]: transposed here to our
 [out, in]. c_attn's output columns are q, then k, then v, as our qkv rows are.
 """
+from ...errors import CheckpointError
 from ...mapping import Mapping
 from ..llama.convert import _HIDDEN_ACTS
 from ..modeling_utils import PretrainedConfig
@@ -10,16 +11,22 @@ from .conversion import config_dtype, hf_config, load_weights
 
 ARCHITECTURE = "GPTForCausalLM"
 
+# Keys a Hugging Face config.json must give (a tuple: any one of these names); the
+# converter does not take transformers' defaults for them.
+HF_REQUIRED_KEYS = (("n_embd", "hidden_size"), ("n_layer", "num_hidden_layers"),
+                    ("n_head", "num_attention_heads"), "vocab_size",
+                    ("n_positions", "max_position_embeddings"), "layer_norm_epsilon")
+
 
 def config_from_hf(hf_config_or_dir, dtype: str | None = None,
                    mapping: Mapping | None = None) -> PretrainedConfig:
     """Our config from a transformers GPT2Config or a Hugging Face model folder."""
-    hf = hf_config(hf_config_or_dir, "gpt2")
+    hf = hf_config(hf_config_or_dir, "gpt2", HF_REQUIRED_KEYS)
     if hf.scale_attn_by_inverse_layer_idx or not hf.scale_attn_weights or hf.add_cross_attention:
-        raise ValueError("GPT-2 variants with scale_attn_by_inverse_layer_idx, without "
-                         "scale_attn_weights or with cross-attention are not supported")
+        raise CheckpointError("GPT-2 variants with scale_attn_by_inverse_layer_idx, without "
+                              "scale_attn_weights or with cross-attention are not supported")
     if hf.activation_function not in _HIDDEN_ACTS:
-        raise ValueError(f"unsupported activation_function {hf.activation_function!r}")
+        raise CheckpointError(f"unsupported activation_function {hf.activation_function!r}")
     return PretrainedConfig(
         architecture=ARCHITECTURE,
         dtype=config_dtype(hf, dtype),

@@ -22,10 +22,16 @@ import torch
 from tqdm import tqdm
 
 from ..._utils import canonical_dtype
+from ...errors import CheckpointError
 from ...mapping import Mapping
-from ..modeling_utils import MODEL_DTYPES, PretrainedConfig
+from ..modeling_utils import MODEL_DTYPES, PretrainedConfig, check_safetensors_file, hf_config_from_dir
 
 ARCHITECTURE = "LlamaForCausalLM"
+
+# Keys a Hugging Face config.json must give: the model's shape, its context length and its
+# norm epsilon (transformers' class defaults describe some other model).
+HF_REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                    "vocab_size", "max_position_embeddings", "rms_norm_eps")
 
 # Hugging Face hidden_act names -> ours.
 _HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "relu": "relu", "gelu": "gelu",
@@ -48,7 +54,7 @@ def _rotary_scaling_from_hf(params: dict | None) -> dict | None:
                 "low_freq_factor": float(params["low_freq_factor"]),
                 "high_freq_factor": float(params["high_freq_factor"]),
                 "original_max_position_embeddings": int(params["original_max_position_embeddings"])}
-    raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: linear, llama3)")
+    raise CheckpointError(f"unsupported rope scaling type {rope_type!r} (supported: linear, llama3)")
 
 
 def _dtype_name(dtype) -> str | None:
@@ -57,7 +63,7 @@ def _dtype_name(dtype) -> str | None:
         return None
     name = canonical_dtype(dtype)
     if name not in MODEL_DTYPES:
-        raise ValueError(f"unsupported source dtype {dtype!r}")
+        raise CheckpointError(f"unsupported source dtype {dtype!r}")
     return name
 
 
@@ -65,19 +71,17 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
                    mapping: Mapping | None = None) -> PretrainedConfig:
     """Our config from a transformers LlamaConfig or a Hugging Face model folder.
 
-    dtype None follows the source's recorded dtype, float32 where it records none.
+    A folder's config.json must give HF_REQUIRED_KEYS (CheckpointError naming the missing
+    ones). dtype None follows the source's recorded dtype, float32 where it records none.
     """
     hf = hf_config_or_dir
     if isinstance(hf, (str, Path)):
-        if not Path(hf).is_dir():
-            raise FileNotFoundError(f"Hugging Face model folder not found: {hf}")
-        import transformers
-        hf = transformers.AutoConfig.from_pretrained(str(hf))
+        hf = hf_config_from_dir(hf, "llama", HF_REQUIRED_KEYS)
     if hf.model_type != "llama":
-        raise ValueError(f"unsupported architecture {getattr(hf, 'architectures', None)} "
-                         f"(model_type {hf.model_type!r}); this converter handles model_type 'llama'")
+        raise CheckpointError(f"unsupported architecture {getattr(hf, 'architectures', None)} "
+                              f"(model_type {hf.model_type!r}); this converter handles model_type 'llama'")
     if hf.hidden_act not in _HIDDEN_ACTS:
-        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}")
+        raise CheckpointError(f"unsupported hidden_act {hf.hidden_act!r}")
     # transformers >= 5 keeps rope_theta and the scaling in rope_parameters; older configs
     # have rope_theta and rope_scaling attributes.
     rope = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
@@ -108,18 +112,53 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
 
 
 def open_gguf(path):
-    """A gguf.GGUFReader (parsing the metadata takes seconds; pass it to both loaders)."""
+    """A gguf.GGUFReader (parsing the metadata takes seconds; pass it to both loaders).
+
+    The file's size is checked against what its header describes before any tensor is read:
+    a cut-off file is a CheckpointError "... is truncated: expected N bytes, file has M"; a
+    file that is not GGUF at all is a CheckpointError too."""
     import gguf
-    if not Path(path).is_file():
+    path = Path(path)
+    if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    return gguf.GGUFReader(str(path))
+    size = path.stat().st_size
+
+    class Reader(gguf.GGUFReader):
+
+        def _get(self, offset, dtype, count=1, *args, **kwargs):
+            # Every read of the header goes through here: one past the end of the file
+            # means the file was cut inside its metadata.
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > size:
+                raise CheckpointError(f"{path} is truncated: expected at least {end} bytes, "
+                                      f"file has {size}")
+            return super()._get(offset, dtype, count, *args, **kwargs)
+
+        def _build_tensors(self, start_offs, fields):
+            expected = int(start_offs)
+            for field in fields:
+                _, _, _, dims, raw_dtype, offset_tensor = field.parts
+                block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(raw_dtype[0])]
+                n_bytes = int(np.prod(dims)) * type_size // block_size
+                expected = max(expected, int(start_offs) + int(offset_tensor[0]) + n_bytes)
+            if expected > size:
+                raise CheckpointError(f"{path} is truncated: expected {expected} bytes, "
+                                      f"file has {size}")
+            super()._build_tensors(start_offs, fields)
+
+    try:
+        return Reader(str(path))
+    except CheckpointError:
+        raise
+    except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError) as e:
+        raise CheckpointError(f"{path} is not a readable GGUF file ({' '.join(str(e).split())})") from e
 
 
 def _gguf_value(reader, key: str, default=None):
     field = reader.get_field(key)
     if field is None:
         if default is None:
-            raise ValueError(f"GGUF metadata has no {key!r}")
+            raise CheckpointError(f"GGUF metadata has no {key!r}")
         return default
     return field.contents()
 
@@ -134,12 +173,12 @@ def config_from_gguf(path, dtype: str = "float32", mapping: Mapping | None = Non
     reader = reader or open_gguf(path)
     arch = _gguf_value(reader, "general.architecture")
     if arch != "llama":
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; this converter handles 'llama'")
+        raise CheckpointError(f"unsupported GGUF architecture {arch!r}; this converter handles 'llama'")
     tensor_names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in tensor_names:
         # llama.cpp stores Llama-3.1 rope scaling as a table of per-frequency factors, not
         # the parameters our rotary_scaling needs.
-        raise ValueError("GGUF rope_freqs (llama3 rope scaling) is not supported")
+        raise CheckpointError("GGUF rope_freqs (llama3 rope scaling) is not supported")
     scaling_type = _gguf_value(reader, "llama.rope.scaling.type", "none")
     if scaling_type == "none":
         rotary_scaling = None
@@ -147,7 +186,7 @@ def config_from_gguf(path, dtype: str = "float32", mapping: Mapping | None = Non
         rotary_scaling = {"type": "linear",
                           "factor": float(_gguf_value(reader, "llama.rope.scaling.factor"))}
     else:
-        raise ValueError(f"unsupported GGUF rope scaling type {scaling_type!r}")
+        raise CheckpointError(f"unsupported GGUF rope scaling type {scaling_type!r}")
 
     hidden = int(_gguf_value(reader, "llama.embedding_length"))
     heads = int(_gguf_value(reader, "llama.attention.head_count"))
@@ -233,8 +272,8 @@ def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedCon
 
     if not config.share_embedding_table:
         if not has("lm_head.weight"):
-            raise ValueError("the source has no lm_head.weight but its config does not tie "
-                             "the embeddings")
+            raise CheckpointError("the source has no lm_head.weight but its config does not tie "
+                                  "the embeddings")
         out["lm_head.weight"] = take("lm_head.weight", 0, rows=config.vocab_size_padded)
     return out
 
@@ -255,15 +294,30 @@ class _HFTensors:
                                         ("pytorch_model.bin.index.json", "pytorch_model.bin")):
             index = model_dir / index_name
             if index.is_file():
-                weight_map = json.loads(index.read_text())["weight_map"]
-                self._files = {k: model_dir / v for k, v in weight_map.items()}
+                try:
+                    weight_map = json.loads(index.read_text())["weight_map"]
+                    self._files = {k: model_dir / v for k, v in weight_map.items()}
+                except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+                    raise CheckpointError(f"{index} is not a weight index ({type(e).__name__}: "
+                                          f"{e})") from e
+                for path in set(self._files.values()):
+                    if not path.is_file():
+                        raise CheckpointError(f"{index} names {path.name}, which is not in {model_dir}")
+                    self._check(path)
                 return
             single = model_dir / single_name
             if single.is_file():
+                self._check(single)
                 self._files = {k: single for k in self._keys(single)}
                 return
         raise FileNotFoundError(f"no model.safetensors[.index.json] or pytorch_model.bin"
                                 f"[.index.json] in {model_dir}")
+
+    @staticmethod
+    def _check(path: Path) -> None:
+        """A truncated safetensors file is refused before any tensor is read."""
+        if path.suffix == ".safetensors":
+            check_safetensors_file(path)
 
     @staticmethod
     def _keys(path: Path) -> list[str]:
@@ -271,14 +325,14 @@ class _HFTensors:
             from safetensors import safe_open
             with safe_open(path, framework="pt") as f:
                 return list(f.keys())
-        return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+        return list(_load_bin(path))
 
     def has(self, name: str) -> bool:
         return name in self._files
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self._files:
-            raise KeyError(f"tensor {name!r} not in the Hugging Face checkpoint")
+            raise CheckpointError(f"tensor {name!r} not in the Hugging Face checkpoint")
         path = self._files[name]
         if path.suffix == ".safetensors":
             from safetensors import safe_open
@@ -286,9 +340,18 @@ class _HFTensors:
                 return f.get_tensor(name)
         # .bin shards are pickles: load (memory-mapped) once per shard, keep the current one.
         if self._bin_cache is None or self._bin_cache[0] != path:
-            self._bin_cache = (path, torch.load(path, map_location="cpu", weights_only=True,
-                                                mmap=True))
+            self._bin_cache = (path, _load_bin(path))
+        if name not in self._bin_cache[1]:
+            raise CheckpointError(f"tensor {name!r} is not in {path}, though the index names it")
         return self._bin_cache[1][name].clone()  # not a view of the file mapping
+
+
+def _load_bin(path: Path) -> dict:
+    """A pytorch_model.bin shard, memory-mapped; no pickled code runs."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # UnpicklingError for anything but tensors; RuntimeError for a damaged zip
+        raise CheckpointError(f"{path} is not a readable tensor file: {' '.join(str(e).split())}") from e
 
 
 def load_weights_from_hf(model_dir_or_model, config: PretrainedConfig,
@@ -339,6 +402,9 @@ def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | No
     tensors = {t.name: t for t in reader.tensors}
 
     def get(hf_name: str) -> torch.Tensor:
+        if _gguf_name(hf_name) not in tensors:
+            raise CheckpointError(f"{path} has no tensor {_gguf_name(hf_name)!r} "
+                                  f"({hf_name} in Hugging Face names)")
         t = tensors[_gguf_name(hf_name)]
         w = gguf.quants.dequantize(t.data, t.tensor_type)
         w = w.reshape(tuple(reversed(t.shape.tolist())))  # GGUF lists dims innermost first

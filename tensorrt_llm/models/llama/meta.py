@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..._utils import canonical_dtype
+from ...errors import CheckpointError
 from ...mapping import Mapping
 from ..modeling_utils import PretrainedConfig
 from .convert import ARCHITECTURE, _rank_weights, _unpermute_rotary_rows
@@ -32,6 +33,9 @@ _LAYER_NAMES = {"input_layernorm": "attention_norm", "post_attention_layernorm":
                 "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
                 "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
                 "mlp.down_proj": "feed_forward.w2"}
+
+# params.json keys the converter needs (the others have Meta's defaults).
+_REQUIRED_PARAMS = ("dim", "n_layers", "n_heads")
 
 # Buffers some Meta checkpoints carry that are derived from params.json.
 _IGNORED = {"rope.freqs"}
@@ -59,7 +63,7 @@ def _load_shard(path: Path) -> dict[str, torch.Tensor]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # UnpicklingError for anything but tensors; RuntimeError for a damaged zip
-        raise ValueError(f"{path} is not a plain tensor file: {e}") from e
+        raise CheckpointError(f"{path} is not a plain tensor file: {e}") from e
 
 
 class MetaCheckpoint:
@@ -70,19 +74,31 @@ class MetaCheckpoint:
         params_path = meta_dir / "params.json"
         if not params_path.is_file():
             raise FileNotFoundError(f"no params.json in Meta checkpoint folder {meta_dir}")
-        self.params = json.loads(params_path.read_text())
+        try:
+            self.params = json.loads(params_path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{params_path} is not valid JSON ({e})") from e
+        if not isinstance(self.params, dict):
+            raise CheckpointError(f"{params_path} is not a Meta params file (not a JSON object)")
+        missing = [k for k in _REQUIRED_PARAMS if k not in self.params]
+        if missing:
+            raise CheckpointError(f"{params_path} has no {', '.join(missing)}: the converter needs "
+                                  f"{'them' if len(missing) > 1 else 'it'} and does not guess defaults")
         paths = sorted(meta_dir.glob("consolidated.*.pth"), key=lambda p: int(p.suffixes[0][1:]))
         if not paths:
             raise FileNotFoundError(f"no consolidated.NN.pth shards in {meta_dir}")
         if [int(p.suffixes[0][1:]) for p in paths] != list(range(len(paths))):
-            raise ValueError(f"Meta shards of {meta_dir} are not numbered 00..{len(paths) - 1:02d}: "
-                             f"{[p.name for p in paths]}")
+            raise CheckpointError(f"Meta shards of {meta_dir} are not numbered 00..{len(paths) - 1:02d}: "
+                                  f"{[p.name for p in paths]}")
         self.shards = [_load_shard(p) for p in paths]
         keys = set(self.shards[0]) - _IGNORED
         for path, shard in zip(paths[1:], self.shards[1:]):
             if set(shard) - _IGNORED != keys:
-                raise ValueError(f"{path.name} holds other tensors than {paths[0].name}")
+                raise CheckpointError(f"{path.name} holds other tensors than {paths[0].name}")
         self.keys = keys
+        for name in ("tok_embeddings.weight", "layers.0.feed_forward.w1.weight"):
+            if name not in keys:
+                raise CheckpointError(f"{paths[0]} has no tensor {name!r}: not a Meta LLaMA checkpoint")
 
     def _joined(self, name: str) -> torch.Tensor:
         """One Meta tensor, its shards joined; a new tensor, never a view of a mapped file."""
@@ -102,6 +118,9 @@ class MetaCheckpoint:
         # LLaMA 1/2 write vocab_size -1 (the tokenizer decides): the output rows tell.
         if self.params.get("vocab_size", -1) > 0:
             return int(self.params["vocab_size"])
+        if "output.weight" not in self.keys:
+            raise CheckpointError("params.json gives no vocab_size and the checkpoint has no "
+                                  "output.weight to tell it")
         return sum(shard["output.weight"].shape[0] for shard in self.shards)
 
     def config(self, dtype: str | None = None, mapping: Mapping | None = None) -> PretrainedConfig:
@@ -112,9 +131,9 @@ class MetaCheckpoint:
         ffn = ffn_hidden_dim(dim, p.get("multiple_of", 256), p.get("ffn_dim_multiplier"))
         w1_rows = sum(shard["layers.0.feed_forward.w1.weight"].shape[0] for shard in self.shards)
         if w1_rows != ffn:
-            raise ValueError(f"params.json gives a feed-forward width of {ffn} (dim {dim}, multiple_of "
-                             f"{p.get('multiple_of')}, ffn_dim_multiplier {p.get('ffn_dim_multiplier')}) "
-                             f"but layers.0.feed_forward.w1 has {w1_rows} rows")
+            raise CheckpointError(f"params.json gives a feed-forward width of {ffn} (dim {dim}, multiple_of "
+                                  f"{p.get('multiple_of')}, ffn_dim_multiplier {p.get('ffn_dim_multiplier')}) "
+                                  f"but layers.0.feed_forward.w1 has {w1_rows} rows")
         rope_theta = float(p.get("rope_theta", 10000.0))
         scaling = None
         if p.get("use_scaled_rope"):
@@ -145,8 +164,8 @@ class MetaCheckpoint:
         )
         expected = {_meta_name(n) for n in self._hf_names(config)}
         if self.keys != expected:
-            raise ValueError(f"unexpected Meta tensors {sorted(self.keys - expected)}, "
-                             f"missing {sorted(expected - self.keys)}")
+            raise CheckpointError(f"unexpected Meta tensors {sorted(self.keys - expected)}, "
+                                  f"missing {sorted(expected - self.keys)}")
         return config
 
     @staticmethod

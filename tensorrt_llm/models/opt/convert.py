@@ -7,12 +7,19 @@ opt-350m; post-norm layers (do_layer_norm_before False, as in opt-350m) are supp
 """
 import torch
 
+from ...errors import CheckpointError
 from ...mapping import Mapping
 from ..gpt.conversion import config_dtype, hf_config, load_weights
 from ..llama.convert import _HIDDEN_ACTS
 from ..modeling_utils import PretrainedConfig
 
 ARCHITECTURE = "OPTForCausalLM"
+
+# Keys a Hugging Face config.json must give; the converter does not take transformers'
+# defaults for them.
+HF_REQUIRED_KEYS = ("hidden_size", "ffn_dim", "num_attention_heads", "num_hidden_layers",
+                    "vocab_size", "max_position_embeddings")
+
 _POSITION_OFFSET = 2
 _LAYER_NORM_EPS = 1e-5  # OPT uses torch's LayerNorm default
 
@@ -20,16 +27,16 @@ _LAYER_NORM_EPS = 1e-5  # OPT uses torch's LayerNorm default
 def config_from_hf(hf_config_or_dir, dtype: str | None = None,
                    mapping: Mapping | None = None) -> PretrainedConfig:
     """Our config from a transformers OPTConfig or a Hugging Face model folder."""
-    hf = hf_config(hf_config_or_dir, "opt")
+    hf = hf_config(hf_config_or_dir, "opt", HF_REQUIRED_KEYS)
     if hf.word_embed_proj_dim != hf.hidden_size:
-        raise ValueError(f"OPT with word_embed_proj_dim ({hf.word_embed_proj_dim}) != hidden_size "
-                         f"({hf.hidden_size}) (project_in/out) is not supported")
+        raise CheckpointError(f"OPT with word_embed_proj_dim ({hf.word_embed_proj_dim}) != hidden_size "
+                              f"({hf.hidden_size}) (project_in/out) is not supported")
     if not hf.layer_norm_elementwise_affine:
-        raise ValueError("OPT without layer_norm_elementwise_affine is not supported")
+        raise CheckpointError("OPT without layer_norm_elementwise_affine is not supported")
     if hf.do_layer_norm_before and getattr(hf, "_remove_final_layer_norm", False):
-        raise ValueError("OPT with _remove_final_layer_norm is not supported")
+        raise CheckpointError("OPT with _remove_final_layer_norm is not supported")
     if hf.activation_function not in _HIDDEN_ACTS:
-        raise ValueError(f"unsupported activation_function {hf.activation_function!r}")
+        raise CheckpointError(f"unsupported activation_function {hf.activation_function!r}")
     return PretrainedConfig(
         architecture=ARCHITECTURE,
         dtype=config_dtype(hf, dtype),

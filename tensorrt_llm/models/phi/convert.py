@@ -5,6 +5,7 @@ first partial_rotary_factor of each head (NeoX halves), and its lm_head has a bi
 """
 import torch
 
+from ...errors import CheckpointError
 from ...mapping import Mapping
 from ..gpt.conversion import config_dtype, hf_config, load_weights
 from ..llama.convert import _HIDDEN_ACTS, _rotary_scaling_from_hf
@@ -12,15 +13,20 @@ from ..modeling_utils import PretrainedConfig
 
 ARCHITECTURE = "PhiForCausalLM"
 
+# Keys a Hugging Face config.json must give; the converter does not take transformers'
+# defaults for them.
+HF_REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                    "vocab_size", "max_position_embeddings", "layer_norm_eps")
+
 
 def config_from_hf(hf_config_or_dir, dtype: str | None = None,
                    mapping: Mapping | None = None) -> PretrainedConfig:
     """Our config from a transformers PhiConfig or a Hugging Face model folder."""
-    hf = hf_config(hf_config_or_dir, "phi")
+    hf = hf_config(hf_config_or_dir, "phi", HF_REQUIRED_KEYS)
     if hf.qk_layernorm:
-        raise ValueError("Phi with qk_layernorm is not supported")
+        raise CheckpointError("Phi with qk_layernorm is not supported")
     if hf.hidden_act not in _HIDDEN_ACTS:
-        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}")
+        raise CheckpointError(f"unsupported hidden_act {hf.hidden_act!r}")
     # transformers >= 5 keeps rope_theta and partial_rotary_factor in rope_parameters.
     rope = getattr(hf, "rope_parameters", None) or {}
     return PretrainedConfig(
