@@ -2,13 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
-from ..builder import BuildConfig, EngineError, build
+import torch
+
+from .._utils import dtype_size
+from ..builder import BuildConfig, EngineError, build, current_device_target
+from ..errors import ConfigError
 from ..models import MODEL_MAP
 from ..models.modeling_utils import PretrainedConfig
+from ..runtime.kv_cache_manager import KVCacheLayout
 from ..timing_cache import TimingCache, TimingCacheError
 
 
@@ -38,6 +46,55 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def target_memory_bytes(target: str) -> Optional[int]:
+    """Total memory of the GPU a target names, when this machine has that GPU (else None:
+    a cross-build cannot know it)."""
+    if target.startswith("cuda") and torch.cuda.is_available() and current_device_target() == target:
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return None
+
+
+def host_memory_bytes() -> Optional[int]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_kv_cache_fits(model_cls, config: PretrainedConfig, build_config: BuildConfig) -> None:
+    """The KV pool the limits imply (every beam of every request at max_seq_len, in whole
+    blocks, sized as the runtime sizes it) against the target: on a GPU target present here,
+    refuse (ConfigError) what exceeds its memory less one rank's weights; elsewhere warn when
+    it exceeds this host's memory (on the CPU the runtime allocates all of it at load)."""
+    bc = build_config
+    layout = KVCacheLayout.of_engine(config.to_dict(), bc.tokens_per_block)
+    pool = layout.max_pool_bytes(bc.max_batch_size * bc.max_beam_width, bc.max_seq_len)
+    weights = sum(p.numel() * dtype_size(p.dtype) for p in model_cls(config).parameters())
+    what = (f"the KV cache these limits imply ({_size(pool)}: max_batch_size {bc.max_batch_size} x "
+            f"max_beam_width {bc.max_beam_width} sequences of max_seq_len {bc.max_seq_len} tokens, "
+            f"x {layout.num_layers} layers x 2 x {layout.num_kv_heads} KV heads x {layout.head_dim} x "
+            f"{dtype_size(layout.dtype_name)} bytes)")
+    options = "lower --max_batch_size, --max_seq_len or --max_beam_width"
+    device_total = target_memory_bytes(bc.target_device)
+    if device_total is not None:
+        if pool > device_total - weights:
+            raise ConfigError(f"{what} does not fit the {_size(device_total)} of {bc.target_device} "
+                              f"with {_size(weights)} of weights; {options}")
+        return
+    host = host_memory_bytes()
+    if host is not None and pool > host - weights and not bc.target_device.startswith("cuda"):
+        print(f"trtllm-build: warning: {what} exceeds this host's {_size(host)} of memory less "
+              f"{_size(weights)} of weights: on the CPU the runtime allocates all of it at load "
+              f"(bound it with max_tokens_in_paged_kv_cache, or {options})", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
@@ -56,6 +113,13 @@ def main(argv=None) -> int:
                                max_beam_width=args.max_beam_width, tokens_per_block=args.tokens_per_block,
                                target_device=args.target_device,
                                optimizations=[] if args.no_rewrite else BuildConfig().optimizations)
+    try:
+        resolved = build_config.resolve(config.max_position_embeddings)
+        model_config = config if args.dtype is None else dataclasses.replace(config, dtype=args.dtype)
+    except ValueError as e:
+        print(f"trtllm-build: {e}", file=sys.stderr)
+        return 2
+    check_kv_cache_fits(MODEL_MAP[config.architecture], model_config, resolved)
     # Kernel timing is asked for by naming a timing cache; otherwise each op runs its
     # default implementation (the compiled kernel on a GPU).
     timing_cache = None
