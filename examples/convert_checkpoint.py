@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.mapping import Mapping
-from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, write_checkpoint
+from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, check_output_dir, write_checkpoint
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
 PROG = "convert_checkpoint.py"
@@ -50,6 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
+    check_output_dir(args.output_dir, sources=[args.model_dir])
     convert = importlib.import_module(f"tensorrt_llm.models.{CONVERTERS[args.model_type]}.convert")
     mapping = Mapping(world_size=args.tp_size, tp_size=args.tp_size)
     config = convert.config_from_hf(args.model_dir, None if args.dtype == "auto" else args.dtype,

@@ -24,7 +24,7 @@ from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.llama import convert
 from tensorrt_llm.models.llama.meta import MetaCheckpoint
-from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, write_checkpoint
+from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, check_output_dir, write_checkpoint
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
 PROG = "convert_checkpoint.py"
@@ -57,6 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
+    check_output_dir(args.output_dir, sources=[args.model_dir or args.gguf_file or args.meta_ckpt_dir])
     mapping = Mapping(world_size=args.tp_size, tp_size=args.tp_size)
     dtype = None if args.dtype == "auto" else args.dtype
     if args.gguf_file is not None:

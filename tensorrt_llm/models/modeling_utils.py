@@ -249,6 +249,20 @@ class PretrainedConfig:
         return config
 
 
+def check_output_dir(output_dir, sources: Iterable = ()) -> None:
+    """CheckpointError unless `output_dir` can be replaced by atomic_output_dir: it is a
+    folder or does not exist, and it neither is nor holds one of `sources`. A converter calls
+    this first, so that a bad --output_dir is refused before the conversion's work."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise CheckpointError(f"output folder {output_dir} exists and is not a folder")
+    out = output_dir.resolve()
+    for source in sources:
+        if Path(source).resolve().is_relative_to(out):
+            raise CheckpointError(f"output folder {output_dir} holds the source {source}: writing "
+                                  f"the checkpoint there would replace the source; choose another folder")
+
+
 @contextlib.contextmanager
 def atomic_output_dir(output_dir, sources: Iterable = ()) -> Iterator[Path]:
     """Writes a folder all at once: yields a new, empty temporary folder beside `output_dir`
@@ -263,13 +277,7 @@ def atomic_output_dir(output_dir, sources: Iterable = ()) -> Iterator[Path]:
     it would delete the source).
     """
     output_dir = Path(output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise CheckpointError(f"output folder {output_dir} exists and is not a folder")
-    out = output_dir.resolve()
-    for source in sources:
-        if Path(source).resolve().is_relative_to(out):
-            raise CheckpointError(f"output folder {output_dir} holds the source {source}: writing "
-                                  f"the checkpoint there would replace the source; choose another folder")
+    check_output_dir(output_dir, sources)
     parent = output_dir.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=parent))
