@@ -21,7 +21,8 @@ from tensorrt_llm.errors import ConfigError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.modeling_utils import save_checkpoint
 from tensorrt_llm.reference_ops import REFERENCE_OPS
-from tensorrt_llm.runtime import ModelRunner
+from tensorrt_llm.network import Network
+from tensorrt_llm.runtime import ModelRunner, Session
 
 from ..models.llama_utils import engine_from_hf, random_hf_llama
 
@@ -189,9 +190,36 @@ def test_the_plan_source_holds_no_string_of_the_file(built):
     source = ModelRunner.from_dir(built, device="cpu").session.source
     assert "'" not in source and '"' not in source
     graph = Engine.from_dir(built).network
-    for name in ["input_ids", "logits", "rms_norm", "gpt_attention", "eps", "layer_idx"] + \
-            [layer.name for layer in graph.layers[:5]]:
+    for name in ["input_ids", "logits", "rms_norm", "gpt_attention"] + [layer.name for layer in graph.layers[:5]]:
         assert name not in source, name
+
+
+@pytest.mark.parametrize("kind", ["statement", "expression", "open"])
+def test_lowering_alone_never_writes_an_attribute_key_into_the_source(built, tmp_path, kind):
+    """Defence in depth: a network that skipped the grammar check (made in-process, or read
+    by a path that does not check) still cannot put code into the plan through its attrs."""
+    marker = tmp_path / "pwned"
+    payload = payloads(marker)[kind]
+    engine = Engine.from_dir(built)
+    data = json.loads(json.dumps(engine.network.to_dict()))
+    layer = first_layer(data, "rms_norm_linear")
+    layer["attrs"][payload] = payload
+    network = Network.from_dict(data, dict(engine.network.weights))
+    seen = {}
+
+    def custom(*args, **kwargs):  # takes any keyword, as a custom op may
+        seen.update(kwargs)
+        return REFERENCE_OPS["rms_norm_linear"](*args, eps=kwargs["eps"])
+
+    session = Session(network, "cpu", ops=dict(REFERENCE_OPS, rms_norm_linear=custom))
+    assert payload not in session.source and "system" not in session.source and "open" not in session.source
+    assert not marker.exists()
+    runner = ModelRunner(engine, torch.device("cpu"))
+    runner.session = session
+    runner.generation.session = session
+    runner.generate([[1, 2, 3]], max_new_tokens=1)
+    assert seen[payload] == payload  # passed as data, never as code
+    assert not marker.exists()
 
 
 def test_an_unknown_attribute_that_is_a_plain_name_is_refused_too(engine_dir):
