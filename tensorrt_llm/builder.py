@@ -201,8 +201,7 @@ class Engine:
         Nothing of the file runs: the graph is checked against engine_check's grammar, the
         configs for their types, config.json against the rank file's copy, and both against
         the graph, before a Network is made of it; any failure is one EngineError."""
-        from .engine_check import (check_config_matches_graph, check_engine_config, check_graph,
-                                   config_differences)
+        from .engine_check import check_config_matches_graph, check_engine_config, check_graph, config_differences
         engine_dir = Path(engine_dir)
         config = read_engine_config(engine_dir)
         path = engine_dir / f"rank{rank}.engine"

@@ -20,8 +20,8 @@ from tensorrt_llm.engine_check import NAME_PATTERN, check_graph, op_signatures
 from tensorrt_llm.errors import ConfigError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.modeling_utils import save_checkpoint
-from tensorrt_llm.reference_ops import REFERENCE_OPS
 from tensorrt_llm.network import Network
+from tensorrt_llm.reference_ops import REFERENCE_OPS
 from tensorrt_llm.runtime import ModelRunner, Session
 
 from ..models.llama_utils import engine_from_hf, random_hf_llama
@@ -294,7 +294,8 @@ def test_edited_world_size_is_refused(engine_dir):
     def edit_both(config):
         config["pretrained_config"]["mapping"]["tp_size"] = 2
     edit_config_json(engine_dir, edit_both)
-    with pytest.raises(EngineError, match=r"on pretrained_config.mapping.tp_size, pretrained_config.mapping.world_size"):
+    with pytest.raises(EngineError,
+                       match=r"on pretrained_config.mapping.tp_size, pretrained_config.mapping.world_size"):
         ModelRunner.from_dir(engine_dir, device="cpu")
 
 
