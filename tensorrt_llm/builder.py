@@ -201,7 +201,13 @@ class Engine:
         Nothing of the file runs: the graph is checked against engine_check's grammar, the
         configs for their types, config.json against the rank file's copy, and both against
         the graph, before a Network is made of it; any failure is one EngineError."""
-        from .engine_check import check_config_matches_graph, check_engine_config, check_graph, config_differences
+        from .engine_check import (
+            check_config_matches_graph,
+            check_engine_config,
+            check_graph,
+            check_shapes,
+            config_differences,
+        )
         engine_dir = Path(engine_dir)
         config = read_engine_config(engine_dir)
         path = engine_dir / f"rank{rank}.engine"
@@ -258,6 +264,7 @@ class Engine:
         except (ValueError, KeyError, TypeError) as e:
             raise EngineError(f"{path}: the graph does not load ({' '.join(str(e).split())[:300]}); "
                               f"rebuild the engine") from None
+        check_shapes(network, str(path))
         check_config_matches_graph(pretrained, build_config, network, str(path))
         return cls(config, network, rank, refit_map=refit)
 

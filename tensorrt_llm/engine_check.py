@@ -213,7 +213,7 @@ def _check_layer(index: int, entry: Any, defined: set, produced: set, spec_of: d
     if missing:
         _refuse(f"{where} ({op}) lacks attribute(s) {', '.join(sorted(missing))}")
     if op == "constant":
-        weight = attrs["weight"]
+        weight = _check_name(attrs["weight"], f"{where}'s weight")
         if weight not in weights:
             _refuse(f"{where} reads weight {_show(weight)}, which the graph's weight list lacks")
         if len(outputs) != 1 or spec_of[outputs[0]] != weights[weight]:
@@ -447,3 +447,92 @@ def _rotary_problems(layer: str, table: Optional[tuple], rotary_dim: int, head_d
         problems.append(f"layer {layer}: rotary_dim {rotary_dim} does not fit the table [{rows}, {width}] "
                         f"and head_dim {head_dim}")
     return problems
+
+
+# ---- shapes ---------------------------------------------------------------------------------
+
+
+def check_shapes(network, where: str) -> None:
+    """Refuse an engine whose recorded tensor shapes are not what its ops make of their inputs.
+
+    Every layer is replayed, in a scratch network, through its op's own definition in
+    `functional` (the shape rules and argument checks the builder ran), on the shapes the
+    replay itself inferred for its inputs. An attribute or shape the file changed (a view to
+    another size, an eps that is a string, a weight of another shape) then fails here, naming
+    the layer, instead of inside a kernel. Errors of any type raised by the replay are the
+    file's: the replay runs our shape rules on values a stranger chose."""
+    from . import functional
+    from .network import Network, net_guard
+
+    scratch = Network("replay")
+    handles = {}
+    # Each named dynamic dim takes its own size (distinct primes), so that reading a tensor
+    # of `batch_size` rows where one of `num_tokens` rows belongs is a shape error here,
+    # not a wrong read later; a -1 in a recorded shape then matches any size.
+    sizes: dict[str, int] = {}
+    for name in network.input_names:
+        spec = network._tensors[name]
+        shape = list(spec.shape)
+        for axis, (dim_name, _) in network.dim_range(name).items():
+            if 0 <= axis < len(shape) and shape[axis] == -1:
+                shape[axis] = sizes.setdefault(dim_name, _PRIMES[len(sizes) % len(_PRIMES)])
+        handles[name] = scratch._wrap(scratch._add_spec(name, spec.dtype, shape))
+    with net_guard(scratch):
+        for layer in network.layers:
+            recorded = [network._tensors[o] for o in layer.outputs]
+            if layer.op == "constant":
+                spec = recorded[0]
+                handles[spec.name] = scratch._wrap(scratch._add_spec(spec.name, spec.dtype, spec.shape))
+                continue
+            # The builder's kernel choice is not an argument of the op.
+            attrs = {k: v for k, v in layer.attrs.items() if k != IMPLEMENTATION_ATTR}
+            try:
+                args = [None if n is None else handles[n] for n in layer.inputs]
+                out = _replay(getattr(functional, layer.op), args, attrs)
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}) does not hold together: "
+                                  f"{' '.join(str(e).split())[:200]}; do not use this engine, rebuild it") from None
+            # The op records its attributes in normal form (an int dim, a float eps): one the
+            # file wrote otherwise (a bool dim, an int eps) is not what the op would run.
+            made = scratch._layers[-1].attrs
+            if json.dumps(made, sort_keys=True) != json.dumps(attrs, sort_keys=True):
+                key = next((k for k in sorted(set(made) | set(attrs))
+                            if json.dumps(made.get(k)) != json.dumps(attrs.get(k))), "?")
+                raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}) has attribute {key} = "
+                                  f"{_show(attrs.get(key))}, which the op records as {_show(made.get(key))}; "
+                                  f"do not use this engine, rebuild it")
+            outs = out if isinstance(out, tuple) else (out,)
+            if len(outs) != len(recorded) or not all(_spec_matches(o, r) for o, r in zip(outs, recorded)):
+                got = [[o.dtype, list(o.shape)] for o in outs]
+                want = [[r.dtype, list(r.shape)] for r in recorded]
+                raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}) records outputs {want} "
+                                  f"but makes {got} of its inputs; do not use this engine, rebuild it")
+            for r, o in zip(recorded, outs):
+                handles[r.name] = o
+
+
+_PRIMES = (101, 103, 107, 109, 113, 127, 131, 137, 139, 149)
+
+
+def _spec_matches(made, recorded) -> bool:
+    """A replayed tensor against the file's spec of it: same dtype and rank; each recorded
+    dim equal, or -1 (dynamic) where the replay has a size."""
+    return (made.dtype == recorded.dtype and len(made.shape) == len(recorded.shape)
+            and all(r == m or r == -1 for m, r in zip(made.shape, recorded.shape)))
+
+
+def _replay(fn, inputs: list, attrs: dict):
+    """Call a functional op the way it made the layer: the layer's inputs fill, in order, the
+    parameters its attributes do not name (concat takes them as one list)."""
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if params and params[0].name == "inputs":  # concat(inputs, dim)
+        return fn(inputs, **attrs)
+    kwargs = dict(attrs)
+    pending = list(inputs)
+    for p in params:
+        if p.name not in attrs and pending:
+            kwargs[p.name] = pending.pop(0)
+    if pending:
+        raise ValueError(f"{len(inputs)} inputs, more than the op takes")
+    return fn(**kwargs)

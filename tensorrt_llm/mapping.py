@@ -1,4 +1,5 @@
 """`Mapping`: where one process (rank) sits in the tensor/pipeline-parallel grid."""
+from .errors import ConfigError
 
 
 class Mapping:
@@ -7,13 +8,13 @@ class Mapping:
     def __init__(self, world_size: int = 1, rank: int = 0, tp_size: int = 1, pp_size: int = 1):
         for name, value in (("world_size", world_size), ("tp_size", tp_size), ("pp_size", pp_size)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"Mapping: {name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"Mapping: {name} must be a positive integer, got {value!r}")
         if world_size != tp_size * pp_size:
-            raise ValueError(
+            raise ConfigError(
                 f"Mapping: world_size ({world_size}) must equal tp_size * pp_size "
                 f"({tp_size} * {pp_size} = {tp_size * pp_size})")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ValueError(f"Mapping: rank must be in [0, {world_size}), got {rank!r}")
+            raise ConfigError(f"Mapping: rank must be in [0, {world_size}), got {rank!r}")
         self.world_size = world_size
         self.rank = rank
         self.tp_size = tp_size
@@ -44,7 +45,7 @@ class Mapping:
     def pp_layers(self, num_layers: int) -> list[int]:
         """The global indices of the layers this rank's pipeline stage runs."""
         if num_layers % self.pp_size:
-            raise ValueError(
+            raise ConfigError(
                 f"Mapping: pp_size ({self.pp_size}) must divide the number of layers ({num_layers})")
         per_stage = num_layers // self.pp_size
         return list(range(self.pp_rank * per_stage, (self.pp_rank + 1) * per_stage))
@@ -59,9 +60,11 @@ class Mapping:
     @classmethod
     def from_dict(cls, d: dict) -> "Mapping":
         """Missing keys take their defaults; world_size defaults to tp_size * pp_size."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"Mapping: must be an object, got {str(d)[:60]!r}")
         unknown = set(d) - {"world_size", "rank", "tp_size", "pp_size"}
         if unknown:
-            raise ValueError(f"Mapping: unknown keys {sorted(unknown)}")
+            raise ConfigError(f"Mapping: unknown keys {sorted(unknown)}")
         tp_size = d.get("tp_size", 1)
         pp_size = d.get("pp_size", 1)
         return cls(world_size=d.get("world_size", tp_size * pp_size), rank=d.get("rank", 0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
+from .errors import CheckpointError
 from .network import current_net
 from .parameter import Parameter
 
@@ -107,7 +108,8 @@ class Module:
                 except (ValueError, TypeError) as e:
                     problems.append(str(e))
         if problems:
-            raise ValueError(f"{type(self).__name__}.load: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+            raise CheckpointError(f"{type(self).__name__}.load: {len(problems)} problem(s):\n  "
+                                  + "\n  ".join(problems))
 
 
 class ModuleList(Module):

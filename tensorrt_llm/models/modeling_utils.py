@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import tempfile
+import typing
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -52,6 +53,16 @@ def pad_vocab_size(vocab_size: int, tp_size: int) -> int:
     return math.ceil(vocab_size / tp_size) * tp_size
 
 
+def _has_json_type(value, t) -> bool:
+    if t is type(None):
+        return value is None
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, t)
+
+
 @dataclasses.dataclass
 class PretrainedConfig:
     architecture: str
@@ -85,6 +96,7 @@ class PretrainedConfig:
     extra: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        self._check_field_types()
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_size is None:
@@ -102,8 +114,23 @@ class PretrainedConfig:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"PretrainedConfig: {name} must be a positive integer, got {value!r}")
 
+    def _check_field_types(self):
+        """Each field holds a value of its annotated JSON type (a config.json may hold anything)."""
+        for f in dataclasses.fields(self):
+            if f.name in ("mapping", "extra"):
+                continue
+            value = getattr(self, f.name)
+            allowed = typing.get_args(f.type) or (f.type,)
+            if not any(_has_json_type(value, t) for t in allowed):
+                # every integer field of this config is a count or size
+                words = {type(None): "null", int: "a positive integer", float: "a number", str: "a string",
+                         bool: "true or false", dict: "an object"}
+                names = " or ".join(words.get(t, t.__name__) for t in allowed)
+                raise ConfigError(f"PretrainedConfig: {f.name} must be {names}, got {str(value)[:60]!r}")
+
     def validate(self):
         """Raises ConfigError (a ValueError) naming the first inconsistent field."""
+        self._check_field_types()
         if self.architecture not in KNOWN_ARCHITECTURES:
             raise ConfigError(f"PretrainedConfig: unknown architecture {self.architecture!r}; "
                               f"known: {sorted(KNOWN_ARCHITECTURES)}")

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from ..._utils import canonical_dtype
-from ...errors import CheckpointError
+from ...errors import CheckpointError, ConfigError
 from ...mapping import Mapping
 from ..modeling_utils import MODEL_DTYPES, PretrainedConfig, check_safetensors_file, hf_config_from_dir
 
@@ -154,13 +154,36 @@ def open_gguf(path):
         raise CheckpointError(f"{path} is not a readable GGUF file ({' '.join(str(e).split())})") from e
 
 
-def _gguf_value(reader, key: str, default=None):
+def _gguf_value(reader, key: str, default=None, kind: type = str):
+    """The metadata value `key` as `kind` (str, a positive int, or a finite float); a value
+    missing without a default, or of another type, is a CheckpointError naming the key."""
     field = reader.get_field(key)
     if field is None:
         if default is None:
             raise CheckpointError(f"GGUF metadata has no {key!r}")
-        return default
-    return field.contents()
+        value = default  # derived from other values: checked like them
+    else:
+        try:
+            value = field.contents()
+        except (ValueError, IndexError, TypeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"GGUF metadata {key!r} is unreadable ({e})") from None
+    if kind is int:
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 < value < 2**31
+    elif kind is float:
+        ok = isinstance(value, (int, float, np.number)) and np.isfinite(value)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        want = {int: "a positive integer", float: "a finite number", str: "a string"}[kind]
+        raise CheckpointError(f"GGUF metadata {key!r} must be {want}, got {str(value)[:60]!r}")
+    return kind(value)
+
+
+def _gguf_vocab_size(reader) -> int:
+    field = reader.get_field("tokenizer.ggml.tokens")
+    if field is None or not field.data:
+        raise CheckpointError("GGUF metadata has no tokenizer.ggml.tokens (the vocabulary)")
+    return len(field.data)
 
 
 def config_from_gguf(path, dtype: str = "float32", mapping: Mapping | None = None,
@@ -184,28 +207,28 @@ def config_from_gguf(path, dtype: str = "float32", mapping: Mapping | None = Non
         rotary_scaling = None
     elif scaling_type == "linear":
         rotary_scaling = {"type": "linear",
-                          "factor": float(_gguf_value(reader, "llama.rope.scaling.factor"))}
+                          "factor": _gguf_value(reader, "llama.rope.scaling.factor", kind=float)}
     else:
         raise CheckpointError(f"unsupported GGUF rope scaling type {scaling_type!r}")
 
-    hidden = int(_gguf_value(reader, "llama.embedding_length"))
-    heads = int(_gguf_value(reader, "llama.attention.head_count"))
-    head_size = int(_gguf_value(reader, "llama.attention.key_length", hidden // heads))
-    rotary_dim = int(_gguf_value(reader, "llama.rope.dimension_count", head_size))
+    hidden = _gguf_value(reader, "llama.embedding_length", kind=int)
+    heads = _gguf_value(reader, "llama.attention.head_count", kind=int)
+    head_size = _gguf_value(reader, "llama.attention.key_length", hidden // heads, kind=int)
+    rotary_dim = _gguf_value(reader, "llama.rope.dimension_count", head_size, kind=int)
     return PretrainedConfig(
         architecture=ARCHITECTURE,
         dtype=dtype,
-        num_hidden_layers=int(_gguf_value(reader, "llama.block_count")),
+        num_hidden_layers=_gguf_value(reader, "llama.block_count", kind=int),
         num_attention_heads=heads,
-        num_key_value_heads=int(_gguf_value(reader, "llama.attention.head_count_kv", heads)),
+        num_key_value_heads=_gguf_value(reader, "llama.attention.head_count_kv", heads, kind=int),
         hidden_size=hidden,
-        intermediate_size=int(_gguf_value(reader, "llama.feed_forward_length")),
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        intermediate_size=_gguf_value(reader, "llama.feed_forward_length", kind=int),
+        vocab_size=_gguf_vocab_size(reader),
         position_embedding_type="rope_gpt_neox",  # after undoing llama.cpp's Q/K permutation
-        max_position_embeddings=int(_gguf_value(reader, "llama.context_length")),
+        max_position_embeddings=_gguf_value(reader, "llama.context_length", kind=int),
         hidden_act="silu",
-        norm_epsilon=float(_gguf_value(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rotary_base=float(_gguf_value(reader, "llama.rope.freq_base", 10000.0)),
+        norm_epsilon=_gguf_value(reader, "llama.attention.layer_norm_rms_epsilon", kind=float),
+        rotary_base=_gguf_value(reader, "llama.rope.freq_base", 10000.0, kind=float),
         rotary_scaling=rotary_scaling,
         rotary_pct=rotary_dim / head_size,
         head_size=head_size,
@@ -228,17 +251,35 @@ def _narrow(t: torch.Tensor, dim: int, tp_size: int, tp_rank: int) -> torch.Tens
     return t.narrow(dim, tp_rank * size, size)
 
 
+def _hf_shape(name: str, config: PretrainedConfig) -> tuple[int, ...]:
+    """The shape a Hugging Face Llama tensor must have under `config` (sources may lie)."""
+    hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    q, kv = config.num_attention_heads * config.head_size, config.num_key_value_heads * config.head_size
+    module, kind = name.split(".")[-2:]
+    if module in ("embed_tokens", "lm_head"):
+        return (vocab, hidden)
+    if module in ("input_layernorm", "post_attention_layernorm", "norm"):
+        return (hidden,)
+    rows, cols = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden),
+                  "o_proj": (hidden, q), "gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+                  "down_proj": (hidden, inter)}[module]
+    return (rows, cols) if kind == "weight" else (rows,)
+
+
 def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedConfig,
                   mapping: Mapping) -> dict[str, torch.Tensor]:
     """One rank's weights from a getter of Hugging Face-named tensors (HF row order)."""
     if mapping.pp_size != 1:
-        raise ValueError("pipeline-parallel checkpoints are not supported (pp_size must be 1)")
+        raise ConfigError("pipeline-parallel checkpoints are not supported (pp_size must be 1)")
     if (mapping.world_size, mapping.tp_size) != (config.mapping.world_size, config.mapping.tp_size):
-        raise ValueError(f"mapping {mapping} does not match the config's {config.mapping}")
+        raise ConfigError(f"mapping {mapping} does not match the config's {config.mapping}")
     tp, rank = mapping.tp_size, mapping.tp_rank
 
     def take(name: str, dim: int | None = None, rows: int | None = None) -> torch.Tensor:
         t = get(name)
+        if tuple(t.shape) != _hf_shape(name, config):
+            raise CheckpointError(f"{name} has shape {list(t.shape)}, the config implies "
+                                  f"{list(_hf_shape(name, config))}")
         if rows is not None and rows > t.shape[0]:
             t = torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0]))
         if dim is not None:
@@ -406,8 +447,12 @@ def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | No
             raise CheckpointError(f"{path} has no tensor {_gguf_name(hf_name)!r} "
                                   f"({hf_name} in Hugging Face names)")
         t = tensors[_gguf_name(hf_name)]
-        w = gguf.quants.dequantize(t.data, t.tensor_type)
-        w = w.reshape(tuple(reversed(t.shape.tolist())))  # GGUF lists dims innermost first
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+            w = w.reshape(tuple(reversed(t.shape.tolist())))  # GGUF lists dims innermost first
+        except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
+            raise CheckpointError(f"{path}: tensor {t.name!r} is unreadable ({' '.join(str(e).split())[:200]})") \
+                from None
         if ".self_attn.q_proj." in hf_name:
             w = _unpermute_rotary_rows(w, config.num_attention_heads)
         elif ".self_attn.k_proj." in hf_name:
