@@ -14,8 +14,11 @@ from typing import Optional
 import torch
 
 from . import functional as F
+
 # Where TensorRT-LLM users import them from when they port a pass: the same objects as functional's.
-from .functional import FLayerInfo, FLayerInfoMemo, record_signature
+from .functional import FLayerInfo as FLayerInfo
+from .functional import FLayerInfoMemo as FLayerInfoMemo
+from .functional import record_signature as record_signature
 from .network import Layer, Network, net_guard
 
 # Ops that do something besides producing their outputs: never removed as dead.

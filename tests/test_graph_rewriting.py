@@ -1,11 +1,22 @@
 import pytest
 import torch
 
-from tensorrt_llm import Network, functional as F, net_guard
-from tensorrt_llm import functional
-from tensorrt_llm.graph_rewriting import (AnalysisPatternManager, FLayerInfo, FLayerInfoMemo, FuseAddRmsNorm,
-                                          FuseGateUp, PatternAnalyzer, PatternRewriter, RewritePatternManager,
-                                          optimize, prune_unused_weights, record_signature, remove_dead_layers)
+from tensorrt_llm import Network, functional, net_guard
+from tensorrt_llm import functional as F
+from tensorrt_llm.graph_rewriting import (
+    AnalysisPatternManager,
+    FLayerInfo,
+    FLayerInfoMemo,
+    FuseAddRmsNorm,
+    FuseGateUp,
+    PatternAnalyzer,
+    PatternRewriter,
+    RewritePatternManager,
+    optimize,
+    prune_unused_weights,
+    record_signature,
+    remove_dead_layers,
+)
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 H, I = 8, 12

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from .._utils import dtype_size
-from ..builder import BuildConfig, EngineError, build, current_device_target
+from ..builder import BuildConfig, build, current_device_target
 from ..errors import ConfigError
 from ..models import MODEL_MAP
 from ..models.modeling_utils import PretrainedConfig
@@ -99,26 +99,18 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     ckpt = Path(args.checkpoint_dir)
-    try:
-        config = PretrainedConfig.from_checkpoint(ckpt)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"trtllm-build: {e}", file=sys.stderr)
-        return 2
+    # A bad checkpoint or option raises the project's own error (run_cli prints its line).
+    config = PretrainedConfig.from_checkpoint(ckpt)
     if config.architecture not in MODEL_MAP:
-        print(f"trtllm-build: architecture {config.architecture!r} is not supported "
-              f"(known: {', '.join(sorted(MODEL_MAP))})", file=sys.stderr)
-        return 2
+        raise ConfigError(f"architecture {config.architecture!r} is not supported "
+                          f"(known: {', '.join(sorted(MODEL_MAP))})")
     build_config = BuildConfig(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
                                max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens,
                                max_beam_width=args.max_beam_width, tokens_per_block=args.tokens_per_block,
                                target_device=args.target_device,
                                optimizations=[] if args.no_rewrite else BuildConfig().optimizations)
-    try:
-        resolved = build_config.resolve(config.max_position_embeddings)
-        model_config = config if args.dtype is None else dataclasses.replace(config, dtype=args.dtype)
-    except ValueError as e:
-        print(f"trtllm-build: {e}", file=sys.stderr)
-        return 2
+    resolved = build_config.resolve(config.max_position_embeddings)
+    model_config = config if args.dtype is None else dataclasses.replace(config, dtype=args.dtype)
     check_kv_cache_fits(MODEL_MAP[config.architecture], model_config, resolved)
     # Kernel timing is asked for by naming a timing cache; otherwise each op runs its
     # default implementation (the compiled kernel on a GPU).
@@ -135,12 +127,8 @@ def main(argv=None) -> int:
     world = config.mapping.world_size
     total_bytes = 0
     for rank in range(world):
-        try:
-            model = model_cls.from_checkpoint(ckpt, rank=rank, dtype=args.dtype)
-            engine = build(model, build_config, timing_cache=timing_cache)
-        except (ValueError, EngineError) as e:
-            print(f"trtllm-build: {e}", file=sys.stderr)
-            return 2
+        model = model_cls.from_checkpoint(ckpt, rank=rank, dtype=args.dtype)
+        engine = build(model, build_config, timing_cache=timing_cache)
         path = engine.save(args.output_dir)
         total_bytes += path.stat().st_size
         s = engine.config["build_summary"]

@@ -178,11 +178,6 @@ def test_summarize_on_an_empty_folder(runs):
 
 # Limits the random model's 512 positions allow: the build gets as far as the weights.
 LIMITS = ("--max_input_len", MAX_INPUT_LEN, "--max_seq_len", 32)
-# trtllm-build's main() still catches these errors itself and prints "trtllm-build: <message>"
-# without "error:" (exit code 2, one line, no traceback, so only the prefix is missing).
-BUILD_MAIN_CATCHES = pytest.mark.xfail(
-    strict=True, reason="trtllm-build main() prints its own 'trtllm-build: <message>' line for "
-                        "these; its try/except-print blocks are to go (run_cli covers them)")
 
 
 @case
@@ -216,32 +211,24 @@ def test_build_with_max_batch_size_0(runs):
     assert_one_error_line(p, "trtllm-build", "BuildConfig.max_batch_size must be an integer >= 1, got 0")
 
 
-def test_build_refuses_a_bad_checkpoint_in_one_line(runs):
-    """What holds today for the cases below: one line, exit code 2, no traceback, the phrase."""
-    for name, phrase in (("build_from_a_truncated_checkpoint", "rank0.safetensors is truncated"),
-                         ("build_from_a_garbage_checkpoint", "rank0.safetensors is not a safetensors file"),
-                         ("build_from_a_missing_checkpoint_folder", "no config.json in checkpoint folder")):
+def test_a_refused_build_writes_no_engine_folder(runs):
+    for name in ("build_with_max_batch_size_0", "build_from_a_truncated_checkpoint",
+                 "build_from_a_garbage_checkpoint", "build_from_a_missing_checkpoint_folder"):
         p, folder, _ = runs[name]
-        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
-        assert len(p.stderr.splitlines()) == 1 and phrase in p.stderr, p.stderr
-        assert p.stderr.startswith("trtllm-build: ")
-        assert not (folder / "e").exists()
+        assert p.returncode == 2 and not (folder / "e").exists(), (name, p.stderr)
 
 
-@BUILD_MAIN_CATCHES
 def test_build_from_a_truncated_checkpoint(runs):
     p, _, size = runs["build_from_a_truncated_checkpoint"]
     assert_one_error_line(p, "trtllm-build", f"rank0.safetensors is truncated: expected {size + 1000} "
                                              f"bytes, file has {size}")
 
 
-@BUILD_MAIN_CATCHES
 def test_build_from_a_garbage_checkpoint(runs):
     p, _, _ = runs["build_from_a_garbage_checkpoint"]
     assert_one_error_line(p, "trtllm-build", "rank0.safetensors is not a safetensors file")
 
 
-@BUILD_MAIN_CATCHES
 def test_build_from_a_missing_checkpoint_folder(runs):
     p, _, _ = runs["build_from_a_missing_checkpoint_folder"]
     assert_one_error_line(p, "trtllm-build", "no config.json in checkpoint folder")
