@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 from .builder import Engine, read_engine_config
 from .errors import EngineError, TrtLlmError
-from .models.modeling_utils import CONFIG_NAME, PretrainedConfig, rank_weights_name
+from .models.modeling_utils import CONFIG_NAME, PretrainedConfig, check_safetensors_file, rank_weights_name
 
 
 class RefitError(TrtLlmError, ValueError):
@@ -84,6 +84,7 @@ def _swap_weights(engine: Engine, path: Path) -> int:
     if not path.is_file():
         raise RefitError(f"{path} not found: the checkpoint has fewer ranks than the engine")
     expected = refit["checkpoint"]
+    check_safetensors_file(path)  # a cut-off file is named as truncated, before any tensor is read
     with safe_open(str(path), framework="pt") as f:
         names = set(f.keys())
         problems = [f"missing: {n}" for n in sorted(set(expected) - names)]

@@ -2,6 +2,7 @@
 engine built from that checkpoint; checkpoints that do not fit are refused, engine untouched."""
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import safetensors.torch
 import torch
 
 from tensorrt_llm.builder import BuildConfig, Engine, EngineError, build
+from tensorrt_llm.errors import CheckpointError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import save_checkpoint
@@ -161,3 +163,17 @@ def test_refuses_a_damaged_engine(setup, tmp_path):
     with pytest.raises(EngineError, match="checksum"):
         refit_engine(engine, ckpt_b)
     assert (engine / "rank0.engine").read_bytes() == bytes(data)
+
+
+def test_refuses_a_truncated_checkpoint_naming_it_and_leaves_the_engine_intact(setup, tmp_path):
+    tmp, ckpt_a, ckpt_b, _ = setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    original = digest(engine)
+    cut = tmp_path / "cut"
+    shutil.copytree(ckpt_b, cut)
+    data = (cut / "rank0.safetensors").read_bytes()
+    (cut / "rank0.safetensors").write_bytes(data[:-100])
+    with pytest.raises(CheckpointError, match=f"rank0.safetensors is truncated: expected {len(data)} bytes, "
+                                              f"file has {len(data) - 100}"):
+        refit_engine(engine, cut)
+    assert digest(engine) == original
