@@ -320,10 +320,15 @@ def check_engine_config(config: Any, where: str) -> tuple[dict, dict]:
         parts.append(part)
     pretrained, build = parts
     try:
-        PretrainedConfig.from_dict(pretrained)
+        normal = PretrainedConfig.from_dict(pretrained).to_dict()
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise EngineError(f"{where}: pretrained_config is malformed ({' '.join(str(e).split())}); "
                           f"restore the engine's config.json or rebuild the engine") from None
+    # The builder writes every field (to_dict()); the runtime reads them without defaults.
+    unlike = config_differences(normal, pretrained)
+    if unlike:
+        raise EngineError(f"{where}: pretrained_config is not as the builder writes it "
+                          f"({', '.join(unlike[:4])}); restore the engine's config.json or rebuild the engine")
     types = _build_config_field_types()
     for name, value in build.items():
         if name not in types:
@@ -509,6 +514,12 @@ def check_shapes(network, where: str) -> None:
                                   f"but makes {got} of its inputs; do not use this engine, rebuild it")
             for r, o in zip(recorded, outs):
                 handles[r.name] = o
+    # The runtime reads one row of logits per entry of last_token_ids.
+    if "logits" in network.outputs and "last_token_ids" in handles:
+        rows, asked = handles["logits"].shape[:1], handles["last_token_ids"].shape[:1]
+        if rows != asked:
+            raise EngineError(f"{where}: output logits has {_show(rows)} rows where last_token_ids asks for "
+                              f"{_show(asked)}; do not use this engine, rebuild it")
 
 
 _PRIMES = (101, 103, 107, 109, 113, 127, 131, 137, 139, 149)

@@ -50,6 +50,8 @@ class DecoderModelForCausalLM(PretrainedModel):
         bc = build_config
         net = default_net()
         tokens = ("num_tokens", (1, min(bc.max_num_tokens, 256), bc.max_num_tokens))
+        # The rows whose logits are asked for: one per request, or every token (context logits).
+        logit_rows = ("num_logits", tokens[1])
         # Beam search runs every beam of every request as a row of the batch.
         rows = bc.max_batch_size * bc.max_beam_width
         batch = ("batch_size", (1, rows // 2 + 1, rows))
@@ -58,7 +60,7 @@ class DecoderModelForCausalLM(PretrainedModel):
         inputs = {
             "input_ids": net.add_input("input_ids", "int32", [-1], {0: tokens}),
             "position_ids": net.add_input("position_ids", "int32", [-1], {0: tokens}),
-            "last_token_ids": net.add_input("last_token_ids", "int64", [-1], {0: tokens}),
+            "last_token_ids": net.add_input("last_token_ids", "int64", [-1], {0: logit_rows}),
             "kv_cache_pool": net.add_input(
                 "kv_cache_pool", cfg.dtype,
                 [cfg.num_hidden_layers, -1, 2, kv_heads, bc.tokens_per_block, cfg.head_size],
