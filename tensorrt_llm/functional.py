@@ -691,6 +691,7 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
         raise ValueError(f"{op}: position_ids and rotary_cos_sin are given together or not at all")
     if rotary_cos_sin is not None:
         _check_int(op, position_ids, "position_ids")
+        _check_shape(op, position_ids, (num_tokens,), "position_ids")
         if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
             raise ValueError(f"{op}: rotary_dim must be even and in (0, {head_dim}], got {rotary_dim}")
         _check_shape(op, rotary_cos_sin, (-1, rotary_dim), "rotary_cos_sin")

@@ -111,6 +111,10 @@ def mutate(data: bytes, mutations) -> bytes:
 @example(mutations=[("truncate", 24)])             # header cut inside the counts
 @example(mutations=[("u64", 8, 2**63 - 1)])        # tensor count far beyond the file
 @example(mutations=[("u64", 16, 2**64 - 1)])       # key/value count far beyond the file
+# found by this fuzzer (they escaped as other exceptions): the regression corpus
+@example(mutations=[("byte", 255, 0)])             # a head count of 0: ZeroDivisionError
+@example(mutations=[("byte", 255, 17)])            # more heads than hidden units: ZeroDivisionError
+@example(mutations=[("u64", 1231, 0)])             # a tensor dim of 0: torch.cat's RuntimeError
 def test_gguf_header_mutations_convert_or_raise_checkpoint_errors(tiny_gguf, tmp_path, mutations):
     path = tmp_path / "m.gguf"
     path.write_bytes(mutate(tiny_gguf, mutations))
@@ -130,6 +134,13 @@ def good_config(tiny_gguf, tmp_path_factory) -> dict:
     path = tmp_path_factory.mktemp("cfg") / "m.gguf"
     path.write_bytes(tiny_gguf)
     return convert.config_from_gguf(path, "float32").to_dict()
+
+
+@pytest.mark.parametrize("field, value", [("quantization", None), ("architecture", [])])
+def test_found_config_values_are_config_errors(good_config, tmp_path, field, value):
+    """Found by the fuzzer below: an AttributeError and a TypeError escaped for these."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(good_config, **{field: value})))
+    assert outcome(lambda: PretrainedConfig.from_checkpoint(tmp_path), field).startswith("ConfigError")
 
 
 @fuzz_settings(examples=400)

@@ -235,3 +235,28 @@ def test_damaged_engine_bytes_are_refused(tiny_engine_dir, tmp_path, cut, flips)
         data = data[: int(cut * 2 * len(data))]
     path.write_bytes(bytes(data))
     check(tmp_path / "e", f"engine bytes cut at {cut}, flipped {flips}")
+
+
+# Cases the fuzzers found escaping as other exceptions (now refused at load): the regression corpus.
+FOUND_GRAPH_MUTATIONS = [
+    [("attr_value", 0, [], "")],                                    # a constant's weight name made a list
+    [("attr_value", 2, None, ""), ("attr_value", 6, True, "")],     # split's dim a bool
+    [("attr_number", 2, 0, ""), ("rewire", 2, "last_token_ids", "")],  # batch-sized rows where tokens belong
+    [("rewire", 19, "silu_and_mul_linear_38_output_0", "")],        # logits no longer one row per request
+]
+
+
+@pytest.mark.parametrize("mutations", FOUND_GRAPH_MUTATIONS, ids=range(len(FOUND_GRAPH_MUTATIONS)))
+def test_found_graph_mutations_are_refused(parts, tmp_path, mutations):
+    p = fresh(parts)
+    for m in mutations:
+        apply_graph_mutation(p.graph, m)
+    p.write(tmp_path / "e")
+    assert check(tmp_path / "e", f"graph mutated by {mutations}").startswith("EngineError")
+
+
+def test_found_mapping_without_its_fields_is_refused(parts, tmp_path):
+    p = fresh(parts)
+    p.config["pretrained_config"]["mapping"] = {}  # loaded, then a KeyError in the runtime
+    p.write(tmp_path / "e", both_configs=True)
+    assert check(tmp_path / "e", "mapping {}").startswith("EngineError")
