@@ -261,7 +261,9 @@ def _kept_probs(logits: torch.Tensor, configs: list[SamplingConfig]) -> torch.Te
         # The probability strictly above a token: what is ranked before the first of its ties.
         first_of_tie = torch.searchsorted(-values, -values)
         above = (ranked.cumsum(dim=-1) - ranked).gather(1, first_of_tie)
-        kept = (above < top_p).sum(dim=-1, keepdim=True)  # a prefix: `above` never decreases
+        # A prefix (`above` never decreases), never empty: a top_p that is 0 in float32 (1e-107)
+        # still keeps the most likely token.
+        kept = (above < top_p).sum(dim=-1, keepdim=True).clamp_(min=1)
         probs = probs.masked_fill(logits < values.gather(1, kept - 1), 0.0)
     return probs
 

@@ -106,7 +106,7 @@ def mutate(data: bytes, mutations) -> bytes:
     return bytes(buf)
 
 
-@fuzz_settings(examples=300)
+@fuzz_settings(examples=3000)
 @given(mutations=st.lists(mutation, min_size=1, max_size=4))
 @example(mutations=[("truncate", 24)])             # header cut inside the counts
 @example(mutations=[("u64", 8, 2**63 - 1)])        # tensor count far beyond the file
@@ -143,7 +143,7 @@ def test_found_config_values_are_config_errors(good_config, tmp_path, field, val
     assert outcome(lambda: PretrainedConfig.from_checkpoint(tmp_path), field).startswith("ConfigError")
 
 
-@fuzz_settings(examples=400)
+@fuzz_settings(examples=3000)
 @given(data=st.data())
 def test_checkpoint_config_json_loads_or_raises_config_errors(good_config, tmp_path, data):
     kind = data.draw(st.sampled_from(["set", "delete", "whole", "text"]))

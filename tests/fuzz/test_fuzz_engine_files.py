@@ -173,7 +173,7 @@ def test_unchanged_engine_loads_and_generates(parts, tmp_path):
     assert check(tmp_path / "e", "unchanged") == "ok"
 
 
-@fuzz_settings(examples=400)
+@fuzz_settings(examples=2500)
 @given(data=st.data())
 def test_graph_mutations_load_or_raise_engine_errors(parts, tmp_path, data):
     p = fresh(parts)
@@ -185,7 +185,7 @@ def test_graph_mutations_load_or_raise_engine_errors(parts, tmp_path, data):
     check(tmp_path / "e", f"graph mutated by {mutations}")
 
 
-@fuzz_settings(examples=150)
+@fuzz_settings(examples=800)
 @given(data=st.data())
 def test_metadata_tensor_and_config_mutations_load_or_raise_engine_errors(parts, tmp_path, data):
     p = fresh(parts)
@@ -222,7 +222,7 @@ def test_metadata_tensor_and_config_mutations_load_or_raise_engine_errors(parts,
     check(tmp_path / "e", f"{kind} mutated to {value!r} (rank file's copy too: {both})")
 
 
-@fuzz_settings(examples=100)
+@fuzz_settings(examples=400)
 @given(cut=st.floats(0, 1), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), max_size=3))
 def test_damaged_engine_bytes_are_refused(tiny_engine_dir, tmp_path, cut, flips):
     shutil.rmtree(tmp_path / "e", ignore_errors=True)

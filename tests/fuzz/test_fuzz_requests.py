@@ -71,7 +71,7 @@ def runner(tiny_engine_dir):
     return ModelRunner.from_dir(tiny_engine_dir, device="cpu")
 
 
-@fuzz_settings(examples=300)
+@fuzz_settings(examples=3000)
 @given(prompts=st.lists(prompt(), min_size=0, max_size=3), kwargs=params)
 def test_generate_returns_a_result_or_a_request_error(runner, prompts, kwargs):
     def case():
@@ -83,3 +83,40 @@ def test_generate_returns_a_result_or_a_request_error(runner, prompts, kwargs):
     outcome(case, f"generate({prompts!r}, **{kwargs!r})")
     # A refused or finished request leaves no KV block behind.
     assert runner.kv_cache.num_free_blocks == free_before
+
+
+valid_params = st.fixed_dictionaries({}, optional={
+    "max_new_tokens": st.integers(1, 12),
+    "end_id": st.integers(0, VOCAB - 1),
+    "pad_id": st.integers(0, VOCAB - 1),
+    "temperature": st.floats(0, 3),
+    "top_k": st.integers(0, VOCAB),
+    "top_p": st.floats(0, 1),
+    "random_seed": st.integers(0, 2**63 - 1),
+    "num_beams": st.integers(1, 2),
+    "length_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.5, 2),
+    "presence_penalty": st.floats(-1, 1),
+    "frequency_penalty": st.floats(-1, 1),
+    "min_length": st.integers(0, 6),
+    "stop_words_list": st.lists(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3),
+                                         min_size=1, max_size=2), min_size=1, max_size=2),
+    "bad_words_list": st.lists(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2),
+                                        min_size=1, max_size=2), min_size=1, max_size=2),
+    "output_log_probs": st.booleans(),
+    "output_cum_log_probs": st.booleans(),
+    "streaming": st.booleans(),
+})
+
+
+@fuzz_settings(examples=600)
+@given(prompts=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12), min_size=1, max_size=2),
+       kwargs=valid_params, spoil=st.one_of(st.none(), st.tuples(st.sampled_from(sorted(params.wrapped_strategy.optional)
+                                                                                   if hasattr(params, "wrapped_strategy")
+                                                                                   else ["temperature"]), numbers)))
+def test_well_formed_requests_run_and_one_bad_field_is_a_request_error(runner, prompts, kwargs, spoil):
+    """Requests a user would send (the deep paths: beams, word lists, penalties, streaming),
+    sometimes with one field spoilt: each runs, or is a RequestError, and frees its blocks."""
+    if spoil is not None:
+        kwargs = dict(kwargs, **{spoil[0]: spoil[1]})
+    test_generate_returns_a_result_or_a_request_error.hypothesis.inner_test(runner, prompts, kwargs)

@@ -110,6 +110,19 @@ def test_top_k_never_leaves_the_top_k(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("top_k", [0, 25])
+def test_a_top_p_below_float32s_smallest_keeps_the_most_likely_token(device, top_k):
+    """Found by tests/fuzz: top_p=2e-107 is 0 in float32, kept nothing, and indexed -1."""
+    logits = random_logits(2, 96, seed=4)
+    config = SamplingConfig(end_id=0, top_p=2.1e-107, top_k=top_k)
+    probs = sampling_distribution(logits.to(device), config).cpu()
+    assert torch.equal(probs.argmax(dim=-1), logits.argmax(dim=-1))
+    assert torch.equal((probs > 0).sum(-1), torch.ones(2).long())
+    tokens = sample(logits.to(device), config, make_generator(0, device))
+    assert torch.equal(tokens.cpu().long(), logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("top_k", [0, 25])
 def test_top_p_draws_from_renormalised_nucleus(device, top_k):
     logits = random_logits(1, 100, seed=3, scale=1.5)[0]
     config = SamplingConfig(end_id=0, top_p=0.7, top_k=top_k)
