@@ -2,13 +2,15 @@ import math
 
 import pytest
 import torch
-from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor,
-                                                    RepetitionPenaltyLogitsProcessor,
-                                                    TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from tensorrt_llm.runtime.sampling import (SamplingConfig, make_generator, process_logits,
-                                           sample, sampling_distribution)
+from tensorrt_llm.runtime.sampling import SamplingConfig, make_generator, process_logits, sample, sampling_distribution
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
