@@ -115,6 +115,7 @@ def mutate(data: bytes, mutations) -> bytes:
 @example(mutations=[("byte", 255, 0)])             # a head count of 0: ZeroDivisionError
 @example(mutations=[("byte", 255, 17)])            # more heads than hidden units: ZeroDivisionError
 @example(mutations=[("u64", 1231, 0)])             # a tensor dim of 0: torch.cat's RuntimeError
+@example(mutations=[("byte", 1183, 1)])            # a q tensor of other dims: numpy's reshape error
 def test_gguf_header_mutations_convert_or_raise_checkpoint_errors(tiny_gguf, tmp_path, mutations):
     path = tmp_path / "m.gguf"
     path.write_bytes(mutate(tiny_gguf, mutations))

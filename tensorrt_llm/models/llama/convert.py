@@ -266,6 +266,11 @@ def _hf_shape(name: str, config: PretrainedConfig) -> tuple[int, ...]:
     return (rows, cols) if kind == "weight" else (rows,)
 
 
+def _check_hf_shape(name: str, shape, config: PretrainedConfig) -> None:
+    if tuple(shape) != _hf_shape(name, config):
+        raise CheckpointError(f"{name} has shape {list(shape)}, the config implies {list(_hf_shape(name, config))}")
+
+
 def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedConfig,
                   mapping: Mapping) -> dict[str, torch.Tensor]:
     """One rank's weights from a getter of Hugging Face-named tensors (HF row order)."""
@@ -277,9 +282,7 @@ def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedCon
 
     def take(name: str, dim: int | None = None, rows: int | None = None) -> torch.Tensor:
         t = get(name)
-        if tuple(t.shape) != _hf_shape(name, config):
-            raise CheckpointError(f"{name} has shape {list(t.shape)}, the config implies "
-                                  f"{list(_hf_shape(name, config))}")
+        _check_hf_shape(name, t.shape, config)
         if rows is not None and rows > t.shape[0]:
             t = torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0]))
         if dim is not None:
@@ -453,6 +456,7 @@ def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | No
         except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
             raise CheckpointError(f"{path}: tensor {t.name!r} is unreadable ({' '.join(str(e).split())[:200]})") \
                 from None
+        _check_hf_shape(hf_name, w.shape, config)  # before the row permutation reads it by heads
         if ".self_attn.q_proj." in hf_name:
             w = _unpermute_rotary_rows(w, config.num_attention_heads)
         elif ".self_attn.k_proj." in hf_name:
