@@ -5,7 +5,9 @@ Graphs, configs and engines spell dtypes as strings; only this module maps them.
 from __future__ import annotations
 
 import ctypes
+import json
 import sys
+from pathlib import Path
 from typing import Union
 
 import torch
@@ -74,3 +76,15 @@ def keep_freed_host_memory(max_block_bytes: int = 1 << 26) -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
     return bool(libc.mallopt(m_mmap_threshold, max_block_bytes)) and bool(libc.mallopt(m_trim_threshold, 4 * max_block_bytes))
+
+
+def read_json_object(path, error: type[Exception], advice: str = "") -> dict:
+    """The JSON object in file `path`; `error` (with `advice` appended) when the file is not
+    JSON or holds another JSON value. The file may be anyone's: nothing else escapes."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path} is not valid JSON ({' '.join(str(e).split())}){advice}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path} is a JSON {type(value).__name__}, not an object{advice}")
+    return value

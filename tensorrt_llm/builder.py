@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ._utils import str_dtype_to_torch
+from ._utils import read_json_object, str_dtype_to_torch
 from .errors import ConfigError, EngineError
 from .logger import logger
 from .network import Network
@@ -294,13 +294,7 @@ def read_engine_config(engine_dir: Path) -> dict:
     path = Path(engine_dir) / "config.json"
     if not path.is_file():
         raise EngineError(f"{path} not found: is {engine_dir} an engine folder made by trtllm-build?")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EngineError(f"{path} is not valid JSON ({e}); rebuild the engine") from e
-    if not isinstance(config, dict):
-        raise EngineError(f"{path} is a JSON {type(config).__name__}, not an object; "
-                          f"restore the engine's config.json or rebuild the engine")
+    config = read_json_object(path, EngineError, "; restore the engine's config.json or rebuild the engine")
     version = config.get("version")
     if not isinstance(version, dict):
         raise EngineError(f"{path} has no version object: it was not written by trtllm-build; "

@@ -24,7 +24,7 @@ try:  # safetensors' error for a file it cannot read
 except ImportError:  # older safetensors
     SafetensorError = OSError
 
-from .._utils import str_dtype_to_torch
+from .._utils import read_json_object, str_dtype_to_torch
 from ..errors import CheckpointError, ConfigError
 from ..mapping import Mapping
 
@@ -256,10 +256,7 @@ class PretrainedConfig:
     def from_json_file(cls, path) -> "PretrainedConfig":
         """The config of a JSON file; CheckpointError naming the file when it is not JSON
         and ConfigError (naming it too) when its content is not a valid config."""
-        try:
-            d = json.loads(Path(path).read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path} is not valid JSON ({e})") from e
+        d = read_json_object(path, CheckpointError)
         try:
             return cls.from_dict(d)
         except ConfigError as e:
@@ -386,12 +383,7 @@ def hf_config_from_dir(model_dir, model_type: str, required: Iterable[str | tupl
     path = model_dir / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"no {CONFIG_NAME} in Hugging Face model folder {model_dir}")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e})") from e
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path} is not a Hugging Face config (not a JSON object)")
+    raw = read_json_object(path, CheckpointError, ": it is not a Hugging Face config")
     if raw.get("model_type") != model_type:
         raise CheckpointError(f"unsupported architecture {raw.get('architectures')} (model_type "
                               f"{raw.get('model_type')!r}); this converter handles model_type "
