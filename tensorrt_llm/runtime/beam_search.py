@@ -83,7 +83,7 @@ class _Search:
             self.seq_ids.append([("prompt", b)] * K)
         tables = kv.get_block_table([("prompt", b) for b in range(B)]).to(dev)
         prompts = [self.prompts[b, :int(n)].int() for b, n in enumerate(self.prompt_lens)]
-        logits, context_logits = self.gs.context_step(prompts, tables, return_context_logits)
+        logits, context_logits = self.gs.runner.context(prompts, tables, return_context_logits)
         # Every beam of a request starts as its prompt; only the first may be extended, so
         # that the first step picks distinct tokens (transformers' initial scores).
         logits = logits.repeat_interleave(K, dim=0)
@@ -107,8 +107,10 @@ class _Search:
             s.select(keep_dev)
             src, tokens = src[keep_dev], tokens[keep_dev]
             lengths = (s.prompt_len + step + 1).repeat_interleave(K)  # after the new token
-            tables = self._reorder(src.cpu(), lengths.cpu())
-            logits = self.gs.decode_step(tokens.reshape(-1).int(), lengths.int(), tables)
+            host_lengths = lengths.cpu()
+            tables = self._reorder(src.cpu(), host_lengths)
+            logits = self.gs.runner.decode(tokens.reshape(-1).int(), lengths.int(), tables,
+                                           host_lengths.int(), use_cuda_graph=False)
 
         yield self._final(context_logits, outputs)
 
@@ -191,7 +193,7 @@ class _Search:
             flat += new
         for sid, n in zip(flat, lengths.tolist()):
             pairs += kv.extend(sid, n)
-        copy_blocks(self.gs.kv_cache_pool, pairs)
+        copy_blocks(self.gs.runner.kv_cache_pool, pairs)
         return kv.get_block_table(flat).to(self.dev)
 
     def _record(self, s: "_State", i: int, b: int) -> None:

@@ -5,14 +5,24 @@ head_dim]` (see docs/architecture.md). A sequence owns a list of block ids; toke
 the sequence lives in block `blocks[p // tokens_per_block]`, slot `p % tokens_per_block`.
 
 Blocks carry reference counts so that sequences can share them (beam search forks a
-prompt's blocks). Sequences only append, so a shared block that is full is never written
-again; only a shared, partially filled last block must be copied before a sequence writes
-into it (copy-on-write).
+prompt's blocks; block reuse shares a cached prefix between requests). Sequences only
+append, so a shared block that is full is never written again; only a shared, partially
+filled last block must be copied before a sequence writes into it (copy-on-write).
+
+Block reuse (`enable_block_reuse`): a full block whose tokens have been computed is known
+by a hash chain over its tokens and every token before it (`commit`). A new sequence whose
+prompt starts with the same full blocks takes them read-only (`add_sequence(..., token_ids)`)
+and only the rest of its prompt is computed. A cached block that no sequence holds stays
+in the pool, evictable: blocks are handed out from the never-cached free list first, then
+by evicting the least recently used cached block.
 """
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .._utils import canonical_dtype, str_dtype_to_torch
@@ -163,24 +173,42 @@ class KVCacheManager:
     anything, so a failed request leaves all sequences as they were.
     """
 
-    def __init__(self, num_blocks: int, tokens_per_block: int, max_blocks_per_seq: int):
+    def __init__(self, num_blocks: int, tokens_per_block: int, max_blocks_per_seq: int,
+                 enable_block_reuse: bool = False):
         if num_blocks < 1 or tokens_per_block < 1 or max_blocks_per_seq < 1:
             raise ValueError("num_blocks, tokens_per_block and max_blocks_per_seq must be >= 1")
         self.num_blocks = num_blocks
         self.tokens_per_block = tokens_per_block
         self.max_blocks_per_seq = max_blocks_per_seq
+        self.enable_block_reuse = enable_block_reuse
         # LIFO stack: pop/append are O(1), and reuse of recently freed blocks keeps the
         # working set small. Reversed so that a fresh manager hands out 0, 1, 2, ...
         self._free = list(range(num_blocks - 1, -1, -1))
         self._refcount = [0] * num_blocks
         self._blocks: dict[Hashable, list[int]] = {}
         self._num_tokens: dict[Hashable, int] = {}
+        # Block reuse: hash <-> block of every cached block, the cached blocks no sequence
+        # holds (least recently freed first), and each sequence's chain of committed hashes.
+        self._block_of_hash: dict[bytes, int] = {}
+        self._hash_of_block: dict[int, bytes] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._hashes: dict[Hashable, list[bytes]] = {}
+        self.reused_blocks = 0  # blocks taken from the cache instead of computed
 
     # -- queries -------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a new sequence can take: never used, or cached and held by no sequence."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._hash_of_block)
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._blocks
@@ -207,20 +235,66 @@ class KVCacheManager:
 
     def can_allocate(self, num_tokens: int, seq_id=None) -> bool:
         """Whether `blocks_needed(num_tokens, seq_id)` blocks are free."""
-        return self.blocks_needed(num_tokens, seq_id) <= len(self._free)
+        return self.blocks_needed(num_tokens, seq_id) <= self.num_free_blocks
 
     # -- changes -------------------------------------------------------------------------
 
-    def add_sequence(self, seq_id, num_tokens: int) -> None:
-        """Start a sequence with room for `num_tokens` tokens (its prompt)."""
+    def cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
+        """(blocks, hashes) of the cached full blocks a sequence of `token_ids` would start
+        with. At most the blocks before the last token: a sequence computes at least one
+        token (the logits of its last one), and into a block of its own."""
+        if not self.enable_block_reuse:
+            return [], []
+        blocks, hashes, parent = [], [], b""
+        tpb = self.tokens_per_block
+        for k in range((len(token_ids) - 1) // tpb):
+            parent = _chain_hash(parent, token_ids[k * tpb:(k + 1) * tpb])
+            block = self._block_of_hash.get(parent)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(parent)
+        return blocks, hashes
+
+    def add_sequence(self, seq_id, num_tokens: int, token_ids: Sequence[int] | None = None) -> int:
+        """Start a sequence with room for `num_tokens` tokens (its prompt, or the part of it
+        computed first). With block reuse and `token_ids` (the whole prompt), the cached
+        full blocks it starts with are shared. Returns how many tokens those hold (already
+        computed: start computing there)."""
         if seq_id in self._blocks:
             raise ValueError(f"sequence {seq_id!r} already exists")
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        needed = self.blocks_needed(num_tokens)
-        self._check_capacity(seq_id, needed, needed)
-        self._blocks[seq_id] = [self._pop() for _ in range(needed)]
-        self._num_tokens[seq_id] = num_tokens
+        shared, hashes = self.cached_prefix(token_ids) if token_ids is not None else ([], [])
+        reused = len(shared) * self.tokens_per_block
+        total = max(self.blocks_needed(num_tokens), len(shared))
+        # Taking an evictable cached block uses up a free block too.
+        needed = total - len(shared) + sum(b in self._evictable for b in shared)
+        self._check_capacity(seq_id, needed, total)
+        for block in shared:
+            self._evictable.pop(block, None)
+            self._refcount[block] += 1
+        self.reused_blocks += len(shared)
+        self._blocks[seq_id] = shared + [self._pop() for _ in range(total - len(shared))]
+        self._num_tokens[seq_id] = max(num_tokens, reused)
+        self._hashes[seq_id] = hashes
+        return reused
+
+    def commit(self, seq_id, token_ids: Sequence[int], num_computed: int) -> None:
+        """The first `num_computed` of the sequence's `token_ids` are in the cache: its full
+        blocks among them become reusable (no-op without block reuse)."""
+        if not self.enable_block_reuse:
+            return
+        hashes, blocks, tpb = self._hashes[self._check(seq_id)], self._blocks[seq_id], self.tokens_per_block
+        for k in range(len(hashes), min(num_computed, len(token_ids)) // tpb):
+            h = _chain_hash(hashes[-1] if hashes else b"", token_ids[k * tpb:(k + 1) * tpb])
+            hashes.append(h)
+            block = blocks[k]
+            # The first block computed with these contents is the cached one; a duplicate
+            # (computed before the first was committed) stays private.
+            if h not in self._block_of_hash and block not in self._hash_of_block:
+                self._block_of_hash[h] = block
+                self._hash_of_block[block] = h
 
     def extend(self, seq_id, new_total_tokens: int) -> list[tuple[int, int]]:
         """Grow a sequence to `new_total_tokens`, allocating blocks only where it crosses a
@@ -260,14 +334,20 @@ class KVCacheManager:
             self._refcount[block] += 1
         self._blocks[child_id] = list(blocks)
         self._num_tokens[child_id] = self._num_tokens[parent_id]
+        self._hashes[child_id] = list(self._hashes[parent_id])
 
     def free_sequence(self, seq_id) -> None:
-        """Drop a sequence; blocks no other sequence shares return to the free pool."""
+        """Drop a sequence; blocks no other sequence shares return to the free pool (cached
+        ones stay reusable until evicted)."""
         for block in reversed(self._blocks.pop(self._check(seq_id))):
             self._refcount[block] -= 1
             if self._refcount[block] == 0:
-                self._free.append(block)
+                if block in self._hash_of_block:
+                    self._evictable[block] = None  # most recently used last
+                else:
+                    self._free.append(block)
         del self._num_tokens[seq_id]
+        del self._hashes[seq_id]
 
     # -- block tables --------------------------------------------------------------------
 
@@ -312,10 +392,22 @@ class KVCacheManager:
                 f"sequence {seq_id!r} would need {total_blocks} blocks of "
                 f"{self.tokens_per_block} tokens; the engine allows {self.max_blocks_per_seq} "
                 f"(max_seq_len)")
-        if needed > len(self._free):
-            raise KVCacheFullError(seq_id, needed, len(self._free), self.num_blocks)
+        if needed > self.num_free_blocks:
+            raise KVCacheFullError(seq_id, needed, self.num_free_blocks, self.num_blocks)
 
     def _pop(self) -> int:
-        block = self._free.pop()
+        if self._free:
+            block = self._free.pop()
+        else:  # evict the least recently used cached block
+            block, _ = self._evictable.popitem(last=False)
+            del self._block_of_hash[self._hash_of_block.pop(block)]
         self._refcount[block] = 1
         return block
+
+
+def _chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The hash of a full block: its tokens and its parent block's hash (so, every token
+    before it). A cryptographic digest: a request must not be able to craft a collision
+    that would hand it another prompt's cache."""
+    data = np.asarray(tokens, dtype=np.int64).tobytes()
+    return hashlib.blake2b(parent + data, digest_size=16).digest()

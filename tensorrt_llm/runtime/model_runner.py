@@ -11,10 +11,13 @@ from ..builder import Engine
 from ..errors import ConfigError, RequestError
 from ..logger import logger
 from .cuda_graph import CudaGraphDecoder
-from .generation import GenerationSession, ModelLimits
+from .executor import Executor
+from .generation import GenerationSession
 from .kv_cache_manager import KVCacheConfig, KVCacheLayout, KVCacheManager, allocate_pool
+from .request import ModelLimits
 from .sampling import SamplingConfig
 from .session import Session
+from .step_runner import StepRunner
 
 _cpu_notice_shown = False
 
@@ -46,7 +49,16 @@ class ModelRunner:
     def __init__(self, engine: Engine, device: torch.device,
                  kv_cache_free_gpu_mem_fraction: float = 0.9,
                  max_tokens_in_paged_kv_cache: Optional[int] = None,
-                 use_cuda_graph: Optional[bool] = None):
+                 use_cuda_graph: Optional[bool] = None, enable_chunked_context: bool = False,
+                 enable_block_reuse: bool = False, max_batch_size: Optional[int] = None,
+                 max_num_tokens: Optional[int] = None):
+        """An engine on `device` with its KV pool, executor and static generate.
+
+        max_batch_size / max_num_tokens: the executor's limits per step (sequences, tokens),
+        at most the engine's (its default). enable_chunked_context: prompts longer than what
+        is left of a step's token budget are computed over several steps.
+        enable_block_reuse: requests share the cached KV blocks of a common prompt prefix.
+        """
         self.engine = engine
         self.device = device
         cfg = engine.pretrained_config
@@ -65,7 +77,7 @@ class ModelRunner:
         num_blocks = KVCacheConfig(kv_cache_free_gpu_mem_fraction, max_tokens_in_paged_kv_cache).num_blocks(
             device, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
             tokens_per_block=tpb, dtype=dtype, max_batch_size=max_sequences, max_seq_len=bc.max_seq_len)
-        self.kv_cache = KVCacheManager(num_blocks, tpb, max_blocks_per_seq)
+        self.kv_cache = KVCacheManager(num_blocks, tpb, max_blocks_per_seq, enable_block_reuse)
         # One block past the manager's: the scratch block that padding rows of a CUDA-graph
         # bucket write into.
         self.kv_cache_pool = allocate_pool(num_blocks + 1, num_layers, num_kv_heads, tpb, head_dim,
@@ -81,7 +93,10 @@ class ModelRunner:
         limits = ModelLimits(vocab_size=cfg["vocab_size"], max_batch_size=bc.max_batch_size,
                              max_input_len=bc.max_input_len, max_seq_len=bc.max_seq_len,
                              max_num_tokens=bc.max_num_tokens, max_beam_width=bc.max_beam_width)
-        self.generation = GenerationSession(self.session, limits, self.kv_cache, self.kv_cache_pool, graphs)
+        step_runner = StepRunner(self.session, self.kv_cache, self.kv_cache_pool, graphs)
+        self.executor = Executor(step_runner, self.kv_cache, limits, max_batch_size=max_batch_size,
+                                 max_num_tokens=max_num_tokens, enable_chunked_context=enable_chunked_context)
+        self.generation = GenerationSession(self.executor)
         logger.info(f"engine on {device}: KV cache of {num_blocks} blocks x {tpb} tokens")
 
     @classmethod

@@ -5,10 +5,9 @@ Order, as in Hugging Face transformers (processors before warpers):
   2. greedy rows take the argmax;
   3. sampling rows: temperature, top-k, top-p (nucleus), then one random draw.
 Tokens tied at the top-k or top-p threshold are all kept (transformers' top-k does the same).
-Everything is computed in float32 on the logits' device, without host syncs. On a GPU with the
-compiled kernels, step 3 is one kernel launch (kernels.top_k_top_p_sample, greedy rows included)
-that draws with one uniform number per row; elsewhere PyTorch ops draw by an exponential race.
-Both draw from sampling_distribution().
+Everything is computed in float32 on the logits' device, without host syncs. Step 3 is one
+launch of kernels.top_k_top_p_sample (greedy rows included; the CUDA kernel on a GPU, its
+reference elsewhere) that draws with one uniform number per row, from sampling_distribution().
 """
 
 import math
@@ -274,45 +273,32 @@ def sample(logits: torch.Tensor, config: Configs, generator: torch.Generator | N
     """Next token of each row: int32 [B] on the logits' device.
 
     `config` is one SamplingConfig for all rows or one per row. `generator` must live on
-    the logits' device (see make_generator); all rows draw from it, so per-request seeds
-    need one call per request. See process_logits for the other arguments.
+    the logits' device (see make_generator); all rows draw from it. See process_logits for
+    the other arguments.
     """
     logits = process_logits(logits, config, token_ids=token_ids,
                             context_lengths=context_lengths, sequence_lengths=sequence_lengths)
-    return choose(logits, config, generator)
+    uniform = torch.rand(logits.shape[0], generator=generator, device=logits.device)
+    return choose(logits, config, uniform)
 
 
-def choose(logits: torch.Tensor, config: Configs, generator: torch.Generator | None = None
-           ) -> torch.Tensor:
-    """`sample` on logits that process_logits has already processed."""
+def choose(logits: torch.Tensor, config: Configs, uniform: torch.Tensor | None = None) -> torch.Tensor:
+    """`sample` on logits that process_logits has already processed: row b draws with
+    `uniform[b]` in [0, 1) (float32 [B] on the logits' device; unused when every row is
+    greedy). One launch of kernels.top_k_top_p_sample (its CUDA kernel, or its reference
+    off the GPU): the same uniforms pick the same tokens."""
     configs = _as_list(config, logits.shape[0])
     if all(c.is_greedy for c in configs):
         return logits.argmax(dim=-1).int()
-    if logits.is_cuda and kernels.cuda_kernels_available():
-        return _choose_with_kernel(logits, configs, generator)
-    probs = _kept_probs(logits, configs)
-    # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability
-    # p_i / sum(p) -- a draw without normalising and without multinomial's host sync.
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    # A zero draw would make 0 / 0 = NaN, which argmax would pick for a discarded token.
-    noise.clamp_min_(torch.finfo(noise.dtype).tiny)
-    sampled = (probs / noise).argmax(dim=-1)
-    greedy_rows = _per_row([c.is_greedy for c in configs], logits.device, torch.bool)
-    if isinstance(greedy_rows, torch.Tensor):
-        sampled = torch.where(greedy_rows.squeeze(1), logits.argmax(dim=-1), sampled)
-    return sampled.int()
-
-
-def _choose_with_kernel(logits: torch.Tensor, configs: list[SamplingConfig],
-                        generator: torch.Generator | None) -> torch.Tensor:
-    """One launch of the CUDA top-k/top-p kernel, with one uniform number per row drawn from
-    `generator` (the kernel is deterministic, so a seed fixes the tokens)."""
+    if uniform is None:
+        raise ValueError("sampling rows need one uniform number each")
     device = logits.device
-    batch, vocab = logits.shape
-    temperature = _row_tensor([c.temperature for c in configs], device, torch.float32)
+    vocab = logits.shape[1]
+    # Greedy rows: temperature 0 (the kernel keeps their argmax only).
+    temperature = _row_tensor([0.0 if c.is_greedy else c.temperature for c in configs], device,
+                              torch.float32)
     top_k = _row_tensor([min(c.top_k, vocab) for c in configs], device, torch.int32)
     top_p = _row_tensor([c.top_p for c in configs], device, torch.float32)
-    uniform = torch.rand(batch, generator=generator, device=device)
     return kernels.top_k_top_p_sample(logits, temperature, top_k, top_p, uniform)
 
 

@@ -39,20 +39,9 @@ class WordLists:
     @classmethod
     def parse(cls, value, batch_size: int, vocab_size: int, name: str, device,
               bans: bool = False) -> WordLists | None:
-        """None when `value` holds no word; a RequestError naming `name` when it is malformed.
-        `bans`: the words are bad words, refused when one request's single-token words ban
-        the whole vocabulary (nothing could be generated)."""
-        if value is None:
-            return None
-        words = _per_request(value, batch_size, name)
-        for request, ws in enumerate(words):
-            for w in ws:
-                if not w or any(t < 0 or t >= vocab_size for t in w):
-                    raise RequestError(f"{name}: request {request} holds {w!r}; every word must be a "
-                                       f"non-empty list of token ids in [0, {vocab_size})")
-            if bans and len({w[0] for w in ws if len(w) == 1}) >= vocab_size:
-                raise RequestError(f"{name} bans every token of the vocabulary ({vocab_size}) for "
-                                   f"request {request}: nothing could be generated")
+        """None when `value` holds no word; a RequestError naming `name` when it is malformed
+        (see `check_words`)."""
+        words = check_words(value, batch_size, vocab_size, name, bans)
         if not any(words):
             return None
         return cls(words, device)
@@ -86,6 +75,25 @@ class WordLists:
                 rows: torch.Tensor) -> torch.Tensor:
         """bool [R]: rows whose tokens end with one of their request's stop words."""
         return self.ends_with(token_ids, lengths, rows).any(dim=1)
+
+
+def check_words(value, batch_size: int, vocab_size: int, name: str,
+                bans: bool = False) -> list[list[list[int]]]:
+    """One list of words per request (empty lists when `value` is None), or a RequestError
+    naming `name`. `bans`: the words are bad words, refused when one request's single-token
+    words ban the whole vocabulary (nothing could be generated)."""
+    if value is None:
+        return [[] for _ in range(batch_size)]
+    words = _per_request(value, batch_size, name)
+    for request, ws in enumerate(words):
+        for w in ws:
+            if not w or any(t < 0 or t >= vocab_size for t in w):
+                raise RequestError(f"{name}: request {request} holds {w!r}; every word must be a "
+                                   f"non-empty list of token ids in [0, {vocab_size})")
+        if bans and len({w[0] for w in ws if len(w) == 1}) >= vocab_size:
+            raise RequestError(f"{name} bans every token of the vocabulary ({vocab_size}) for "
+                               f"request {request}: nothing could be generated")
+    return words
 
 
 def _is_seq(x) -> bool:

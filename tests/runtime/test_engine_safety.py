@@ -216,7 +216,7 @@ def test_lowering_alone_never_writes_an_attribute_key_into_the_source(built, tmp
     assert not marker.exists()
     runner = ModelRunner(engine, torch.device("cpu"))
     runner.session = session
-    runner.generation.session = session
+    runner.executor.runner.session = session
     runner.generate([[1, 2, 3]], max_new_tokens=1)
     assert seen[payload] == payload  # passed as data, never as code
     assert not marker.exists()

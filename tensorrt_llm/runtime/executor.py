@@ -1,0 +1,271 @@
+"""The in-flight batching executor: one engine, a request queue and the KV pool.
+
+    executor.add_request(request)   # checked now; RequestError names what is wrong
+    while executor.has_work:
+        for request in executor.step():   # requests with new tokens, or finished
+            ...
+    executor.abort(request_id)      # its blocks return to the pool at once
+
+Every `step()` is one forward pass: the scheduler (scheduler.py) picks one decode token for
+every running request and prompt chunks up to the token budget; the step runner
+(step_runner.py) runs them packed; the sampler (sampler.py) picks each request's next
+token with its own parameters. A request leaves the batch the step it ends, and its blocks
+return to the pool then.
+
+Overlap: a step is launched before the host reads the previous step's tokens (the GPU
+computes while the host does the bookkeeping); a decode row whose last token is still on
+the device reads it there. A request that turns out to have ended computed one token more
+than it needed, inside its own blocks. Requests whose sampling reads their token values
+(penalties, multi-token bad words) make the executor wait for the tokens first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..errors import RequestError
+from .kv_cache_manager import KVCacheManager
+from .request import ModelLimits, Request, RequestState, check_length, check_prompt, check_token_ids
+from .sampler import Sampler
+from .scheduler import ScheduledStep, Scheduler
+from .step_runner import StepInput, StepRunner
+from .word_lists import check_words
+
+
+@dataclass
+class _Launched:
+    """A step whose sampled tokens are on their way to the host."""
+    requests: list[Request]                  # the rows that sampled, in order
+    tokens: torch.Tensor                     # device int32 [R]
+    host: dict = field(default_factory=dict)  # name -> host tensor being filled
+    event: Optional[torch.cuda.Event] = None
+
+    def index_of(self, request: Request) -> int:
+        return self._index[request.request_id]
+
+    def __post_init__(self):
+        self._index = {r.request_id: i for i, r in enumerate(self.requests)}
+
+
+@dataclass
+class ExecutorStats:
+    steps: int = 0
+    peak_used_blocks: int = 0
+    preemptions: int = 0
+    reused_blocks: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+class Executor:
+
+    def __init__(self, runner: StepRunner, kv_cache: KVCacheManager, limits: ModelLimits, *,
+                 max_batch_size: Optional[int] = None, max_num_tokens: Optional[int] = None,
+                 enable_chunked_context: bool = False, overlap: bool = True):
+        self.runner = runner
+        self.kv_cache = kv_cache
+        self.limits = limits
+        self.device = runner.device
+        max_batch_size = min(max_batch_size or limits.max_batch_size, limits.max_batch_size)
+        max_num_tokens = min(max_num_tokens or limits.max_num_tokens, limits.max_num_tokens)
+        self.scheduler = Scheduler(kv_cache, max_batch_size, max_num_tokens, enable_chunked_context)
+        self.sampler = Sampler(limits.vocab_size)
+        self.overlap = overlap and self.device.type == "cuda"
+        self.requests: dict[int, Request] = {}
+        self.stats = ExecutorStats()
+        self._launched: Optional[_Launched] = None
+
+    # -- requests --------------------------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Every check of a request before it is queued: RequestError naming what is wrong."""
+        lim, s = self.limits, request.sampling
+        if s.num_beams != 1:
+            raise RequestError("the in-flight batching executor samples one sequence per request "
+                               "(num_beams 1); beam search runs through ModelRunner.generate")
+        request.prompt_token_ids = check_prompt(0, request.prompt_token_ids, lim)
+        request.tokens = list(request.prompt_token_ids)
+        n = request.prompt_len
+        request.max_new_tokens = check_length(0, n, request.max_new_tokens, lim)
+        check_token_ids("end_id", [s.end_id], lim)
+        check_token_ids("pad_id", [s.pad_id], lim)
+        check_token_ids("stop token id", request.stop_token_ids, lim)
+        # The same rules as the static generate's lists, for this one request.
+        request.stop_words = check_words([list(w) for w in request.stop_words], 1, lim.vocab_size,
+                                         "stop_words")[0]
+        request.bad_words = check_words([list(w) for w in request.bad_words], 1, lim.vocab_size,
+                                        "bad_words", bans=True)[0]
+        if not self.scheduler.enable_chunked_context and n > self.scheduler.max_num_tokens:
+            raise RequestError(f"the prompt has {n} tokens, more than max_num_tokens "
+                               f"{self.scheduler.max_num_tokens} computed in one step; enable "
+                               f"chunked context or raise max_num_tokens")
+        blocks = self.kv_cache.blocks_needed(n + request.max_new_tokens)
+        if blocks > self.kv_cache.num_blocks:
+            raise RequestError(f"prompt ({n} tokens) + max_new_tokens {request.max_new_tokens} needs "
+                               f"{blocks} KV-cache blocks; the whole pool has {self.kv_cache.num_blocks} "
+                               f"(raise kv_cache_free_gpu_mem_fraction / max_tokens_in_paged_kv_cache)")
+        if request.top_logprobs < 0 or request.top_logprobs > lim.vocab_size:
+            raise RequestError(f"top_logprobs must be in [0, {lim.vocab_size}], got {request.top_logprobs}")
+
+    def add_request(self, request: Request) -> int:
+        """Queue a request (checked first). Returns its id."""
+        if request.request_id in self.requests:
+            raise RequestError(f"request id {request.request_id} is already queued")
+        self.check(request)
+        self.requests[request.request_id] = request
+        self.scheduler.add(request)
+        return request.request_id
+
+    def abort(self, request_id: int) -> Optional[Request]:
+        """Stop a request now: it leaves the batch, its blocks return to the pool. Returns
+        it (finish_reason "abort"), or None when it is not queued or running."""
+        request = self.requests.get(request_id)
+        if request is None or request.finished:
+            return None
+        self._finish(request, "abort")
+        return request
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or self._launched is not None
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def step(self) -> list[Request]:
+        """One iteration. Returns the requests that got tokens or finished (in this call,
+        a step late with overlap)."""
+        updated: list[Request] = []
+        if self._launched is not None and (
+                not self.overlap or any(r.needs_token_values for r in self.scheduler.running)):
+            updated += self._resolve(self._launched)
+            self._launched = None
+        scheduled = self.scheduler.schedule()
+        self.stats.preemptions += len(scheduled.preempted)
+        launched = self._launch(scheduled) if scheduled.rows else None
+        if self._launched is not None:
+            updated += self._resolve(self._launched)
+        self._launched = launched
+        if launched is not None and not self.overlap:
+            updated += self._resolve(launched)
+            self._launched = None
+        if launched is None and self.scheduler.has_work and not updated and not scheduled.preempted:
+            # Admission checked that every request fits the pool alone, and an idle pool is
+            # all free: a queue that cannot move is a bug, said rather than spun on.
+            raise RuntimeError(f"the executor could not schedule any of {self.num_waiting} waiting "
+                               f"requests with {self.kv_cache.num_free_blocks} free KV blocks")
+        # Each request once, in order.
+        return list(dict.fromkeys(r for r in updated))
+
+    def _launch(self, scheduled: ScheduledStep) -> _Launched:
+        rows, previous = [], self._launched
+        for row in scheduled.rows:
+            r = row.request
+            pending = None
+            if r.num_pending:
+                # The decode input is the token the previous step sampled, still on the device.
+                pending = (previous.tokens, previous.index_of(r))
+                tokens = []
+            else:
+                tokens = r.tokens[row.start:row.start + row.num_tokens]
+            context = r.return_context_logits and r.num_preemptions == 0 and row.start < r.prompt_len
+            mode = "all" if context else ("last" if row.samples else "none")
+            rows.append(StepInput(r.request_id, tokens, row.start, row.num_tokens, mode, pending))
+        logits, counts = self.runner.run(rows)
+
+        sampling_rows, sampled = [], []
+        offset = 0
+        for row, count in zip(scheduled.rows, counts):
+            r = row.request
+            if count and r.return_context_logits and row.start < r.prompt_len and r.num_preemptions == 0:
+                r.context_logits.append(logits[offset:offset + count].float().cpu())
+            if row.samples:
+                sampling_rows.append(offset + count - 1)
+                sampled.append(r)
+            offset += count
+            r.num_computed += row.num_tokens
+            if row.start < r.prompt_len:
+                self.stats.prompt_tokens += min(row.num_tokens, r.prompt_len - row.start)
+        self.stats.steps += 1
+        self.stats.reused_blocks = self.kv_cache.reused_blocks
+        self.stats.peak_used_blocks = max(self.stats.peak_used_blocks, self.kv_cache.num_used_blocks)
+        if not sampled:
+            return _Launched([], torch.empty(0, dtype=torch.int32, device=self.device))
+
+        index = torch.tensor(sampling_rows, dtype=torch.int64)
+        rows_logits = logits[index.to(logits.device)] if len(sampling_rows) != logits.shape[0] else logits
+        for r, row_logits in zip(sampled, rows_logits):
+            if r.return_generation_logits:
+                r.generation_logits.append(row_logits.float().clone())
+        out = self.sampler.sample(rows_logits, sampled)
+        launched = _Launched(sampled, out.tokens)
+        pin = self.device.type == "cuda"
+        for name in ("tokens", "log_probs", "top_ids", "top_log_probs"):
+            value = getattr(out, name)
+            if value is not None:
+                host = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
+                host.copy_(value, non_blocking=pin)
+                launched.host[name] = host
+        if pin:
+            launched.event = torch.cuda.Event()
+            launched.event.record()
+        for r in sampled:
+            r.num_pending += 1
+            if r.num_generated >= r.max_new_tokens:
+                # Known without the token's value: it leaves the batch now.
+                self._leave(r)
+        return launched
+
+    def _resolve(self, launched: _Launched) -> list[Request]:
+        """The host reads a launched step's tokens: append, stop, finish."""
+        if not launched.requests:
+            return []
+        if launched.event is not None:
+            launched.event.synchronize()
+        host = {k: v.tolist() for k, v in launched.host.items()}
+        updated = []
+        for i, r in enumerate(launched.requests):
+            if r.finished or not r.num_pending:
+                continue  # aborted, or stopped by an earlier token: this one is discarded
+            token = host["tokens"][i]
+            r.tokens.append(token)
+            r.num_pending -= 1
+            self.stats.generated_tokens += 1
+            if r.logprobs:
+                r.log_probs.append(host["log_probs"][i])
+                if r.top_logprobs:
+                    r.top_log_probs.append(dict(zip(host["top_ids"][i][:r.top_logprobs],
+                                                    host["top_log_probs"][i][:r.top_logprobs])))
+            updated.append(r)
+            if r.stopped_by(token):
+                self._finish(r, "stop")
+            elif r.state is RequestState.LEAVING:
+                self._finish(r, "length")
+            elif r.state is RequestState.RUNNING:
+                self.kv_cache.commit(r.request_id, r.tokens, r.num_computed)
+        return updated
+
+    def _leave(self, r: Request) -> None:
+        """Out of the batch and the pool now; its last token is still on its way."""
+        self.kv_cache.commit(r.request_id, r.tokens, r.num_computed)
+        self.scheduler.remove(r)
+        r.state = RequestState.LEAVING
+
+    def _finish(self, r: Request, reason: str) -> None:
+        if r.state is not RequestState.LEAVING:
+            self.scheduler.remove(r)
+        r.state = RequestState.FINISHED
+        r.finish_reason = reason
+        r.num_pending = 0
+        if len(r.context_logits) > 1:
+            r.context_logits = [torch.cat(r.context_logits)]
+        self.requests.pop(r.request_id, None)

@@ -1,0 +1,163 @@
+"""One forward pass of the engine over any mix of prompts, prompt chunks and decodes.
+
+A row computes tokens [start, start + n) of its sequence: the feed packs every row's
+tokens, tells attention how many are new (`context_lengths`, n) and how long each sequence
+is once they are added (`sequence_lengths`), and asks for the logits of the rows that
+sample (their last token) or want their prompt's logits (all of them). The feed is
+truthful for every mix, host copies included, so each attention path can read what it
+needs. A step of decodes only replays a CUDA graph of its batch bucket.
+
+Tokens sampled by the previous step may still be on the device: `pending` gives, for a
+decode row, the device tensor and index its input token is read from, so the step can be
+launched before the host has seen that token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .cuda_graph import CudaGraphDecoder
+from .kv_cache_manager import KVCacheManager
+from .session import Session
+
+
+@dataclass
+class StepInput:
+    """What one row computes: `tokens` (known values; for a pending decode, empty), its
+    KV sequence id, the first position and the count."""
+    seq_id: object
+    tokens: list[int]
+    start: int
+    num_tokens: int
+    logits: str = "last"          # "last", "all" (context logits) or "none"
+    pending: Optional[tuple[torch.Tensor, int]] = None   # (device tokens, index) of the input
+
+
+class StepRunner:
+
+    def __init__(self, session: Session, kv_cache: KVCacheManager, kv_cache_pool: torch.Tensor,
+                 cuda_graphs: Optional[CudaGraphDecoder] = None):
+        self.session = session
+        self.kv_cache = kv_cache
+        self.kv_cache_pool = kv_cache_pool
+        self.cuda_graphs = cuda_graphs
+        self.device = session.device
+        self._pin = self.device.type == "cuda"
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self._pin:
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def run(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int]]:
+        """Logits [L, V] and, per row, how many of those rows are its (0, 1, or n for
+        "all"), in row order."""
+        counts = [r.num_tokens if r.logits == "all" else int(r.logits == "last") for r in rows]
+        decode_only = all(r.num_tokens == 1 and r.logits == "last" for r in rows)
+        input_ids = self._input_ids(rows)
+        tables = self._to_device(self.kv_cache.get_block_table([r.seq_id for r in rows]))
+        if decode_only:
+            host_lengths = torch.tensor([r.start + 1 for r in rows], dtype=torch.int32)
+            return self.decode(input_ids, self._to_device(host_lengths), tables, host_lengths), counts
+
+        starts = torch.tensor([r.start for r in rows], dtype=torch.int32)
+        new = torch.tensor([r.num_tokens for r in rows], dtype=torch.int32)
+        ends = torch.cumsum(new.to(torch.int64), 0)
+        positions = torch.cat([torch.arange(r.start, r.start + r.num_tokens, dtype=torch.int32) for r in rows])
+        wanted = []
+        for r, end, count in zip(rows, ends.tolist(), counts):
+            wanted.extend(range(end - count, end))
+        if not wanted:  # no row needs logits (prompt chunks only): compute one, unused
+            wanted = [int(ends[-1]) - 1]
+        lengths = starts + new
+        feed = {
+            "input_ids": input_ids,
+            "position_ids": self._to_device(positions),
+            "last_token_ids": self._to_device(torch.tensor(wanted, dtype=torch.int64)),
+            "kv_cache_pool": self.kv_cache_pool,
+            "block_tables": tables,
+            "sequence_lengths": self._to_device(lengths),
+            "context_lengths": self._to_device(new),
+            "host_context_lengths": new,
+            "host_sequence_lengths": lengths,
+        }
+        logits = self.session.run(feed, check=False)["logits"]
+        if sum(counts) == 0:
+            logits = logits[:0]
+        return logits, counts
+
+    def _input_ids(self, rows: list[StepInput]) -> torch.Tensor:
+        """The packed input tokens on the device; pending ones gathered there."""
+        ids = []
+        pending_at, pending_src = [], []
+        offset = 0
+        for r in rows:
+            if r.pending is not None:
+                pending_at.append(offset)
+                pending_src.append(r.pending)
+                ids.append(0)
+            else:
+                ids.extend(r.tokens)
+            offset += r.num_tokens
+        out = self._to_device(torch.tensor(ids, dtype=torch.int32))
+        if pending_at:
+            source = pending_src[0][0]
+            if any(src is not source for src, _ in pending_src):
+                raise ValueError("pending tokens must all come from the previous step")
+            index = self._to_device(torch.tensor([i for _, i in pending_src], dtype=torch.int64))
+            at = self._to_device(torch.tensor(pending_at, dtype=torch.int64))
+            out.index_copy_(0, at, source.index_select(0, index).to(torch.int32))
+        return out
+
+    # -- the two shapes beam search drives directly ------------------------------------------
+
+    def context(self, prompts: list[torch.Tensor], block_tables: torch.Tensor,
+                return_context_logits: bool):
+        """Fresh prompts (packed). Returns (logits of each prompt's last token [B, V], each
+        prompt's logits when return_context_logits else None)."""
+        dev = self.device
+        prompt_lens = [ids.numel() for ids in prompts]
+        lens = torch.tensor(prompt_lens, dtype=torch.int32)
+        ends = torch.cumsum(lens.to(torch.int64), 0)
+        wanted = torch.arange(int(ends[-1]), dtype=torch.int64) if return_context_logits else ends - 1
+        feed = {
+            "input_ids": torch.cat(prompts).to(dev),
+            "position_ids": torch.cat([torch.arange(n, dtype=torch.int32) for n in prompt_lens]).to(dev),
+            "last_token_ids": wanted.to(dev),
+            "kv_cache_pool": self.kv_cache_pool,
+            "block_tables": block_tables,
+            "sequence_lengths": lens.to(dev),
+            "context_lengths": lens.to(dev),
+            "host_context_lengths": lens,
+            "host_sequence_lengths": lens,
+        }
+        logits = self.session.run(feed)["logits"]
+        if not return_context_logits:
+            return logits, None
+        return logits[(ends - 1).to(logits.device)], list(torch.split(logits, prompt_lens))
+
+    def decode(self, tokens: torch.Tensor, lengths: torch.Tensor, block_tables: torch.Tensor,
+               host_lengths: torch.Tensor, use_cuda_graph: bool = True) -> torch.Tensor:
+        """Logits [n, V] of one decode step: `tokens` [n] (device) of sequences holding
+        `lengths` [n] tokens once these are added (`host_lengths`: the same on the host), in
+        `block_tables` (device). A CUDA graph replay when the runner has them (the logits
+        are then a view valid until the next step; the graph reads lengths on the device
+        only)."""
+        if self.cuda_graphs is not None and use_cuda_graph:
+            return self.cuda_graphs.step(tokens, lengths, block_tables)
+        n = tokens.numel()
+        ones = torch.ones(n, dtype=torch.int32)
+        feed = {
+            "input_ids": tokens,
+            "position_ids": lengths - 1,
+            "last_token_ids": torch.arange(n, dtype=torch.int64, device=self.device),
+            "kv_cache_pool": self.kv_cache_pool,
+            "block_tables": block_tables,
+            "sequence_lengths": lengths.clone(),
+            "context_lengths": ones.to(self.device),
+            "host_context_lengths": ones,
+            "host_sequence_lengths": host_lengths,
+        }
+        return self.session.run(feed, check=False)["logits"]
