@@ -365,17 +365,17 @@ def test_kernel_replays_in_a_cuda_graph(compiled, seed):
 
 @pytest.mark.gpu
 def test_choose_uses_the_kernel_without_host_syncs(compiled, seed):
-    """choose() on a GPU: one uniform number per row from the generator, then the kernel; no
-    host synchronisation on the way, even with per-row configs."""
+    """choose() on a GPU: the rows' uniform numbers, then the kernel; no host
+    synchronisation on the way, even with per-row configs."""
     gen = torch.Generator().manual_seed(seed)
     combos = [GRID[i] for i in torch.randint(len(GRID), (12,), generator=gen).tolist()] + [(0.7, 5, 0.9)]
     logits = (torch.randn(len(combos), 49152, generator=gen) * 3).cuda()
-    choose(logits, configs_of(combos), make_generator(seed, "cuda"))  # warm-up: pinned memory, module load
+    uniform = torch.rand(len(combos), generator=make_generator(seed, "cuda"), device="cuda")
+    choose(logits, configs_of(combos), uniform)  # warm-up: pinned memory, module load
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        tokens = choose(logits, configs_of(combos), make_generator(seed, "cuda"))
+        tokens = choose(logits, configs_of(combos), uniform)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    uniform = torch.rand(len(combos), generator=make_generator(seed, "cuda"), device="cuda")
     assert_matches_reference(tokens, logits, *row_params(combos, "cuda"), uniform, f"seed={seed}")
