@@ -5,7 +5,8 @@ from .mapping import Mapping
 from .module import Module, ModuleList
 from .network import Network, default_net, net_guard
 from .parameter import Parameter
+from .llmapi import LLM, SamplingParams
 from .version import __version__
 
 __all__ = ["Network", "net_guard", "default_net", "Module", "ModuleList", "Parameter", "functional",
-           "BuildConfig", "Engine", "build", "Mapping", "__version__"]
+           "BuildConfig", "Engine", "build", "Mapping", "LLM", "SamplingParams", "__version__"]

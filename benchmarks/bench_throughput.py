@@ -1,0 +1,337 @@
+"""Serving throughput of the in-flight batching executor (what `trtllm-bench throughput` and
+vLLM's benchmark_throughput measure), against the static generate and the compute ceiling
+measured in the same run.
+
+    python benchmarks/bench_throughput.py --model llama-8b --dtype bf16 --num_requests 2000 \
+        --input_len 128 --output_len 128 --static_batch_sizes 128,256 --json tp.json
+    python benchmarks/bench_throughput.py --model llama-8b --dataset synthetic \
+        --input_range 32,1024 --output_range 32,512 --num_requests 1000
+    python benchmarks/bench_throughput.py --model llama-8b --scenario chunked    # 4,096-token prompt among 64 decodes
+    python benchmarks/bench_throughput.py --model llama-8b --scenario reuse      # 256 requests, one 1,024-token prefix
+    python benchmarks/bench_throughput.py --model smollm2-gguf --device cpu --dtype float32 \
+        --num_requests 32 --input_len 32 --output_len 32 --request_rate 4 --llm_api
+
+Requests are submitted all at once (`--request_rate inf`) or with Poisson arrivals at that
+rate (seeded). Random weights as bench_generation.py makes them (no end token is ever
+special, so every request makes exactly its output length). Reported: output and total
+tokens/s, requests/s, time to first token and time per output token (mean, p50, p99),
+inter-token latency, peak KV blocks in use, reuse hits; the static generate (batches of
+requests, each batch run to its end before the next starts) at each `--static_batch_sizes`;
+and the compute ceiling: output tokens / (2 x parameters x processed tokens / the bf16
+matmul rate measured in this run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_generation import SHAPES, gguf_models, matmul_rate, random_models, sync  # noqa: E402
+
+from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.runtime import ModelRunner  # noqa: E402
+from tensorrt_llm.runtime.request import Request  # noqa: E402
+from tensorrt_llm.runtime.sampling import SamplingConfig  # noqa: E402
+
+GREEDY = SamplingConfig(top_k=1)
+
+
+def percentiles(values) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p99": None}
+    a = np.asarray(values, dtype=np.float64)
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+
+def make_workload(args, vocab: int, rng: np.random.Generator) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) per request."""
+    n = args.num_requests
+    if args.dataset == "synthetic":
+        lo, hi = (int(x) for x in args.input_range.split(","))
+        ins = rng.integers(lo, hi + 1, n)
+        lo, hi = (int(x) for x in args.output_range.split(","))
+        outs = rng.integers(lo, hi + 1, n)
+    else:
+        ins, outs = np.full(n, args.input_len), np.full(n, args.output_len)
+    return [(rng.integers(100, vocab - 100, int(i)).tolist(), int(o)) for i, o in zip(ins, outs)]
+
+
+def arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    if rate == float("inf"):
+        return np.zeros(n)
+    return np.cumsum(rng.exponential(1.0 / rate, n))
+
+
+def run_executor(runner, workload, arrival, device) -> dict:
+    """Submit each request at its arrival time, step until all are done. Per-request token
+    arrival times are taken on the host when the tokens reach it."""
+    ex = runner.executor
+    reqs = [Request(ids, GREEDY, out) for ids, out in workload]
+    times: dict[int, list[float]] = {r.request_id: [] for r in reqs}
+    start_blocks = runner.kv_cache.num_free_blocks
+    reused_before = runner.kv_cache.reused_blocks
+    ex.stats.peak_used_blocks = 0
+    sync(device)
+    t0 = time.perf_counter()
+    submitted = 0
+    while submitted < len(reqs) or ex.has_work:
+        now = time.perf_counter() - t0
+        while submitted < len(reqs) and arrival[submitted] <= now:
+            ex.add_request(reqs[submitted])
+            submitted += 1
+        if not ex.has_work:
+            time.sleep(max(0.0, min(arrival[submitted] - now, 0.01)))
+            continue
+        updated = ex.step()
+        t = time.perf_counter() - t0
+        for r in updated:
+            got = len(r.output_token_ids) - len(times[r.request_id])
+            times[r.request_id].extend([t] * got)
+    elapsed = time.perf_counter() - t0
+    assert runner.kv_cache.num_free_blocks == start_blocks, "blocks were not returned to the pool"
+    ttft = [times[r.request_id][0] - arrival[i] for i, r in enumerate(reqs)]
+    tpot = [(ts[-1] - ts[0]) / (len(ts) - 1) for ts in (times[r.request_id] for r in reqs) if len(ts) > 1]
+    itl = [b - a for ts in times.values() for a, b in zip(ts, ts[1:]) if b > a]
+    out_tokens = sum(len(r.output_token_ids) for r in reqs)
+    in_tokens = sum(r.prompt_len for r in reqs)
+    return {"elapsed_s": elapsed, "output_tokens": out_tokens, "input_tokens": in_tokens,
+            "output_tok_s": out_tokens / elapsed, "total_tok_s": (out_tokens + in_tokens) / elapsed,
+            "requests_s": len(reqs) / elapsed, "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot),
+            "itl_s": percentiles(itl), "peak_kv_blocks": ex.stats.peak_used_blocks,
+            "kv_blocks": runner.kv_cache.num_blocks,
+            "reused_blocks": runner.kv_cache.reused_blocks - reused_before,
+            "preemptions": ex.stats.preemptions, "steps": ex.stats.steps,
+            "outputs": [r.output_token_ids for r in reqs]}
+
+
+def run_static(runner, workload, batch: int, device) -> dict:
+    """Batches of `batch` requests through the static generate, each to its longest output."""
+    sync(device)
+    t0 = time.perf_counter()
+    out_tokens = 0
+    for i in range(0, len(workload), batch):
+        chunk = workload[i:i + batch]
+        runner.generate([ids for ids, _ in chunk], max_new_tokens=max(o for _, o in chunk), top_k=1)
+        out_tokens += sum(o for _, o in chunk)  # tokens past a request's own length are waste
+    sync(device)
+    elapsed = time.perf_counter() - t0
+    return {"batch": batch, "elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed}
+
+
+def run_llm_api(engine_dir, workload, arrival, device) -> dict:
+    """The same requests through LLM.generate_async (its thread and consumers)."""
+    from tensorrt_llm import LLM, SamplingParams
+    with LLM(engine_dir, device=device, progress=lambda s: None) as llm:
+        t0 = time.perf_counter()
+        results = []
+        for (ids, out), at in zip(workload, arrival):
+            delay = at - (time.perf_counter() - t0)
+            if delay > 0:
+                time.sleep(delay)
+            results.append(llm.generate_async(ids, SamplingParams(max_tokens=out, ignore_eos=True,
+                                                                   detokenize=False)))
+        outs = [r.result() for r in results]
+        elapsed = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"elapsed_s": elapsed, "output_tok_s": tokens / elapsed,
+            "outputs": [o.outputs[0].token_ids for o in outs]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=[*SHAPES, "smollm2-gguf"], default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--scenario", choices=["throughput", "chunked", "reuse"], default="throughput")
+    p.add_argument("--num_requests", type=int, default=200)
+    p.add_argument("--dataset", choices=["fixed", "synthetic"], default="fixed")
+    p.add_argument("--input_len", type=int, default=128)
+    p.add_argument("--output_len", type=int, default=128)
+    p.add_argument("--input_range", default="32,1024")
+    p.add_argument("--output_range", default="32,512")
+    p.add_argument("--request_rate", type=float, default=float("inf"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max_batch_size", type=int, default=256)
+    p.add_argument("--max_num_tokens", type=int, default=8192)
+    p.add_argument("--tokens_per_block", type=int, default=64)
+    p.add_argument("--kv_cache_free_gpu_memory_fraction", type=float, default=0.9)
+    p.add_argument("--no_chunked_context", action="store_true")
+    p.add_argument("--static_batch_sizes", default="", help="also time the static generate at these")
+    p.add_argument("--check_alone", type=int, default=0,
+                   help="run this many requests alone and count those whose tokens equal the batched run")
+    p.add_argument("--llm_api", action="store_true", help="also run the requests through LLM.generate_async")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
+    device = torch.device(args.device)
+    rng = np.random.default_rng(args.seed)
+    result = {"args": vars(args), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+              else "cpu"}
+    result["matmul_TFLOPs"] = matmul_rate(device, getattr(torch, dtype)) / 1e12
+
+    if args.scenario == "chunked":
+        max_in, max_out = 4096, 256
+    elif args.scenario == "reuse":
+        max_in, max_out = 1024 + 64, 16
+    else:
+        max_in = args.input_len if args.dataset == "fixed" else int(args.input_range.split(",")[1])
+        max_out = args.output_len if args.dataset == "fixed" else int(args.output_range.split(",")[1])
+    bc = BuildConfig(max_batch_size=args.max_batch_size, max_input_len=max_in, max_seq_len=max_in + max_out + 8,
+                     max_num_tokens=max(args.max_num_tokens, max_in + args.max_batch_size),
+                     tokens_per_block=args.tokens_per_block)
+    if args.model == "smollm2-gguf":
+        model, _ = gguf_models(dtype, device, False)
+    else:
+        model, _ = random_models(args.model, dtype, device, False)
+    params = sum(p.numel() for _, p in model.named_parameters())
+    engine = build(model, bc)
+    del model
+    tmp = tempfile.mkdtemp()
+    engine.save(tmp)
+    del engine
+    runner = ModelRunner.from_dir(tmp, device=device,
+                                  kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_memory_fraction,
+                                  enable_chunked_context=not args.no_chunked_context,
+                                  enable_block_reuse=args.scenario == "reuse",
+                                  max_num_tokens=args.max_num_tokens)
+    vocab = runner.vocab_size
+    result.update(params=params, kv_blocks=runner.kv_cache.num_blocks, tokens_per_block=args.tokens_per_block)
+
+    # Warm-up: CUDA graphs of every bucket, the attention paths.
+    warm = make_workload(argparse.Namespace(**{**vars(args), "num_requests": min(args.max_batch_size, 64),
+                                               "dataset": "fixed", "input_len": min(64, max_in),
+                                               "output_len": min(8, max_out)}), vocab, rng)
+    run_executor(runner, warm, np.zeros(len(warm)), device)
+
+    if args.scenario == "throughput":
+        workload = make_workload(args, vocab, rng)
+        arrival = arrivals(len(workload), args.request_rate, rng)
+        res = run_executor(runner, workload, arrival, device)
+        processed = res["input_tokens"] + res["output_tokens"]
+        ceiling = res["output_tokens"] / (2 * params * processed / (result["matmul_TFLOPs"] * 1e12))
+        res["compute_ceiling_tok_s"] = ceiling
+        res["fraction_of_ceiling"] = res["output_tok_s"] / ceiling
+        outputs = res.pop("outputs")
+        result["inflight"] = res
+        print(json.dumps({"inflight": res}), flush=True)
+        static = []
+        for b in [int(x) for x in args.static_batch_sizes.split(",") if x]:
+            static.append(run_static(runner, workload, b, device))
+            print(json.dumps({"static": static[-1]}), flush=True)
+        if static:
+            best = max(static, key=lambda s: s["output_tok_s"])
+            result["static"] = static
+            result["speedup_vs_best_static"] = res["output_tok_s"] / best["output_tok_s"]
+        if args.check_alone:
+            idx = rng.choice(len(workload), min(args.check_alone, len(workload)), replace=False)
+            same = 0
+            for i in idx:
+                alone = run_executor(runner, [workload[i]], np.zeros(1), device)["outputs"][0]
+                same += alone == outputs[i]
+            result["equal_to_alone"] = {"checked": len(idx), "equal": int(same)}
+        if args.llm_api:
+            api = run_llm_api(tmp, workload, arrival, device)
+            result["llm_api"] = {k: v for k, v in api.items() if k != "outputs"}
+            result["llm_api"]["outputs_equal_executor"] = api["outputs"] == outputs
+            # The static generate on the same prompts, one batch of the engine's size.
+            result["static_same_prompts"] = run_static(runner, workload, args.max_batch_size, device)
+    elif args.scenario == "chunked":
+        result["chunked"] = scenario_chunked(runner, vocab, rng, device)
+    else:
+        result["reuse"] = scenario_reuse(runner, vocab, rng, device)
+
+    print_summary(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+def scenario_chunked(runner, vocab, rng, device) -> dict:
+    """64 requests decode; a 4,096-token prompt arrives while they do. Their inter-token
+    latency and time per output token with the prompt chunked, unchunked, and absent."""
+    sched = runner.executor.scheduler
+    decoders = [(rng.integers(100, vocab - 100, 128).tolist(), 256) for _ in range(64)]
+    long = (rng.integers(100, vocab - 100, 4096).tolist(), 8)
+    out = {}
+    for name, chunked, with_long in (("alone", True, False), ("chunked", True, True), ("unchunked", False, True)):
+        sched.enable_chunked_context = chunked
+        budget = sched.max_num_tokens
+        if not chunked:
+            sched.max_num_tokens = max(budget, 4096 + 64)
+        workload = decoders + ([long] if with_long else [])
+        arrival = np.zeros(len(workload))
+        if with_long:
+            arrival[-1] = 0.25  # well into the decodes
+        res = run_executor(runner, workload, arrival, device)
+        sched.max_num_tokens = budget
+        out[name] = {"tpot_s": res["tpot_s"], "itl_s": res["itl_s"], "elapsed_s": res["elapsed_s"]}
+    sched.enable_chunked_context = True
+    out["p99_tpot_ratio_chunked"] = out["chunked"]["tpot_s"]["p99"] / out["alone"]["tpot_s"]["p99"]
+    out["p99_tpot_ratio_unchunked"] = out["unchunked"]["tpot_s"]["p99"] / out["alone"]["tpot_s"]["p99"]
+    out["max_itl_chunked_s"] = out["chunked"]["itl_s"]["p99"]
+    return out
+
+
+def scenario_reuse(runner, vocab, rng, device) -> dict:
+    """256 requests sharing a 1,024-token prefix, each with its own 64-token suffix: time to
+    first token with block reuse and without; outputs equal."""
+    kv = runner.kv_cache
+    prefix = rng.integers(100, vocab - 100, 1024).tolist()
+    workload = [(prefix + rng.integers(100, vocab - 100, 64).tolist(), 16) for _ in range(256)]
+    out = {}
+    for name, reuse in (("no_reuse", False), ("reuse", True)):
+        kv.enable_block_reuse = reuse
+        res = run_executor(runner, workload, np.zeros(len(workload)), device)
+        out[name] = {k: res[k] for k in ("ttft_s", "elapsed_s", "reused_blocks", "output_tok_s")}
+        out[name + "_outputs"] = res["outputs"]
+    out["outputs_equal"] = out.pop("no_reuse_outputs") == out.pop("reuse_outputs")
+    out["p50_ttft_ratio"] = out["reuse"]["ttft_s"]["p50"] / out["no_reuse"]["ttft_s"]["p50"]
+    return out
+
+
+def print_summary(result: dict) -> None:
+    print(f"\ndevice: {result['device_name']}, matmul {result['matmul_TFLOPs']:.0f} TFLOP/s, "
+          f"{result['params'] / 1e9:.2f} B parameters, KV pool {result['kv_blocks']} blocks")
+    if "inflight" in result:
+        r = result["inflight"]
+        print("| run | output tok/s | total tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | peak KV blocks |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print(f"| in-flight | {r['output_tok_s']:.0f} | {r['total_tok_s']:.0f} | {r['requests_s']:.2f} | "
+              f"{r['ttft_s']['p50'] * 1e3:.1f} / {r['ttft_s']['p99'] * 1e3:.1f} | "
+              f"{r['tpot_s']['p50'] * 1e3:.2f} / {r['tpot_s']['p99'] * 1e3:.2f} | {r['peak_kv_blocks']} |")
+        for s in result.get("static", []):
+            print(f"| static batch {s['batch']} | {s['output_tok_s']:.0f} | | | | | |")
+        print(f"compute ceiling {r['compute_ceiling_tok_s']:.0f} output tok/s: in-flight reaches "
+              f"{r['fraction_of_ceiling']:.3f} of it")
+        if "speedup_vs_best_static" in result:
+            print(f"in-flight / best static: {result['speedup_vs_best_static']:.2f}x")
+        if "equal_to_alone" in result:
+            e = result["equal_to_alone"]
+            print(f"equal to alone: {e['equal']} of {e['checked']}")
+        if "llm_api" in result:
+            print(f"LLM API: {result['llm_api']['output_tok_s']:.1f} output tok/s; static generate on the same "
+                  f"prompts: {result['static_same_prompts']['output_tok_s']:.1f}")
+    if "chunked" in result:
+        c = result["chunked"]
+        for k in ("alone", "chunked", "unchunked"):
+            print(f"{k}: TPOT p50 {c[k]['tpot_s']['p50'] * 1e3:.2f} ms p99 {c[k]['tpot_s']['p99'] * 1e3:.2f} ms, "
+                  f"ITL p99 {c[k]['itl_s']['p99'] * 1e3:.2f} ms")
+        print(f"p99 TPOT ratio: chunked {c['p99_tpot_ratio_chunked']:.2f}x, unchunked {c['p99_tpot_ratio_unchunked']:.2f}x")
+    if "reuse" in result:
+        r = result["reuse"]
+        print(f"TTFT p50: no reuse {r['no_reuse']['ttft_s']['p50'] * 1e3:.1f} ms, reuse "
+              f"{r['reuse']['ttft_s']['p50'] * 1e3:.1f} ms ({r['p50_ttft_ratio']:.2f}x), reused blocks "
+              f"{r['reuse']['reused_blocks']}, outputs equal: {r['outputs_equal']}")
+
+
+if __name__ == "__main__":
+    main()

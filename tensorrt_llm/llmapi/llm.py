@@ -1,0 +1,326 @@
+"""The LLM API: a model in, text out, on the in-flight batching executor.
+
+    from tensorrt_llm import LLM, SamplingParams
+    with LLM("SmolLM2-135M-Instruct.Q4_1.gguf") as llm:
+        for out in llm.generate(["The capital of France is"], SamplingParams(max_tokens=16)):
+            print(out.outputs[0].text)
+
+`model` is an engine folder, a checkpoint folder, a Hugging Face folder or a GGUF file;
+the last three are built into an engine once and cached (model_loader.py). Requests run on
+the executor's own thread (engine_loop.py); `generate` blocks until all are done,
+`generate_async` returns a `GenerationResult` to await or to iterate as it streams.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+from ..errors import RequestError
+from ..runtime.model_runner import ModelRunner, _device, default_device
+from ..tokenizer_utils import load_tokenizer
+from .detokenizer import IncrementalDetokenizer
+from .engine_loop import EngineLoop, Update
+from .model_loader import resolve_engine
+from .sampling_params import SamplingParams
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: Optional[float] = None
+    logprobs: Optional[list[dict[int, float]]] = None   # per token: {token: logprob} (chosen + top k)
+    finish_reason: Optional[str] = None                  # "stop", "length", "abort" or "error"
+    stop_reason: Union[int, str, None] = None            # the stop string or token that ended it
+    text_diff: str = ""                                  # new since the previous streamed output
+    token_ids_diff: list[int] = field(default_factory=list)
+    generation_logits: Optional[object] = None
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    context_logits: Optional[object] = None
+    error: Optional[str] = None
+
+
+class GenerationResult:
+    """One prompt's request(s) as they run: `result()` waits for the end; iterating (sync or
+    async) yields a RequestOutput after every update (streaming). One consumer at a time."""
+
+    def __init__(self, llm: "LLM", prompt: Optional[str], prompt_token_ids: list[int],
+                 params: SamplingParams, streaming: bool):
+        self._llm = llm
+        self.params = params
+        self.streaming = streaming
+        self.requests = params.to_requests(prompt_token_ids, llm.tokenizer)
+        self.request_id = self.requests[0].request_id
+        self._index = {r.request_id: i for i, r in enumerate(self.requests)}
+        self.output = RequestOutput(self.request_id, prompt, list(prompt_token_ids),
+                                    [CompletionOutput(i) for i in range(len(self.requests))])
+        detok = params.detokenize and llm.tokenizer is not None
+        self._detok = [IncrementalDetokenizer(llm.tokenizer, prompt_token_ids, params.skip_special_tokens)
+                       if detok else None for _ in self.requests]
+        self._open = len(self.requests)
+        self._stop_hold = max((len(s) for s in params.stop_strings), default=0)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self._loop = loop
+        self._queue = asyncio.Queue() if loop is not None else queue.SimpleQueue()
+
+    # -- from the engine thread ------------------------------------------------------------
+
+    def _sink(self, update: Update) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, update)
+        else:
+            self._queue.put(update)
+
+    # -- consumer side ---------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self._open == 0
+
+    def _apply(self, update: Update) -> None:
+        i = self._index[update.request_id]
+        out = self.output.outputs[i]
+        if out.finish_reason is not None:
+            return  # ended here (a stop string) before the engine heard of it
+        out.token_ids_diff = update.token_ids
+        out.token_ids.extend(update.token_ids)
+        if update.log_probs:
+            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(update.log_probs)
+            out.logprobs = out.logprobs or []
+            for token, lp, top in zip(update.token_ids, update.log_probs,
+                                      update.top_log_probs or [{}] * len(update.token_ids)):
+                out.logprobs.append({**top, token: lp})
+        text_diff = ""
+        detok = self._detok[i]
+        if detok is not None:
+            text_diff = detok.add(update.token_ids)
+            if update.finished:
+                text_diff += detok.flush()
+            text_diff = self._apply_stop_strings(out, text_diff)
+        out.text_diff = text_diff
+        if update.finished and out.finish_reason is None:
+            out.finish_reason = update.finish_reason
+            if update.finish_reason == "stop" and out.token_ids:
+                out.stop_reason = out.token_ids[-1]
+            self.output.error = self.output.error or update.error
+        if out.finish_reason is not None:
+            self._open -= 1
+            if i == 0 and self.params.return_context_logits:
+                ctx = self.requests[0].context_logits
+                self.output.context_logits = ctx[0] if ctx else None
+            if self.params.return_generation_logits:
+                logits = self.requests[i].generation_logits
+                out.generation_logits = logits
+        self.output.finished = self._open == 0
+
+    def _apply_stop_strings(self, out: CompletionOutput, text_diff: str) -> str:
+        """Text up to a stop string (itself included when asked); the request is ended here
+        and aborted in the engine. Returns the diff to emit."""
+        stops = self.params.stop_strings
+        before = len(out.text)
+        out.text += text_diff
+        if not stops or not text_diff:
+            return text_diff
+        # Only a stop string that the new text completes can start this late.
+        start = max(0, before - self._stop_hold)
+        hits = [(out.text.find(s, start), s) for s in stops]
+        hits = [(pos, s) for pos, s in hits if pos >= 0]
+        if not hits:
+            return text_diff
+        pos, s = min(hits)
+        end = pos + len(s) if self.params.include_stop_str_in_output else pos
+        out.text = out.text[:end]
+        out.finish_reason, out.stop_reason = "stop", s
+        self._llm._loop.abort(self.requests[out.index].request_id)
+        return out.text[before:] if end > before else ""
+
+    def _next_sync(self, timeout: Optional[float] = None) -> RequestOutput:
+        self._apply(self._queue.get(timeout=timeout))
+        return self.output
+
+    def result(self, timeout: Optional[float] = None) -> RequestOutput:
+        """Wait until every completion is done (sync callers)."""
+        if self._loop is not None:
+            raise RuntimeError("this result belongs to an event loop: use `await result.aresult()`")
+        while not self.finished:
+            self._next_sync(timeout)
+        return self.output
+
+    async def aresult(self) -> RequestOutput:
+        while not self.finished:
+            self._apply(await self._queue.get())
+        return self.output
+
+    def __iter__(self):
+        while not self.finished:
+            yield self._next_sync()
+
+    def __aiter__(self):
+        return self._stream()
+
+    async def _stream(self):
+        while not self.finished:
+            self._apply(await self._queue.get())
+            if self.streaming or self.finished:
+                yield self.output
+
+    def abort(self) -> None:
+        for r in self.requests:
+            self._llm._loop.abort(r.request_id)
+
+
+class LLM:
+    """An engine with its tokenizer and executor thread. Build options (max_batch_size,
+    max_seq_len, max_num_tokens, ...) apply when an engine is built from `model`; the
+    runtime ones (kv_cache_free_gpu_memory_fraction, max_tokens_in_paged_kv_cache,
+    enable_chunked_context, enable_block_reuse) to every model."""
+
+    def __init__(self, model, tokenizer=None, *, dtype: str = "auto", device=None,
+                 max_batch_size: Optional[int] = None, max_input_len: Optional[int] = None,
+                 max_seq_len: Optional[int] = None, max_num_tokens: Optional[int] = None,
+                 kv_cache_free_gpu_memory_fraction: float = 0.9,
+                 max_tokens_in_paged_kv_cache: Optional[int] = None,
+                 enable_chunked_context: bool = True, enable_block_reuse: bool = False,
+                 cache_dir=None, progress=print):
+        resolved = resolve_engine(model, dtype=dtype, max_batch_size=max_batch_size,
+                                  max_input_len=max_input_len, max_seq_len=max_seq_len,
+                                  max_num_tokens=max_num_tokens, cache_dir=cache_dir, progress=progress)
+        self.engine_dir = resolved.engine_dir
+        device = _device(device) if device is not None else default_device()
+        self.runner = ModelRunner.from_dir(
+            resolved.engine_dir, device=device,
+            kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_memory_fraction,
+            max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
+            enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse)
+        source = tokenizer if tokenizer is not None else resolved.tokenizer_source
+        if source is None or hasattr(source, "encode"):
+            self.tokenizer = source
+        else:
+            self.tokenizer = load_tokenizer(source)
+        self._loop = EngineLoop(self.runner.executor)
+        self._lock = threading.Lock()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: Prompt) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("a text prompt needs a tokenizer: pass tokenizer= or token ids")
+            return prompt, self.tokenizer.encode(prompt)
+        return None, list(prompt)
+
+    def generate_async(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None,
+                       streaming: bool = False) -> GenerationResult:
+        """Submit one prompt (text or token ids); checked now (RequestError)."""
+        text, ids = self._prompt_ids(prompt)
+        result = GenerationResult(self, text, ids, sampling_params or SamplingParams(), streaming)
+        for r in result.requests:
+            self._loop.submit(r, result._sink)
+        return result
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> Union[RequestOutput, list[RequestOutput]]:
+        """Run prompts to the end, all submitted at once. One prompt (a string or a list of
+        ids) gives one RequestOutput; a list of prompts a list, in order."""
+        single = isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                              and isinstance(prompts[0], int))
+        batch = [prompts] if single else list(prompts)
+        if isinstance(sampling_params, Sequence):
+            if len(sampling_params) != len(batch):
+                raise RequestError(f"{len(sampling_params)} sampling params for {len(batch)} prompts")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params or SamplingParams()] * len(batch)
+        results = []
+        try:
+            for prompt, p in zip(batch, params):
+                results.append(self.generate_async(prompt, p))
+        except Exception:
+            for r in results:
+                r.abort()
+            raise
+        outputs = self._wait_all(results, use_tqdm)
+        return outputs[0] if single else outputs
+
+    def _wait_all(self, results: list[GenerationResult], use_tqdm: bool) -> list[RequestOutput]:
+        bar = None
+        if use_tqdm and len(results) > 1:
+            from tqdm import tqdm
+            bar = tqdm(total=len(results), desc="Processed requests", unit="req")
+        for r in results:
+            r.result()
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [r.output for r in results]
+
+    def chat(self, messages: list[dict], sampling_params: Optional[SamplingParams] = None) -> RequestOutput:
+        """One reply to a conversation ([{"role": ..., "content": ...}]) through the
+        tokenizer's chat template."""
+        return self.generate_async(self.apply_chat_template(messages), sampling_params).result()
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError("this model's tokenizer has no chat template")
+        if not messages:
+            raise RequestError("messages is empty")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # a malformed message list: the template's own words
+            raise RequestError(f"messages do not fit the chat template: {e}") from None
+        # The template writes the special tokens itself.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    @property
+    def stats(self):
+        return self.runner.executor.stats
+
+    def shutdown(self) -> None:
+        """Stop the executor thread and free the engine and its KV pool."""
+        with self._lock:
+            if self.runner is None:
+                return
+            self._loop.shutdown()
+            self._loop.executor = None
+            device = self.runner.device
+            self.runner = None
+            if device.type == "cuda":
+                import torch
+                torch.cuda.empty_cache()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass
