@@ -325,7 +325,8 @@ def print_summary(result: dict) -> None:
         for k in ("alone", "chunked", "unchunked"):
             print(f"{k}: TPOT p50 {c[k]['tpot_s']['p50'] * 1e3:.2f} ms p99 {c[k]['tpot_s']['p99'] * 1e3:.2f} ms, "
                   f"ITL p99 {c[k]['itl_s']['p99'] * 1e3:.2f} ms")
-        print(f"p99 TPOT ratio: chunked {c['p99_tpot_ratio_chunked']:.2f}x, unchunked {c['p99_tpot_ratio_unchunked']:.2f}x")
+        print(f"p99 TPOT ratio: chunked {c['p99_tpot_ratio_chunked']:.2f}x, "
+              f"unchunked {c['p99_tpot_ratio_unchunked']:.2f}x")
     if "reuse" in result:
         r = result["reuse"]
         print(f"TTFT p50: no reuse {r['no_reuse']['ttft_s']['p50'] * 1e3:.1f} ms, reuse "
