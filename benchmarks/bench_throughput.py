@@ -81,6 +81,7 @@ def run_executor(runner, workload, arrival, device) -> dict:
     start_blocks = runner.kv_cache.num_free_blocks
     reused_before = runner.kv_cache.reused_blocks
     ex.stats.peak_used_blocks = 0
+    steps_before, decode_before = ex.stats.steps, ex.stats.decode_only_steps
     sync(device)
     t0 = time.perf_counter()
     submitted = 0
@@ -110,7 +111,8 @@ def run_executor(runner, workload, arrival, device) -> dict:
             "itl_s": percentiles(itl), "peak_kv_blocks": ex.stats.peak_used_blocks,
             "kv_blocks": runner.kv_cache.num_blocks,
             "reused_blocks": runner.kv_cache.reused_blocks - reused_before,
-            "preemptions": ex.stats.preemptions, "steps": ex.stats.steps,
+            "preemptions": ex.stats.preemptions, "steps": ex.stats.steps - steps_before,
+            "decode_only_steps": ex.stats.decode_only_steps - decode_before,
             "outputs": [r.output_token_ids for r in reqs]}
 
 

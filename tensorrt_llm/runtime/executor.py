@@ -52,6 +52,7 @@ class _Launched:
 @dataclass
 class ExecutorStats:
     steps: int = 0
+    decode_only_steps: int = 0                # steps of one decode token per request (CUDA graphs)
     peak_used_blocks: int = 0
     preemptions: int = 0
     reused_blocks: int = 0
@@ -196,13 +197,17 @@ class Executor:
             if row.start < r.prompt_len:
                 self.stats.prompt_tokens += min(row.num_tokens, r.prompt_len - row.start)
         self.stats.steps += 1
+        self.stats.decode_only_steps += all(r.num_tokens == 1 for r in rows)
         self.stats.reused_blocks = self.kv_cache.reused_blocks
         self.stats.peak_used_blocks = max(self.stats.peak_used_blocks, self.kv_cache.num_used_blocks)
         if not sampled:
             return _Launched([], torch.empty(0, dtype=torch.int32, device=self.device))
 
-        index = torch.tensor(sampling_rows, dtype=torch.int64)
-        rows_logits = logits[index.to(logits.device)] if len(sampling_rows) != logits.shape[0] else logits
+        rows_logits = logits
+        if len(sampling_rows) != logits.shape[0]:
+            # Through pinned memory: a pageable copy would wait for the step just queued.
+            index = self.runner.to_device(torch.tensor(sampling_rows, dtype=torch.int64))
+            rows_logits = logits.index_select(0, index)
         for r, row_logits in zip(sampled, rows_logits):
             if r.return_generation_logits:
                 r.generation_logits.append(row_logits.float().clone())

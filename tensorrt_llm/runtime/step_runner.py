@@ -46,7 +46,8 @@ class StepRunner:
         self.device = session.device
         self._pin = self.device.type == "cuda"
 
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the runner's device without waiting for queued work (pinned)."""
         if self._pin:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
@@ -57,10 +58,10 @@ class StepRunner:
         counts = [r.num_tokens if r.logits == "all" else int(r.logits == "last") for r in rows]
         decode_only = all(r.num_tokens == 1 and r.logits == "last" for r in rows)
         input_ids = self._input_ids(rows)
-        tables = self._to_device(self.kv_cache.get_block_table([r.seq_id for r in rows]))
+        tables = self.to_device(self.kv_cache.get_block_table([r.seq_id for r in rows]))
         if decode_only:
             host_lengths = torch.tensor([r.start + 1 for r in rows], dtype=torch.int32)
-            return self.decode(input_ids, self._to_device(host_lengths), tables, host_lengths), counts
+            return self.decode(input_ids, self.to_device(host_lengths), tables, host_lengths), counts
 
         starts = torch.tensor([r.start for r in rows], dtype=torch.int32)
         new = torch.tensor([r.num_tokens for r in rows], dtype=torch.int32)
@@ -74,12 +75,12 @@ class StepRunner:
         lengths = starts + new
         feed = {
             "input_ids": input_ids,
-            "position_ids": self._to_device(positions),
-            "last_token_ids": self._to_device(torch.tensor(wanted, dtype=torch.int64)),
+            "position_ids": self.to_device(positions),
+            "last_token_ids": self.to_device(torch.tensor(wanted, dtype=torch.int64)),
             "kv_cache_pool": self.kv_cache_pool,
             "block_tables": tables,
-            "sequence_lengths": self._to_device(lengths),
-            "context_lengths": self._to_device(new),
+            "sequence_lengths": self.to_device(lengths),
+            "context_lengths": self.to_device(new),
             "host_context_lengths": new,
             "host_sequence_lengths": lengths,
         }
@@ -101,13 +102,13 @@ class StepRunner:
             else:
                 ids.extend(r.tokens)
             offset += r.num_tokens
-        out = self._to_device(torch.tensor(ids, dtype=torch.int32))
+        out = self.to_device(torch.tensor(ids, dtype=torch.int32))
         if pending_at:
             source = pending_src[0][0]
             if any(src is not source for src, _ in pending_src):
                 raise ValueError("pending tokens must all come from the previous step")
-            index = self._to_device(torch.tensor([i for _, i in pending_src], dtype=torch.int64))
-            at = self._to_device(torch.tensor(pending_at, dtype=torch.int64))
+            index = self.to_device(torch.tensor([i for _, i in pending_src], dtype=torch.int64))
+            at = self.to_device(torch.tensor(pending_at, dtype=torch.int64))
             out.index_copy_(0, at, source.index_select(0, index).to(torch.int32))
         return out
 
@@ -156,7 +157,7 @@ class StepRunner:
             "kv_cache_pool": self.kv_cache_pool,
             "block_tables": block_tables,
             "sequence_lengths": lengths.clone(),
-            "context_lengths": ones.to(self.device),
+            "context_lengths": self.to_device(ones),
             "host_context_lengths": ones,
             "host_sequence_lengths": host_lengths,
         }
