@@ -194,6 +194,9 @@ class Executor:
                 sampled.append(r)
             offset += count
             r.num_computed += row.num_tokens
+            # Its full blocks are reusable from the next step on: their K/V writes are queued
+            # before anything a later step runs.
+            self.kv_cache.commit(r.request_id, r.tokens, r.num_computed)
             if row.start < r.prompt_len:
                 self.stats.prompt_tokens += min(row.num_tokens, r.prompt_len - row.start)
         self.stats.steps += 1
@@ -255,7 +258,7 @@ class Executor:
                 self._finish(r, "stop")
             elif r.state is RequestState.LEAVING:
                 self._finish(r, "length")
-            elif r.state is RequestState.RUNNING:
+            elif r.state is RequestState.RUNNING:  # the token's block may be full now
                 self.kv_cache.commit(r.request_id, r.tokens, r.num_computed)
         return updated
 
