@@ -39,6 +39,6 @@ step "build the engine -> $ENGINE_DIR"
 "$PYTHON" -m tensorrt_llm.commands.build --checkpoint_dir "$CHECKPOINT_DIR" --output_dir "$ENGINE_DIR" \
   --max_batch_size 4 --max_input_len 512 --max_seq_len 1024
 
-step "generate"
-"$PYTHON" "$REPO/examples/run.py" --engine_dir "$ENGINE_DIR" --tokenizer_dir "$CHECKPOINT_DIR" \
-  --input_text "$PROMPT" --max_output_len 64
+step "generate (the LLM API on the engine: examples/llm_api.py)"
+"$PYTHON" "$REPO/examples/llm_api.py" --model "$ENGINE_DIR" --tokenizer "$CHECKPOINT_DIR" \
+  --prompt "$PROMPT" --max_tokens 64
