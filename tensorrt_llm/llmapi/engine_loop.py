@@ -100,6 +100,7 @@ class EngineLoop:
             sink(update)
 
     def _run(self) -> None:
+        self.executor.driver = threading.get_ident()
         try:
             while not self._stop:
                 self._apply_ops()
@@ -116,4 +117,5 @@ class EngineLoop:
             request, sink, _ = self._sinks.pop(request_id)
             self.executor.abort(request_id)
             sink(Update(request_id, [], [], [], True, "error" if self.error else "abort", self.error))
+        self.executor.driver = None
         self._stop = True

@@ -20,6 +20,7 @@ than it needed, inside its own blocks. Requests whose sampling reads their token
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -77,6 +78,9 @@ class Executor:
         self.requests: dict[int, Request] = {}
         self.stats = ExecutorStats()
         self._launched: Optional[_Launched] = None
+        # The thread that steps this executor when one owns it (an LLM's engine loop): two
+        # drivers would each miss the other's updates.
+        self.driver: Optional[int] = None
 
     # -- requests --------------------------------------------------------------------------
 
@@ -110,8 +114,15 @@ class Executor:
         if request.top_logprobs < 0 or request.top_logprobs > lim.vocab_size:
             raise RequestError(f"top_logprobs must be in [0, {lim.vocab_size}], got {request.top_logprobs}")
 
+    def check_driver(self) -> None:
+        """RuntimeError when another thread drives this executor."""
+        if self.driver is not None and self.driver != threading.get_ident():
+            raise RuntimeError("this executor is driven by an LLM's engine thread: submit requests "
+                               "through the LLM (generate / generate_async), not the runner")
+
     def add_request(self, request: Request) -> int:
         """Queue a request (checked first). Returns its id."""
+        self.check_driver()
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id} is already queued")
         self.check(request)
@@ -122,6 +133,7 @@ class Executor:
     def abort(self, request_id: int) -> Optional[Request]:
         """Stop a request now: it leaves the batch, its blocks return to the pool. Returns
         it (finish_reason "abort"), or None when it is not queued or running."""
+        self.check_driver()
         request = self.requests.get(request_id)
         if request is None or request.finished:
             return None
@@ -145,6 +157,7 @@ class Executor:
     def step(self) -> list[Request]:
         """One iteration. Returns the requests that got tokens or finished (in this call,
         a step late with overlap)."""
+        self.check_driver()
         updated: list[Request] = []
         if self._launched is not None and (
                 not self.overlap or any(r.needs_token_values for r in self.scheduler.running)):

