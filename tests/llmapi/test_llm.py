@@ -43,7 +43,8 @@ def test_generate_equals_the_static_generate(llm):
     # A runner of its own: the LLM's executor is stepped by the LLM's thread only.
     with pytest.raises(RuntimeError, match="driven by an LLM's engine thread"):
         llm.runner.generate([[1, 2]], max_new_tokens=1)
-    static = ModelRunner.from_dir(llm.engine_dir, device="cpu").generate([o.prompt_token_ids for o in outs], max_new_tokens=12, top_k=1)
+    static = ModelRunner.from_dir(llm.engine_dir, device="cpu").generate(
+        [o.prompt_token_ids for o in outs], max_new_tokens=12, top_k=1)
     for b, out in enumerate(outs):
         n = len(out.prompt_token_ids)
         expected = static["output_ids"][b, 0, n:int(static["sequence_lengths"][b, 0])].tolist()
