@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -95,23 +95,80 @@ def check_kv_cache_fits(model_cls, config: PretrainedConfig, build_config: Build
               f"(bound it with max_tokens_in_paged_kv_cache, or {options})", file=sys.stderr)
 
 
+def checkpoint_config(checkpoint_dir) -> PretrainedConfig:
+    """The config of a checkpoint folder; ConfigError when no model class builds its
+    architecture. A bad checkpoint raises the project's own error (or OSError)."""
+    config = PretrainedConfig.from_checkpoint(Path(checkpoint_dir))
+    if config.architecture not in MODEL_MAP:
+        raise ConfigError(f"architecture {config.architecture!r} is not supported "
+                          f"(known: {', '.join(sorted(MODEL_MAP))})")
+    return config
+
+
+def check_build(config: PretrainedConfig, build_config: BuildConfig, dtype: Optional[str] = None) -> BuildConfig:
+    """The build limits resolved against the model (ConfigError where they do not fit it, or
+    where the KV cache they imply cannot fit the target; see check_kv_cache_fits)."""
+    resolved = build_config.resolve(config.max_position_embeddings)
+    model_config = config if dtype is None else dataclasses.replace(config, dtype=dtype)
+    check_kv_cache_fits(MODEL_MAP[config.architecture], model_config, resolved)
+    return resolved
+
+
+def build_engines(checkpoint_dir, output_dir, config: PretrainedConfig, build_config: BuildConfig, *,
+                  dtype: Optional[str] = None, timing_cache: Optional[TimingCache] = None,
+                  log: Callable[[str], None] = print) -> int:
+    """Builds every rank of the checkpoint (`config`: its checkpoint_config) and saves each
+    into output_dir; says one line per rank (and its kernel choice) through `log`.
+    `dtype`: cast the weights to it (None: keep the checkpoint's). Returns the bytes written."""
+    ckpt = Path(checkpoint_dir)
+    model_cls = MODEL_MAP[config.architecture]
+    world = config.mapping.world_size
+    total_bytes = 0
+    for rank in range(world):
+        model = model_cls.from_checkpoint(ckpt, rank=rank, dtype=dtype)
+        engine = build(model, build_config, timing_cache=timing_cache)
+        path = engine.save(output_dir)
+        total_bytes += path.stat().st_size
+        s = engine.config["build_summary"]
+        fused = s["rewrites"].get("rewrites", {})
+        log(f"[rank {rank}/{world}] layers: {s['layers_before_rewriting']} defined, "
+            f"{s['layers_after_rewriting']} after rewriting "
+            f"({', '.join(f'{k} x{v}' for k, v in fused.items()) or 'no rewrites'}); "
+            f"{s['weight_bytes'] / 2**20:.1f} MiB of weights, built in {s['build_seconds']:.1f} s")
+        if "kernel_choice" in s:
+            k = s["kernel_choice"]
+            picked = {}
+            for layer in k["layers"].values():
+                picked[layer["implementation"]] = picked.get(layer["implementation"], 0) + 1
+            log(f"[rank {rank}/{world}] kernel choice on {k['device']}: "
+                f"{', '.join(f'{n} x{c}' for n, c in sorted(picked.items())) or 'nothing to choose'} "
+                f"({k['hits']} timing cache hits, {k['misses']} timed)")
+    return total_bytes
+
+
+def build_checkpoint(checkpoint_dir, output_dir, build_config: BuildConfig, *, dtype: Optional[str] = None,
+                     timing_cache: Optional[TimingCache] = None, log: Callable[[str], None] = print) -> int:
+    """What trtllm-build does, as a function: checkpoint folder -> engine files in output_dir
+    (written in place, rank file by rank file: wrap it in an atomic folder write where a
+    half-written output matters). Returns the bytes written."""
+    config = checkpoint_config(checkpoint_dir)
+    check_build(config, build_config, dtype)
+    return build_engines(checkpoint_dir, output_dir, config, build_config, dtype=dtype,
+                         timing_cache=timing_cache, log=log)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     ckpt = Path(args.checkpoint_dir)
     # A bad checkpoint or option raises the project's own error (run_cli prints its line).
-    config = PretrainedConfig.from_checkpoint(ckpt)
-    if config.architecture not in MODEL_MAP:
-        raise ConfigError(f"architecture {config.architecture!r} is not supported "
-                          f"(known: {', '.join(sorted(MODEL_MAP))})")
+    config = checkpoint_config(ckpt)
     build_config = BuildConfig(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
                                max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens,
                                max_beam_width=args.max_beam_width, tokens_per_block=args.tokens_per_block,
                                target_device=args.target_device,
                                optimizations=[] if args.no_rewrite else BuildConfig().optimizations)
-    resolved = build_config.resolve(config.max_position_embeddings)
-    model_config = config if args.dtype is None else dataclasses.replace(config, dtype=args.dtype)
-    check_kv_cache_fits(MODEL_MAP[config.architecture], model_config, resolved)
+    check_build(config, build_config, args.dtype)
     # Kernel timing is asked for by naming a timing cache; otherwise each op runs its
     # default implementation (the compiled kernel on a GPU).
     timing_cache = None
@@ -123,32 +180,12 @@ def main(argv=None) -> int:
             timing_cache = TimingCache.load(args.input_timing_cache)
         except TimingCacheError as e:
             print(f"trtllm-build: warning: {e}; timing from scratch", file=sys.stderr)
-    model_cls = MODEL_MAP[config.architecture]
-    world = config.mapping.world_size
-    total_bytes = 0
-    for rank in range(world):
-        model = model_cls.from_checkpoint(ckpt, rank=rank, dtype=args.dtype)
-        engine = build(model, build_config, timing_cache=timing_cache)
-        path = engine.save(args.output_dir)
-        total_bytes += path.stat().st_size
-        s = engine.config["build_summary"]
-        fused = s["rewrites"].get("rewrites", {})
-        print(f"[rank {rank}/{world}] layers: {s['layers_before_rewriting']} defined, "
-              f"{s['layers_after_rewriting']} after rewriting "
-              f"({', '.join(f'{k} x{v}' for k, v in fused.items()) or 'no rewrites'}); "
-              f"{s['weight_bytes'] / 2**20:.1f} MiB of weights, built in {s['build_seconds']:.1f} s")
-        if "kernel_choice" in s:
-            k = s["kernel_choice"]
-            picked = {}
-            for layer in k["layers"].values():
-                picked[layer["implementation"]] = picked.get(layer["implementation"], 0) + 1
-            print(f"[rank {rank}/{world}] kernel choice on {k['device']}: "
-                  f"{', '.join(f'{n} x{c}' for n, c in sorted(picked.items())) or 'nothing to choose'} "
-                  f"({k['hits']} timing cache hits, {k['misses']} timed)")
+    total_bytes = build_engines(ckpt, args.output_dir, config, build_config, dtype=args.dtype,
+                                timing_cache=timing_cache)
     if args.output_timing_cache is not None:
         timing_cache.save(args.output_timing_cache)
-    print(f"Engine written to {args.output_dir}: {world} rank(s), {total_bytes / 2**20:.1f} MiB, "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(f"Engine written to {args.output_dir}: {config.mapping.world_size} rank(s), "
+          f"{total_bytes / 2**20:.1f} MiB, {time.perf_counter() - t0:.1f} s")
     return 0
 
 
