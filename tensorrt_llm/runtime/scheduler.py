@@ -91,7 +91,7 @@ class Scheduler:
             req = running[i]
             n = req.num_tokens - req.num_computed
             if n > 1:  # prefill (chunked, or recomputing after preemption)
-                n = min(n, budget) if self.enable_chunked_context else n
+                n = min(n, budget) if self._chunks(req) else n
                 if n == 0 or n > budget:
                     i += 1
                     continue
@@ -110,17 +110,19 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_pending:  # preempted this step: its last token is not known yet
                 break
-            cached = len(self.kv.cached_prefix(req.tokens)[0]) * self.kv.tokens_per_block
+            # A request that returns its prompt's logits computes all of its prompt.
+            shared = None if req.return_context_logits else req.tokens
+            cached = len(self.kv.cached_prefix(shared)[0]) * self.kv.tokens_per_block if shared else 0
             n = req.num_tokens - cached
             if n > budget:
-                if not self.enable_chunked_context:
+                if not self._chunks(req):
                     break
                 n = budget
             needed = self.kv.blocks_needed(cached + n) - cached // self.kv.tokens_per_block
             if needed + self.reserve_blocks > self.kv.num_free_blocks and self.running:
                 break
             try:
-                reused = self.kv.add_sequence(req.request_id, cached + n, req.tokens)
+                reused = self.kv.add_sequence(req.request_id, cached + n, shared)
             except KVCacheFullError:
                 break
             self.waiting.popleft()
@@ -132,6 +134,12 @@ class Scheduler:
             budget -= n
             batch += 1
         return ScheduledStep(decodes + chunks, preempted)
+
+    def _chunks(self, req: Request) -> bool:
+        """Whether the request's tokens may be computed over several steps: with chunked
+        context, or when they can never fit one step (a preempted request recomputes what
+        it generated too, and may have grown past max_num_tokens)."""
+        return self.enable_chunked_context or req.num_tokens > self.max_num_tokens
 
     def _grow(self, req: Request, num_tokens: int, running: list[Request],
               preempted: list[Request]) -> bool:
