@@ -269,8 +269,8 @@ class Executor:
             updated.append(r)
             if r.stopped_by(token):
                 self._finish(r, "stop")
-            elif r.state is RequestState.LEAVING:
-                self._finish(r, "length")
+            elif r.state is RequestState.LEAVING and not r.num_pending:
+                self._finish(r, "length")  # its last token (a later step's) is in
             elif r.state is RequestState.RUNNING:  # the token's block may be full now
                 self.kv_cache.commit(r.request_id, r.tokens, r.num_computed)
         return updated
