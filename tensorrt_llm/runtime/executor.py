@@ -98,9 +98,10 @@ class Executor:
         check_token_ids("pad_id", [s.pad_id], lim)
         check_token_ids("stop token id", request.stop_token_ids, lim)
         # The same rules as the static generate's lists, for this one request.
-        request.stop_words = check_words([list(w) for w in request.stop_words], 1, lim.vocab_size,
+        # (per-request format: an empty word is refused, not read as "no words")
+        request.stop_words = check_words([[list(w) for w in request.stop_words]], 1, lim.vocab_size,
                                          "stop_words")[0]
-        request.bad_words = check_words([list(w) for w in request.bad_words], 1, lim.vocab_size,
+        request.bad_words = check_words([[list(w) for w in request.bad_words]], 1, lim.vocab_size,
                                         "bad_words", bans=True)[0]
         if not self.scheduler.enable_chunked_context and n > self.scheduler.max_num_tokens:
             raise RequestError(f"the prompt has {n} tokens, more than max_num_tokens "
@@ -191,8 +192,7 @@ class Executor:
                 tokens = []
             else:
                 tokens = r.tokens[row.start:row.start + row.num_tokens]
-            context = r.return_context_logits and r.num_preemptions == 0 and row.start < r.prompt_len
-            mode = "all" if context else ("last" if row.samples else "none")
+            mode = "all" if self._wants_context(r, row) else ("last" if row.samples else "none")
             rows.append(StepInput(r.request_id, tokens, row.start, row.num_tokens, mode, pending))
         logits, counts = self.runner.run(rows)
 
@@ -200,8 +200,11 @@ class Executor:
         offset = 0
         for row, count in zip(scheduled.rows, counts):
             r = row.request
-            if count and r.return_context_logits and row.start < r.prompt_len and r.num_preemptions == 0:
-                r.context_logits.append(logits[offset:offset + count].float().cpu())
+            if self._wants_context(r, row):
+                # The prompt positions not collected yet (a preempted request recomputes some).
+                first = sum(t.shape[0] for t in r.context_logits) - row.start
+                last = min(row.num_tokens, r.prompt_len - row.start)
+                r.context_logits.append(logits[offset + first:offset + last].float().cpu())
             if row.samples:
                 sampling_rows.append(offset + count - 1)
                 sampled.append(r)
@@ -245,6 +248,14 @@ class Executor:
                 # Known without the token's value: it leaves the batch now.
                 self._leave(r)
         return launched
+
+    @staticmethod
+    def _wants_context(r: Request, row) -> bool:
+        """Whether this row computes prompt positions whose logits r asked for and lacks."""
+        if not r.return_context_logits:
+            return False
+        collected = sum(t.shape[0] for t in r.context_logits)
+        return row.start <= collected < min(row.start + row.num_tokens, r.prompt_len)
 
     def _resolve(self, launched: _Launched) -> list[Request]:
         """The host reads a launched step's tokens: append, stop, finish."""

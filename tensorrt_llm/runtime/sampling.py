@@ -214,7 +214,9 @@ def process_logits(logits: torch.Tensor, config: Configs, *, token_ids: torch.Te
         if context_lengths is None or sequence_lengths is None:
             raise ValueError("min_length needs context_lengths and sequence_lengths")
         generated = (sequence_lengths.to(device) - context_lengths.to(device)).long().unsqueeze(1)
-        end_ids = torch.tensor([c.end_id for c in configs], device=device).unsqueeze(1)
+        # A row without an end id has min_length 0: its placeholder 0 is never masked.
+        end_ids = torch.tensor([c.end_id if c.end_id is not None else 0 for c in configs],
+                               device=device).unsqueeze(1)
         too_short = generated < min_length
         end_logits = logits.gather(1, end_ids).masked_fill(too_short, -math.inf)
         logits = logits.scatter(1, end_ids, end_logits)

@@ -74,7 +74,10 @@ def runners(request, engine_dir):
         options = {"max_num_tokens": BUDGET, "enable_chunked_context": True, **options}
         key = tuple(sorted(options.items()))
         if key not in made:
+            overlap = options.pop("overlap", None)
             made[key] = ModelRunner(engine, device, **options)
+            if overlap is not None:  # launch a step before reading the last one's tokens, on any device
+                made[key].executor.overlap = overlap
         runner = made[key]
         assert not runner.executor.has_work
         return runner
@@ -157,8 +160,9 @@ def snapshot(runner):
 
 # -- (a) any mix of requests, submitted at any step ----------------------------------------------
 
-def test_requests_in_flight_equal_each_request_alone(runners):
-    runner = runners()
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_requests_in_flight_equal_each_request_alone(runners, overlap):
+    runner = runners(overlap=overlap)
     base = alone(runner, dict(prompt_token_ids=TEXT[:12], max_new_tokens=16))
     g = base.output_token_ids
     assert len(g) == 16, g
@@ -215,9 +219,6 @@ def test_requests_in_flight_equal_each_request_alone(runners):
     assert runner.kv_cache.num_free_blocks == runner.kv_cache.num_blocks
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="BUG: sampling.process_logits builds torch.tensor([c.end_id ...]) of every row "
-                          "when one row has min_length: a row without end_id (None) beside it fails")
 def test_min_tokens_beside_a_request_without_end_id(runners):
     runner = runners()
     a = fresh(dict(prompt_token_ids=TEXT[:12], max_new_tokens=4,
@@ -332,9 +333,6 @@ def test_a_small_pool_preempts_and_completes_every_request(runners, chunked):
     assert small.kv_cache.num_free_blocks == 8
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a request preempted in the middle of its prompt returns "
-                   "only the context logits of the chunks before the preemption (executor._launch "
-                   "collects them only while num_preemptions == 0)")
 def test_context_logits_of_a_request_preempted_in_its_prompt(runners):
     small = runners(max_tokens_in_paged_kv_cache=4 * TPB, max_num_tokens=4)
     x = fresh(dict(prompt_token_ids=TEXT[:28], max_new_tokens=20))
