@@ -227,9 +227,10 @@ class Executor:
             # Through pinned memory: a pageable copy would wait for the step just queued.
             index = self.runner.to_device(torch.tensor(sampling_rows, dtype=torch.int64))
             rows_logits = logits.index_select(0, index)
-        for r, row_logits in zip(sampled, rows_logits):
-            if r.return_generation_logits:
-                r.generation_logits.append(row_logits.float().clone())
+        if any(r.return_generation_logits for r in sampled):  # (a view per row costs ~20 us)
+            for i, r in enumerate(sampled):
+                if r.return_generation_logits:
+                    r.generation_logits.append(rows_logits[i].float().clone())
         out = self.sampler.sample(rows_logits, sampled)
         launched = _Launched(sampled, out.tokens)
         pin = self.device.type == "cuda"
