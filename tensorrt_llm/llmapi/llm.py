@@ -13,6 +13,7 @@ the executor's own thread (engine_loop.py); `generate` blocks until all are done
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -214,10 +215,10 @@ class LLM:
             max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
             enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse)
         source = tokenizer if tokenizer is not None else resolved.tokenizer_source
-        if source is None or hasattr(source, "encode"):
-            self.tokenizer = source
-        else:
+        if isinstance(source, (str, os.PathLike)):  # a folder or .gguf file; else a tokenizer object
             self.tokenizer = load_tokenizer(source)
+        else:
+            self.tokenizer = source
         self._loop = EngineLoop(self.runner.executor)
         self._lock = threading.Lock()
 

@@ -126,6 +126,14 @@ def test_shutdown_frees_and_refuses(cache_dir):
         llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)
 
 
+def test_a_tokenizer_given_as_a_path(llm, cache_dir):
+    with LLM(llm.engine_dir, tokenizer=str(llm.engine_dir), device="cpu") as other:
+        assert other.tokenizer.chat_template
+        out = other.chat([{"role": "user", "content": "What is the capital of France?"}],
+                         SamplingParams(max_tokens=16))
+    assert "Paris" in out.outputs[0].text
+
+
 def test_llm_api_example_as_a_user_runs_it(cache_dir, tmp_path):
     env = dict(os.environ, TRTLLM_CACHE_DIR=str(cache_dir))
     run = subprocess.run([sys.executable, str(ROOT / "examples/llm_api.py"), "--model", str(GGUF),
