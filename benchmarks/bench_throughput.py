@@ -16,7 +16,8 @@ rate (seeded). Random weights as bench_generation.py makes them (no end token is
 special, so every request makes exactly its output length). Reported: output and total
 tokens/s, requests/s, time to first token and time per output token (mean, p50, p99),
 inter-token latency, peak KV blocks in use, reuse hits; the static generate (batches of
-requests, each batch run to its end before the next starts) at each `--static_batch_sizes`;
+requests that have arrived, each batch run to its end before the next starts) at each
+`--static_batch_sizes`;
 and the compute ceiling: output tokens / (2 x parameters x processed tokens / the bf16
 matmul rate measured in this run).
 """
@@ -116,15 +117,25 @@ def run_executor(runner, workload, arrival, device) -> dict:
             "outputs": [r.output_token_ids for r in reqs]}
 
 
-def run_static(runner, workload, batch: int, device) -> dict:
-    """Batches of `batch` requests through the static generate, each to its longest output."""
+def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
+    """The static generate: a batch of up to `batch` requests that have arrived (all at t=0
+    without `arrival`) runs to its longest output before the next batch starts."""
+    arrival = np.zeros(len(workload)) if arrival is None else arrival
     sync(device)
     t0 = time.perf_counter()
-    out_tokens = 0
-    for i in range(0, len(workload), batch):
-        chunk = workload[i:i + batch]
+    out_tokens, i = 0, 0
+    while i < len(workload):
+        now = time.perf_counter() - t0
+        if arrival[i] > now:
+            time.sleep(arrival[i] - now)
+            now = arrival[i]
+        j = i + 1
+        while j < len(workload) and j - i < batch and arrival[j] <= now:
+            j += 1
+        chunk = workload[i:j]
         runner.generate([ids for ids, _ in chunk], max_new_tokens=max(o for _, o in chunk), top_k=1)
         out_tokens += sum(o for _, o in chunk)  # tokens past a request's own length are waste
+        i = j
     sync(device)
     elapsed = time.perf_counter() - t0
     return {"batch": batch, "elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed}
@@ -228,7 +239,7 @@ def main(argv=None):
         print(json.dumps({"inflight": res}), flush=True)
         static = []
         for b in [int(x) for x in args.static_batch_sizes.split(",") if x]:
-            static.append(run_static(runner, workload, b, device))
+            static.append(run_static(runner, workload, b, device, arrival))
             print(json.dumps({"static": static[-1]}), flush=True)
         if static:
             best = max(static, key=lambda s: s["output_tok_s"])
@@ -245,8 +256,8 @@ def main(argv=None):
             api = run_llm_api(tmp, workload, arrival, device)
             result["llm_api"] = {k: v for k, v in api.items() if k != "outputs"}
             result["llm_api"]["outputs_equal_executor"] = api["outputs"] == outputs
-            # The static generate on the same prompts, one batch of the engine's size.
-            result["static_same_prompts"] = run_static(runner, workload, args.max_batch_size, device)
+            # The static generate on the same requests arriving at the same times.
+            result["static_same_prompts"] = run_static(runner, workload, args.max_batch_size, device, arrival)
     elif args.scenario == "chunked":
         result["chunked"] = scenario_chunked(runner, vocab, rng, device)
     else:
