@@ -1,8 +1,9 @@
 """The executor on a thread of its own: requests come in from any thread or event loop,
 tokens go out to each request's consumer.
 
-The loop thread is the only one that touches the executor: `submit` and `abort` queue
-operations that it applies between steps. After each step it hands every updated request's
+One thread at a time steps the executor, holding the step lock: the loop thread, or a
+synchronous caller that `drive`s it until its own requests are done. `submit` and `abort`
+queue operations that the stepping thread applies between steps. After each step it hands every updated request's
 new tokens to that request's `sink` (a callable run on the loop thread; consumers put the
 update on their own queue, see llm.py). Detokenising and stop strings are the consumers'
 work, off this thread, so the GPU is fed without waiting for text.
@@ -40,6 +41,7 @@ class EngineLoop:
         self._wake = threading.Event()
         self._stop = False
         self._sinks: dict[int, tuple[Request, Callable[[Update], None], list[int]]] = {}
+        self._step_lock = threading.Lock()  # held by whoever steps the executor
         self._thread = threading.Thread(target=self._run, name="trtllm-engine", daemon=True)
         self.error: Optional[str] = None
         self._thread.start()
@@ -99,22 +101,52 @@ class EngineLoop:
         if update.token_ids or update.finished:
             sink(update)
 
-    def _run(self) -> None:
+    def _iterate(self) -> bool:
+        """One iteration (the caller holds the step lock). False when there was no work."""
         self.executor.driver = threading.get_ident()
+        self._apply_ops()
+        if not self.executor.has_work:
+            return False
+        for request in self.executor.step():
+            self._deliver(request)
+        return True
+
+    def drive(self, done: Callable[[], bool], on_step: Callable[[], None] = lambda: None) -> None:
+        """Step the executor in the caller's thread until `done()`, the loop thread waiting
+        meanwhile. Synchronous callers use it: torch's CPU ops run fastest on the thread
+        that ran the model's earlier ops (on a small CPU, another thread's OpenMP team would
+        compete with this one's spinning workers)."""
+        with self._step_lock:
+            try:
+                while not done() and not self._stop:
+                    if not self._iterate():
+                        self._wake.wait(0.01)
+                        self._wake.clear()
+                    on_step()
+            except Exception as e:
+                self._fail(e)
+                raise
+
+    def _run(self) -> None:
         try:
             while not self._stop:
-                self._apply_ops()
-                if not self.executor.has_work:
+                with self._step_lock:
+                    busy = self._iterate()
+                if not busy:
                     self._wake.wait(0.05)
                     self._wake.clear()
-                    continue
-                for request in self.executor.step():
-                    self._deliver(request)
-        except Exception as e:  # the engine failed: every request hears it, nothing hangs
-            self.error = f"{type(e).__name__}: {e}"
+        except Exception as e:
+            self._fail(e)
+        self._fail(None)
+
+    def _fail(self, error: Optional[Exception]) -> None:
+        """The engine stops (failed, or shut down): every request hears it, nothing hangs."""
+        if error is not None:
+            self.error = f"{type(error).__name__}: {error}"
             logger.error(f"engine loop stopped: {self.error}\n{traceback.format_exc()}")
         for request_id in list(self._sinks):
             request, sink, _ = self._sinks.pop(request_id)
+            self.executor.driver = threading.get_ident()
             self.executor.abort(request_id)
             sink(Update(request_id, [], [], [], True, "error" if self.error else "abort", self.error))
         self.executor.driver = None

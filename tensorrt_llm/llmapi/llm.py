@@ -156,6 +156,20 @@ class GenerationResult:
         self._llm._loop.abort(self.requests[out.index].request_id)
         return out.text[before:] if end > before else ""
 
+    def _settled(self) -> bool:
+        """Nothing more will come: ended here (stop strings) or every request ended in the
+        executor (its updates queued)."""
+        return self.finished or all(r.finished for r in self.requests)
+
+    def _drain(self) -> None:
+        """Apply the updates queued so far, without waiting (sync consumers), so that a stop
+        string aborts its request while the caller drives the executor."""
+        while not self.finished:
+            try:
+                self._apply(self._queue.get_nowait())
+            except queue.Empty:
+                return
+
     def _next_sync(self, timeout: Optional[float] = None) -> RequestOutput:
         self._apply(self._queue.get(timeout=timeout))
         return self.output
@@ -164,6 +178,8 @@ class GenerationResult:
         """Wait until every completion is done (sync callers)."""
         if self._loop is not None:
             raise RuntimeError("this result belongs to an event loop: use `await result.aresult()`")
+        if timeout is None:
+            self._llm._loop.drive(self._settled, self._drain)
         while not self.finished:
             self._next_sync(timeout)
         return self.output
@@ -270,10 +286,18 @@ class LLM:
         if use_tqdm and len(results) > 1:
             from tqdm import tqdm
             bar = tqdm(total=len(results), desc="Processed requests", unit="req")
+        shown = [0]
+
+        def progress():
+            for r in results:
+                r._drain()
+            done = sum(r.finished for r in results)
+            if bar is not None and done > shown[0]:
+                bar.update(done - shown[0])
+                shown[0] = done
+        self._loop.drive(lambda: all(r._settled() for r in results), progress)
         for r in results:
             r.result()
-            if bar is not None:
-                bar.update(1)
         if bar is not None:
             bar.close()
         return [r.output for r in results]

@@ -74,6 +74,14 @@ def test_per_prompt_params_stop_strings_n_and_logprobs(llm):
     assert len(outs[2].outputs[0].token_ids) == 5
 
 
+def test_a_stop_string_ends_the_request_in_the_engine(llm):
+    before = llm.stats.generated_tokens
+    out = llm.generate("1, 2, 3,", SamplingParams(max_tokens=64, stop=" 5"), use_tqdm=False)
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].text == " 4,"
+    # Aborted as soon as the text showed it, not run to max_tokens.
+    assert llm.stats.generated_tokens - before < 10
+
+
 def test_streaming_diffs_add_up(llm):
     async def run():
         diffs, tokens = [], []
