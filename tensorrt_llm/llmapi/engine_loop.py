@@ -10,8 +10,10 @@ work, off this thread, so the GPU is fed without waiting for text.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -42,6 +44,7 @@ class EngineLoop:
         self._stop = False
         self._sinks: dict[int, tuple[Request, Callable[[Update], None], list[int]]] = {}
         self._step_lock = threading.Lock()  # held by whoever steps the executor
+        self._callers = 0                    # callers waiting to drive
         self._thread = threading.Thread(target=self._run, name="trtllm-engine", daemon=True)
         self.error: Optional[str] = None
         self._thread.start()
@@ -116,7 +119,12 @@ class EngineLoop:
         meanwhile. Synchronous callers use it: torch's CPU ops run fastest on the thread
         that ran the model's earlier ops (on a small CPU, another thread's OpenMP team would
         compete with this one's spinning workers)."""
-        with self._step_lock:
+        self._callers += 1  # the loop thread stands back while a caller wants to drive
+        try:
+            self._step_lock.acquire()
+        finally:
+            self._callers -= 1
+        with _released(self._step_lock):
             try:
                 while not done() and not self._stop:
                     if not self._iterate():
@@ -130,6 +138,9 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stop:
+                if self._callers:  # a lock is not fair: leave it to the waiting caller
+                    time.sleep(0.001)
+                    continue
                 with self._step_lock:
                     busy = self._iterate()
                 if not busy:
@@ -151,3 +162,12 @@ class EngineLoop:
             sink(Update(request_id, [], [], [], True, "error" if self.error else "abort", self.error))
         self.executor.driver = None
         self._stop = True
+
+
+@contextlib.contextmanager
+def _released(lock: threading.Lock):
+    """Release a lock acquired before the block, when the block ends."""
+    try:
+        yield
+    finally:
+        lock.release()
