@@ -81,9 +81,9 @@ class _Search:
         for b in range(B):
             kv.add_sequence(("prompt", b), int(self.prompt_lens[b]))
             self.seq_ids.append([("prompt", b)] * K)
-        tables = kv.get_block_table([("prompt", b) for b in range(B)]).to(dev)
-        prompts = [self.prompts[b, :int(n)].int() for b, n in enumerate(self.prompt_lens)]
-        logits, context_logits = self.gs.runner.context(prompts, tables, return_context_logits)
+        prompts = [self.prompts[b, :int(n)].tolist() for b, n in enumerate(self.prompt_lens)]
+        logits, context_logits = self.gs.runner.context([("prompt", b) for b in range(B)], prompts,
+                                                        return_context_logits)
         # Every beam of a request starts as its prompt; only the first may be extended, so
         # that the first step picks distinct tokens (transformers' initial scores).
         logits = logits.repeat_interleave(K, dim=0)

@@ -179,7 +179,7 @@ class Executor:
             raise RuntimeError(f"the executor could not schedule any of {self.num_waiting} waiting "
                                f"requests with {self.kv_cache.num_free_blocks} free KV blocks")
         # Each request once, in order.
-        return list(dict.fromkeys(r for r in updated))
+        return list(dict.fromkeys(updated))
 
     def _launch(self, scheduled: ScheduledStep) -> _Launched:
         rows, previous = [], self._launched
@@ -198,9 +198,9 @@ class Executor:
 
         sampling_rows, sampled = [], []
         offset = 0
-        for row, count in zip(scheduled.rows, counts):
+        for row, step_input, count in zip(scheduled.rows, rows, counts):
             r = row.request
-            if self._wants_context(r, row):
+            if step_input.logits == "all":
                 # The prompt positions not collected yet (a preempted request recomputes some).
                 first = sum(t.shape[0] for t in r.context_logits) - row.start
                 last = min(row.num_tokens, r.prompt_len - row.start)
@@ -288,8 +288,8 @@ class Executor:
         return updated
 
     def _leave(self, r: Request) -> None:
-        """Out of the batch and the pool now; its last token is still on its way."""
-        self.kv_cache.commit(r.request_id, r.tokens, r.num_computed)
+        """Out of the batch and the pool now (its blocks committed at launch); its last
+        token is still on its way."""
         self.scheduler.remove(r)
         r.state = RequestState.LEAVING
 

@@ -112,32 +112,18 @@ class StepRunner:
             out.index_copy_(0, at, source.index_select(0, index).to(torch.int32))
         return out
 
-    # -- the two shapes beam search drives directly ------------------------------------------
+    # -- the two shapes beam search drives directly ----------------------------------------
 
-    def context(self, prompts: list[torch.Tensor], block_tables: torch.Tensor,
-                return_context_logits: bool):
-        """Fresh prompts (packed). Returns (logits of each prompt's last token [B, V], each
-        prompt's logits when return_context_logits else None)."""
-        dev = self.device
-        prompt_lens = [ids.numel() for ids in prompts]
-        lens = torch.tensor(prompt_lens, dtype=torch.int32)
-        ends = torch.cumsum(lens.to(torch.int64), 0)
-        wanted = torch.arange(int(ends[-1]), dtype=torch.int64) if return_context_logits else ends - 1
-        feed = {
-            "input_ids": torch.cat(prompts).to(dev),
-            "position_ids": torch.cat([torch.arange(n, dtype=torch.int32) for n in prompt_lens]).to(dev),
-            "last_token_ids": wanted.to(dev),
-            "kv_cache_pool": self.kv_cache_pool,
-            "block_tables": block_tables,
-            "sequence_lengths": lens.to(dev),
-            "context_lengths": lens.to(dev),
-            "host_context_lengths": lens,
-            "host_sequence_lengths": lens,
-        }
-        logits = self.session.run(feed)["logits"]
+    def context(self, seq_ids: list, prompts: list[list[int]], return_context_logits: bool):
+        """Fresh prompts of the sequences `seq_ids` (a `run` of whole prompts). Returns (logits
+        of each prompt's last token [B, V], each prompt's logits when return_context_logits
+        else None)."""
+        mode = "all" if return_context_logits else "last"
+        logits, counts = self.run([StepInput(s, p, 0, len(p), mode) for s, p in zip(seq_ids, prompts)])
         if not return_context_logits:
             return logits, None
-        return logits[(ends - 1).to(logits.device)], list(torch.split(logits, prompt_lens))
+        last = torch.cumsum(torch.tensor(counts), 0) - 1
+        return logits[last.to(logits.device)], list(torch.split(logits, counts))
 
     def decode(self, tokens: torch.Tensor, lengths: torch.Tensor, block_tables: torch.Tensor,
                host_lengths: torch.Tensor, use_cuda_graph: bool = True) -> torch.Tensor:
