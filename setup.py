@@ -22,7 +22,7 @@ CONSOLE_SCRIPTS = {
     # cli(): main() through tensorrt_llm.cli.run_cli (one "error:" line, --debug).
     "trtllm-build": "tensorrt_llm.commands.build:cli",
     "trtllm-refit": "tensorrt_llm.commands.refit:cli",
-    "trtllm-serve": "tensorrt_llm.commands.serve:main",
+    "trtllm-serve": "tensorrt_llm.commands.serve:cli",
     "trtllm-bench": "tensorrt_llm.commands.bench:main",
     "trtllm-build-info": "tensorrt_llm.kernels.info:main",
 }

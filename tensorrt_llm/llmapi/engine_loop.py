@@ -71,6 +71,11 @@ class EngineLoop:
     def stats(self):
         return self.executor.stats
 
+    @property
+    def running(self) -> bool:
+        """Whether requests are taken: not shut down, and the thread has not failed."""
+        return not self._stop and self._thread.is_alive()
+
     def _apply_ops(self) -> None:
         while True:
             try:

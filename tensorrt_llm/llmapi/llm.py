@@ -24,7 +24,7 @@ from ..runtime.model_runner import ModelRunner, _device, default_device
 from ..tokenizer_utils import load_tokenizer
 from .detokenizer import IncrementalDetokenizer
 from .engine_loop import EngineLoop, Update
-from .model_loader import resolve_engine
+from .model_loader import detect_kind, local_path, resolve_engine
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
@@ -89,7 +89,13 @@ class GenerationResult:
 
     def _sink(self, update: Update) -> None:
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, update)
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, update)
+            except RuntimeError:
+                # The consumer's event loop has closed (e.g. asyncio.run returned while a
+                # stop string's abort was on its way): nobody is left to tell, and the engine
+                # thread must not die of it.
+                pass
         else:
             self._queue.put(update)
 
@@ -211,7 +217,9 @@ class LLM:
     """An engine with its tokenizer and executor thread. Build options (max_batch_size,
     max_seq_len, max_num_tokens, ...) apply when an engine is built from `model`; the
     runtime ones (kv_cache_free_gpu_memory_fraction, max_tokens_in_paged_kv_cache,
-    enable_chunked_context, enable_block_reuse) to every model."""
+    enable_chunked_context, enable_block_reuse) to every model. max_batch_size and
+    max_num_tokens also limit the executor's steps, so an engine folder takes them as
+    runtime limits (at most what it was built for)."""
 
     def __init__(self, model, tokenizer=None, *, dtype: str = "auto", device=None,
                  max_batch_size: Optional[int] = None, max_input_len: Optional[int] = None,
@@ -220,16 +228,20 @@ class LLM:
                  max_tokens_in_paged_kv_cache: Optional[int] = None,
                  enable_chunked_context: bool = True, enable_block_reuse: bool = False,
                  cache_dir=None, progress=print):
-        resolved = resolve_engine(model, dtype=dtype, max_batch_size=max_batch_size,
-                                  max_input_len=max_input_len, max_seq_len=max_seq_len,
-                                  max_num_tokens=max_num_tokens, cache_dir=cache_dir, progress=progress)
+        # An engine folder is used as built, but its executor may take fewer sequences or
+        # tokens per step than it was built for: for it, these two are runtime limits only.
+        step_limits = dict(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
+        build_limits = {} if detect_kind(local_path(model)) == "engine" else step_limits
+        resolved = resolve_engine(model, dtype=dtype, max_input_len=max_input_len, max_seq_len=max_seq_len,
+                                  cache_dir=cache_dir, progress=progress, **build_limits)
         self.engine_dir = resolved.engine_dir
         device = _device(device) if device is not None else default_device()
         self.runner = ModelRunner.from_dir(
             resolved.engine_dir, device=device,
             kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_memory_fraction,
             max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
-            enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse)
+            enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse,
+            **step_limits)
         source = tokenizer if tokenizer is not None else resolved.tokenizer_source
         if isinstance(source, (str, os.PathLike)):  # a folder or .gguf file; else a tokenizer object
             self.tokenizer = load_tokenizer(source)
@@ -324,6 +336,11 @@ class LLM:
     @property
     def stats(self):
         return self.runner.executor.stats
+
+    @property
+    def running(self) -> bool:
+        """Whether the engine takes requests (not shut down, its thread alive): a health check."""
+        return self.runner is not None and self._loop.running
 
     def shutdown(self) -> None:
         """Stop the executor thread and free the engine and its KV pool."""
