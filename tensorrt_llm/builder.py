@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ._utils import read_json_object, str_dtype_to_torch
+from ._utils import read_json_object
 from .errors import ConfigError, EngineError
 from .logger import logger
 from .network import Network
@@ -318,11 +318,14 @@ def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> E
     network = Network(name=type(model).__name__)
     from .network import net_guard
     with net_guard(network):
-        inputs = model.prepare_inputs(build_config)
+        bc = build_config
+        inputs = model.prepare_inputs(max_batch_size=bc.max_batch_size, max_beam_width=bc.max_beam_width,
+                                      max_seq_len=bc.max_seq_len, max_num_tokens=bc.max_num_tokens,
+                                      tokens_per_block=bc.tokens_per_block)
         model(**inputs)
     layers_before = network.num_layers
-    # Taken before rewriting, which drops the parameters it fuses.
-    params = {name: [t.dtype, list(t.shape)] for name, t in network.parameter_tensors.items()}
+    # The checkpoint weights the network reads, taken before rewriting drops the ones it fuses.
+    params = {name: [p.dtype, list(p.shape)] for name, p in model.named_parameters() if name in network.weights}
     constants = set(network.weights) - set(params)
     report = {}
     if build_config.optimizations:
@@ -378,9 +381,3 @@ def refit_map(network: Network, params: dict, constants: set) -> Optional[dict]:
         elif name not in constants:
             return None
     return {"sources": sources, "checkpoint": params}
-
-
-def cast_weights(weights: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
-    """Cast floating weights to `dtype` (integer tensors are left alone)."""
-    target = str_dtype_to_torch(dtype)
-    return {k: (v.to(target) if v.is_floating_point() else v) for k, v in weights.items()}

@@ -5,278 +5,45 @@ output dtype and shape there and then, and raises ValueError naming the op and t
 offending shapes/dtypes on a mismatch. Dynamic dims are -1 and propagate. The meaning of
 each op at run time is `reference_ops.REFERENCE_OPS[op]`.
 
-`@record_signature` keeps each call's original arguments as an `FLayerInfo` so graph
-rewrites can see them (`FLayerInfoMemo.instance().get(layer_name)`).
+`Tensor` is the graph's handle (network.py); this module gives it its operators and method
+forms (`x + y`, `x.view(shape)`), at the end of the file.
+
+`@record_signature` records an op's signature once, when it is defined. An op keeps each
+tensor argument as a layer input (in parameter order) and every other argument as an attr
+of the same name, so the call that made any layer, built here or loaded from JSON, can be
+read back from the layer: graph_rewriting's `FLayerInfo`.
 """
 from __future__ import annotations
 
 import builtins
-import functools
 import inspect
 import math
-import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from ._utils import canonical_dtype, is_floating, str_dtype_to_torch, torch_dtype_to_str
-from .network import Layer, Network, TensorSpec, current_net, default_net
+from .network import Tensor, default_net, shapes_compatible
 
 Shape = tuple[int, ...]
 
 
-class Tensor:
-    """A handle on one tensor of a network. `Tensor(name=, dtype=, shape=, dim_range=)`
-    declares an input of the default network, as in TensorRT-LLM."""
-    __slots__ = ("_spec", "network")
+# ---- the ops' signatures -----------------------------------------------------------------
 
-    def __init__(self, name: str, dtype, shape: Sequence[int], dim_range=None, network: Optional[Network] = None):
-        network = network or default_net()
-        self._spec = network.add_input(name, dtype, shape, dim_range)._spec
-        self.network = network
-
-    @classmethod
-    def _from_spec(cls, spec: TensorSpec, network: Network) -> "Tensor":
-        t = cls.__new__(cls)
-        t._spec = spec
-        t.network = network
-        return t
-
-    @property
-    def name(self) -> str:
-        return self._spec.name
-
-    @name.setter
-    def name(self, new: str) -> None:
-        self.network.rename_tensor(self._spec.name, new)
-
-    @property
-    def dtype(self) -> str:
-        return self._spec.dtype
-
-    @property
-    def shape(self) -> Shape:
-        return self._spec.shape
-
-    @property
-    def ndim(self) -> int:
-        return len(self._spec.shape)
-
-    def rank(self) -> int:
-        return len(self._spec.shape)
-
-    def size(self, dim: Optional[int] = None):
-        return self.shape if dim is None else self.shape[dim]
-
-    @property
-    def dim_range(self):
-        """Axis -> (dim_name, (min, opt, max)) if this is a network input, else None."""
-        return self.network.dim_range(self.name) if self.network.is_input(self.name) else None
-
-    def is_input(self) -> bool:
-        return self.network.is_input(self.name)
-
-    # ---- graph rewriting API ------------------------------------------------------------
-
-    def get_parent(self) -> Optional[Layer]:
-        """The layer that produces this tensor (None for a network input)."""
-        return self.network.producer(self.name)
-
-    def get_users(self) -> list[Layer]:
-        """The live layers that read this tensor."""
-        return self.network.consumers(self.name)
-
-    def replace_all_uses_with(self, other: "Tensor") -> None:
-        """Every reader of this tensor reads `other` instead (outputs keep their names)."""
-        if other.network is not self.network:
-            raise ValueError(f"replace_all_uses_with: {other.name!r} is in another network")
-        if other.dtype != self.dtype or not _shapes_compatible(self.shape, other.shape):
-            raise ValueError(f"replace_all_uses_with: {self.name!r} is {self.dtype} {list(self.shape)}, "
-                             f"replacement {other.name!r} is {other.dtype} {list(other.shape)}")
-        for layer in self.network.replace_all_uses(self.name, other.name):
-            info = self.network.flayer_infos.get(layer.name)
-            if info is not None:
-                info._replace_in_signature(self, other)
-
-    def mark_output(self, name: Optional[str] = None) -> None:
-        self.network.mark_output(self, name)
-
-    # ---- identity: handles are equal when they point at the same tensor -----------------
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Tensor) and other._spec is self._spec
-
-    def __hash__(self) -> int:
-        return id(self._spec)
-
-    def __repr__(self) -> str:
-        return f"Tensor({self.name!r}, {self.dtype}, {list(self.shape)})"
-
-    # ---- operators and method forms ------------------------------------------------------
-
-    def __add__(self, other):
-        return add(self, other)
-
-    def __radd__(self, other):
-        return add(other, self)
-
-    def __sub__(self, other):
-        return sub(self, other)
-
-    def __rsub__(self, other):
-        return sub(other, self)
-
-    def __mul__(self, other):
-        return mul(self, other)
-
-    def __rmul__(self, other):
-        return mul(other, self)
-
-    def __truediv__(self, other):
-        return div(self, other)
-
-    def __rtruediv__(self, other):
-        return div(other, self)
-
-    def __matmul__(self, other):
-        return matmul(self, other)
-
-    def __neg__(self):
-        return mul(self, -1)
-
-    def __pow__(self, exponent):
-        return pow(self, exponent)
-
-    def view(self, shape):
-        return view(self, shape)
-
-    def permute(self, dims):
-        return permute(self, dims)
-
-    def transpose(self, dim0, dim1):
-        return transpose(self, dim0, dim1)
-
-    def unsqueeze(self, dim):
-        return unsqueeze(self, dim)
-
-    def squeeze(self, dim):
-        return squeeze(self, dim)
-
-    def cast(self, dtype):
-        return cast(self, dtype)
-
-    def split(self, sizes, dim=0):
-        return split(self, sizes, dim)
-
-
-# ---- FLayerInfo and @record_signature ---------------------------------------------------
-
-
-class FLayerInfo:
-    """The arguments an op was called with, kept for the layer it added."""
-
-    def __init__(self, layer_type: str, signature: dict[str, Any], layer_name: str, network: Network):
-        self.layer_type = layer_type
-        self.signature = signature
-        self.layer_name = layer_name
-        self._network = weakref.ref(network)
-
-    @property
-    def network(self) -> Network:
-        return self._network()
-
-    @property
-    def raw_inputs(self) -> dict[str, Any]:
-        return self.signature
-
-    def get_input(self, name: str):
-        return self.signature[name]
-
-    @property
-    def layer(self) -> Layer:
-        return self.network.get_layer_by_name(self.layer_name)
-
-    @property
-    def outputs(self) -> list[Tensor]:
-        return self.layer.get_outputs()
-
-    def _replace_in_signature(self, src: Tensor, dst: Tensor) -> None:
-        def swap(value):
-            if isinstance(value, Tensor) and value == src:
-                return dst
-            if isinstance(value, (list, tuple)):
-                return type(value)(swap(v) for v in value)
-            return value
-
-        self.signature = {k: swap(v) for k, v in self.signature.items()}
-
-    def replace_input_with(self, src: Tensor, dst: Tensor) -> None:
-        """This layer reads `dst` wherever it read `src`."""
-        layer = self.layer
-        if src.name not in layer.inputs:
-            raise ValueError(f"layer {self.layer_name!r} does not read {src.name!r}")
-        for i, name in enumerate(layer.inputs):
-            if name == src.name:
-                self.network.set_layer_input(layer, i, dst.name)
-        self._replace_in_signature(src, dst)
-
-    def replace_output_uses_with(self, net: Network, new_outs: Sequence[Tensor]) -> None:
-        """Readers of this layer's outputs read `new_outs` (same order) instead."""
-        old_outs = self.outputs
-        if len(new_outs) != len(old_outs):
-            raise ValueError(f"layer {self.layer_name!r} has {len(old_outs)} outputs, got {len(new_outs)} replacements")
-        for old, new in zip(old_outs, new_outs):
-            old.replace_all_uses_with(new)
-
-    def __repr__(self) -> str:
-        return f"FLayerInfo({self.layer_type!r}, layer={self.layer_name!r}, args={list(self.signature)})"
-
-
-class FLayerInfoMemo:
-    """Finds the FLayerInfo of a layer: in `network`, else the default network, else the
-    network that most recently recorded one."""
-    _instance: Optional["FLayerInfoMemo"] = None
-
-    def __init__(self):
-        self._last_network: Optional[weakref.ref] = None
-
-    @classmethod
-    def instance(cls) -> "FLayerInfoMemo":
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
-
-    def get(self, layer_name: str, network: Optional[Network] = None) -> Optional[FLayerInfo]:
-        network = network or current_net() or (self._last_network() if self._last_network else None)
-        return None if network is None else network.flayer_infos.get(layer_name)
+# Op name -> the signature of the function that adds its layers (see record_signature).
+OP_SIGNATURES: dict[str, inspect.Signature] = {}
 
 
 def record_signature(op):
-    """Record an op's arguments as the FLayerInfo of the (last) layer it adds."""
-    signature = inspect.signature(op)
-
-    @functools.wraps(op)
-    def wrapper(*args, **kwargs):
-        net = default_net()
-        num_before = len(net._layers)
-        result = op(*args, **kwargs)
-        if len(net._layers) > num_before:
-            layer = net._layers[-1]
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            net.flayer_infos[layer.name] = FLayerInfo(layer.op, dict(bound.arguments), layer.name, net)
-            FLayerInfoMemo.instance()._last_network = weakref.ref(net)
-        return result
-
-    return wrapper
+    """Record the signature of `op`, whose layers are named after it, so that the call that
+    made one of its layers can be read back from the layer (graph_rewriting.FLayerInfo).
+    Costs nothing per call: the op is returned as it is."""
+    OP_SIGNATURES[op.__name__] = inspect.signature(op)
+    return op
 
 
 # ---- helpers ------------------------------------------------------------------------------
-
-
-def _shapes_compatible(a: Shape, b: Shape) -> bool:
-    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
 
 
 def _broadcast(op: str, *shapes: Shape) -> Shape:
@@ -311,7 +78,7 @@ def _check_int(op: str, t: Tensor, what: str) -> None:
 
 
 def _check_shape(op: str, t: Tensor, expected: Sequence[int], what: str) -> None:
-    if not _shapes_compatible(t.shape, tuple(expected)):
+    if not shapes_compatible(t.shape, tuple(expected)):
         raise ValueError(f"{op}: {what} has shape {list(t.shape)}, expected {list(expected)}")
 
 
@@ -325,7 +92,7 @@ def _add(op: str, inputs: Sequence[Optional[Tensor]], outputs: Sequence[tuple[st
                              f"not to the default network {net.name!r}")
         names.append(None if t is None else t.name)
     layer = net.add_layer(op, names, outputs, attrs)
-    outs = tuple(net._wrap(net._tensors[n]) for n in layer.outputs)
+    outs = tuple(net.get_tensor(n) for n in layer.outputs)
     return outs[0] if len(outs) == 1 else outs
 
 
@@ -388,7 +155,7 @@ def matmul(a: Tensor, b: Tensor, transa: bool = False, transb: bool = False) -> 
 def _linear_shape(op: str, x_shape: Shape, weight: Tensor, bias: Optional[Tensor], what: str = "input") -> Shape:
     """The shape of x @ weight.T + bias for x of `x_shape` ([..., in]), weight [out, in],
     bias [out]; `what` names x in the error."""
-    if weight.ndim != 2 or len(x_shape) < 1 or not _shapes_compatible(x_shape[-1:], weight.shape[1:]):
+    if weight.ndim != 2 or len(x_shape) < 1 or not shapes_compatible(x_shape[-1:], weight.shape[1:]):
         raise ValueError(f"{op}: {what} {list(x_shape)} does not match weight [out, in] {list(weight.shape)}")
     if bias is not None:
         _check_shape(op, bias, weight.shape[:1], "bias")
@@ -511,7 +278,7 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor] = N
 
 def _residual_sum_shape(op: str, x: Tensor, residual: Tensor) -> Shape:
     """x + residual without broadcasting (fused kernels add row by row)."""
-    if not _shapes_compatible(x.shape, residual.shape):
+    if not shapes_compatible(x.shape, residual.shape):
         raise ValueError(f"{op}: x {list(x.shape)} and residual {list(residual.shape)} differ")
     return _broadcast(op, x.shape, residual.shape)
 
@@ -638,12 +405,6 @@ def rotary_embedding(x: Tensor, position_ids: Tensor, cos_sin_cache: Tensor, *, 
 # ---- attention -----------------------------------------------------------------------------
 
 
-# Input order of gpt_attention layers (absent optional inputs are None).
-GPT_ATTENTION_INPUTS = ("q", "k", "v", "kv_cache_pool", "block_tables", "sequence_lengths", "context_lengths",
-                        "host_context_lengths", "alibi_slopes", "position_ids", "rotary_cos_sin",
-                        "host_sequence_lengths")
-
-
 @record_signature
 def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_tables: Tensor,
                   sequence_lengths: Tensor, context_lengths: Tensor, host_context_lengths: Tensor,
@@ -667,7 +428,7 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
     _check_shape(op, k, (num_tokens, num_kv_heads * head_dim), "k")
     _check_shape(op, v, (num_tokens, num_kv_heads * head_dim), "v")
     pool = kv_cache_pool.shape
-    if len(pool) != 6 or not _shapes_compatible(pool[2:], (2, num_kv_heads, tokens_per_block, head_dim)):
+    if len(pool) != 6 or not shapes_compatible(pool[2:], (2, num_kv_heads, tokens_per_block, head_dim)):
         raise ValueError(f"{op}: kv_cache_pool must be [num_layers, num_blocks, 2, {num_kv_heads}, "
                          f"{tokens_per_block}, {head_dim}], got {list(pool)}")
     if pool[0] != -1 and not 0 <= layer_idx < pool[0]:
@@ -871,3 +632,20 @@ def argmax(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
 def allreduce(x: Tensor) -> Tensor:
     """Sum over the tensor-parallel group (identity at world size 1)."""
     return _add("allreduce", [x], [(x.dtype, x.shape)])
+
+
+# ---- Tensor operators ------------------------------------------------------------------------
+# network.Tensor is the graph's handle; the ops are its operators and method forms here, so
+# that the graph layer below knows no op.
+
+_TENSOR_METHODS = {
+    "__add__": add, "__radd__": lambda self, other: add(other, self),
+    "__sub__": sub, "__rsub__": lambda self, other: sub(other, self),
+    "__mul__": mul, "__rmul__": lambda self, other: mul(other, self),
+    "__truediv__": div, "__rtruediv__": lambda self, other: div(other, self),
+    "__matmul__": matmul, "__neg__": lambda self: mul(self, -1), "__pow__": pow,
+    "view": view, "permute": permute, "transpose": transpose, "unsqueeze": unsqueeze, "squeeze": squeeze,
+    "cast": cast, "split": split,
+}
+for _name, _method in _TENSOR_METHODS.items():
+    setattr(Tensor, _name, _method)

@@ -1,28 +1,172 @@
-"""Graph rewriting: patterns, their managers, clean-up passes, and the builder's fusions.
+"""Graph rewriting: FLayerInfo, patterns and their managers, and the builder's passes.
 
-A rewrite follows four stages: take the inputs/outputs of the subgraph to replace, build
-the new subgraph from those inputs (plain functional calls: layers are appended to the
-network being processed), redirect the readers of the old outputs with
-`Tensor.replace_all_uses_with`, and mark the old layers removed. The manager then drops
-marked layers and restores topological order. Patterns read layers through `Layer`
-(op, attrs, inputs) rather than FLayerInfo, so they also work on networks loaded from JSON.
+A rewrite follows four stages: read the subgraph's inputs (a layer's `FLayerInfo`: the
+arguments of the functional call that made it), build the new subgraph from them (plain
+functional calls: layers are appended to the network being processed), redirect the
+readers of the old outputs with `replace_all_uses_with`, and mark the old layers removed.
+The manager then drops marked layers and restores topological order.
+
+The builder's passes are written this way: each fusion is a `Fusion` (a `PatternRewriter`
+that also names the layers one rewrite replaces, which `FusionPlan`, a `PatternAnalyzer`,
+reports before the pass runs), and dead-layer removal is `RemoveDeadLayers`.
 """
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from . import functional as F
 
-# Where TensorRT-LLM users import them from when they port a pass: the same objects as functional's.
-from .functional import FLayerInfo as FLayerInfo
-from .functional import FLayerInfoMemo as FLayerInfoMemo
+# Where TensorRT-LLM users import it from when they port a pass: functional's decorator.
 from .functional import record_signature as record_signature
-from .network import Layer, Network, net_guard
+from .network import Layer, Network, Tensor, current_net, net_guard
 
 # Ops that do something besides producing their outputs: never removed as dead.
 SIDE_EFFECT_OPS = {"gpt_attention"}
+# The attr in which the builder records a timed kernel choice (timing_cache.py): no argument of the op.
+IMPLEMENTATION_ATTR = "implementation"
+
+
+# ---- FLayerInfo -------------------------------------------------------------------------------
+
+
+class FLayerInfo:
+    """The functional call that made a layer: its arguments by parameter name, tensor
+    arguments as Tensors of the layer's network.
+
+    It is read back from the layer (inputs in parameter order, attrs by name; see
+    functional.record_signature), so every layer of a recorded op has one, whether built in
+    this process or loaded from JSON, and it shows the layer as it is now, rewiring included.
+    A pattern reads it, changes a copy (`clone_inputs`), calls the op again with it, and
+    redirects the old outputs (`replace_output_uses_with`)."""
+
+    def __init__(self, layer: Layer, signature: dict[str, Any]):
+        self.layer = layer
+        self.signature = signature
+
+    @classmethod
+    def of(cls, layer: Layer) -> Optional["FLayerInfo"]:
+        """The layer's FLayerInfo; None when its op is no recorded functional op."""
+        signature = F.OP_SIGNATURES.get(layer.op)
+        return None if signature is None else cls(layer, _call_arguments(layer, signature))
+
+    @property
+    def layer_type(self) -> str:
+        return self.layer.op
+
+    @property
+    def layer_name(self) -> str:
+        return self.layer.name
+
+    @property
+    def network(self) -> Network:
+        return self.layer.network
+
+    @property
+    def raw_inputs(self) -> dict[str, Any]:
+        return self.signature
+
+    def get_input(self, name: str):
+        return self.signature[name]
+
+    def clone_inputs(self) -> dict[str, Any]:
+        """A copy of the arguments, to change and call the op with (`F.<op>(**args)`)."""
+        return dict(self.signature)
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        return self.layer.get_outputs()
+
+    def replace_input_with(self, src: Tensor, dst: Tensor) -> None:
+        """The layer reads `dst` wherever it read `src`."""
+        layer = self.layer
+        if src.name not in layer.inputs:
+            raise ValueError(f"layer {layer.name!r} does not read {src.name!r}")
+        for i, name in enumerate(layer.inputs):
+            if name == src.name:
+                self.network.set_layer_input(layer, i, dst.name)
+
+        def swap(value):
+            if isinstance(value, Tensor) and value == src:
+                return dst
+            if isinstance(value, (list, tuple)):
+                return type(value)(swap(v) for v in value)
+            return value
+
+        self.signature = {k: swap(v) for k, v in self.signature.items()}
+
+    def replace_output_uses_with(self, net: Network, new_outs: Sequence[Tensor]) -> None:
+        """Readers of the layer's outputs read `new_outs` (same order) instead."""
+        old_outs = self.outputs
+        if len(new_outs) != len(old_outs):
+            raise ValueError(f"layer {self.layer_name!r} has {len(old_outs)} outputs, got {len(new_outs)} replacements")
+        for old, new in zip(old_outs, new_outs):
+            old.replace_all_uses_with(new)
+
+    def __repr__(self) -> str:
+        return f"FLayerInfo({self.layer_type!r}, layer={self.layer_name!r}, args={list(self.signature)})"
+
+
+def _call_arguments(layer: Layer, signature: inspect.Signature) -> dict[str, Any]:
+    """The arguments of the call that made `layer`: an attr gives the parameter of its name,
+    the inputs fill the other positional parameters in order (a `Sequence[Tensor]` one takes
+    them all, as concat does), and the rest keep their defaults."""
+    net = layer.network
+    attrs = {k: v for k, v in layer.attrs.items() if k != IMPLEMENTATION_ATTR}
+    if layer.op == "constant":  # its attr names the weight; the call took the data and the name
+        return {"value": net.weights[attrs["weight"]], "name": attrs["weight"]}
+    inputs = layer.get_inputs()
+    args, used = {}, 0
+    for p in signature.parameters.values():
+        if p.name in attrs:
+            args[p.name] = attrs.pop(p.name)
+        elif p.annotation == "Sequence[Tensor]":
+            args[p.name], used = inputs[used:], len(inputs)
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and used < len(inputs):
+            args[p.name] = inputs[used]
+            used += 1
+        elif p.default is not p.empty:
+            args[p.name] = p.default
+        else:
+            raise ValueError(f"layer {layer.name!r} ({layer.op}) gives no argument {p.name!r}")
+    if attrs or used < len(inputs):
+        raise ValueError(f"layer {layer.name!r} ({layer.op}): attrs {sorted(attrs)} and "
+                         f"{len(inputs) - used} input(s) are no arguments of the op")
+    return args
+
+
+class FLayerInfoMemo:
+    """Where TensorRT-LLM passes look FLayerInfo up: `FLayerInfoMemo.instance().get(name)`.
+    Nothing is stored: the info is read from the layer of that name in `network` (default:
+    the current network, which the pattern managers set)."""
+    _instance: Optional["FLayerInfoMemo"] = None
+
+    @classmethod
+    def instance(cls) -> "FLayerInfoMemo":
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def get(self, layer_name: str, network: Optional[Network] = None) -> Optional[FLayerInfo]:
+        """None when there is no such layer or its op is no recorded functional op."""
+        network = network or current_net()
+        if network is None:
+            raise RuntimeError("FLayerInfoMemo.get outside net_guard: pass the network")
+        try:
+            layer = network.get_layer_by_name(layer_name)
+        except KeyError:
+            return None
+        return FLayerInfo.of(layer)
+
+
+def _info(layer: Layer) -> FLayerInfo:
+    """FLayerInfo of a layer the builder's passes matched (all of recorded ops)."""
+    return FLayerInfoMemo.instance().get(layer.name, layer.network)
+
+
+# ---- patterns and managers ------------------------------------------------------------------
 
 
 class PatternRewriter:
@@ -77,19 +221,22 @@ class _PatternManager:
     def _candidates(network: Network, pattern):
         """A snapshot of the live layers the pattern roots at; ones removed meanwhile are skipped."""
         for layer in network.layers:
-            if layer.removed:
-                continue
             if pattern.root_layer is None or layer.op in pattern.root_layer:
                 yield layer
 
 
 class RewritePatternManager(_PatternManager):
 
-    def process(self, network: Network) -> dict[str, int]:
-        """Run each pattern over the network in turn; returns rewrites per label."""
+    def process(self, network: Network,
+                before_each: Optional[Callable[[str, PatternRewriter], None]] = None) -> dict[str, int]:
+        """Run each pattern over the network in turn (the network is the current one meanwhile);
+        returns rewrites per label. `before_each(label, pattern)` is called before a pattern
+        runs, on the network as the patterns before it left it."""
         counts = {}
         with net_guard(network):
             for label, pattern in self.patterns.items():
+                if before_each is not None:
+                    before_each(label, pattern)
                 counts[label] = sum(1 for layer in list(self._candidates(network, pattern))
                                     if not layer.removed and pattern.match_and_rewrite(layer))
                 network.remove_marked_layers()
@@ -100,34 +247,58 @@ class RewritePatternManager(_PatternManager):
 class AnalysisPatternManager(_PatternManager):
 
     def process(self, network: Network) -> dict[str, int]:
-        """Analyze every matching layer; returns matches per label."""
+        """Analyze every matching layer (the network is the current one meanwhile); returns
+        matches per label."""
         counts = {}
-        for label, pattern in self.patterns.items():
-            counts[label] = 0
-            for layer in list(self._candidates(network, pattern)):
-                if pattern.match(layer):
-                    pattern.analyze(layer)
-                    counts[label] += 1
+        with net_guard(network):
+            for label, pattern in self.patterns.items():
+                counts[label] = 0
+                for layer in list(self._candidates(network, pattern)):
+                    if pattern.match(layer):
+                        pattern.analyze(layer)
+                        counts[label] += 1
         return counts
 
 
 # ---- clean-up --------------------------------------------------------------------------------
 
 
+class RemoveDeadLayers(PatternRewriter):
+    """A layer whose outputs no live layer reads and that are no network or debug outputs,
+    and that has no side effect, is removed, and so is each producer left unread by that
+    (up the graph: one pass removes a whole dead branch). `removed` counts them."""
+
+    def __init__(self):
+        super().__init__("remove_dead_layers")
+        self.removed = 0
+
+    def match(self, layer: Layer) -> bool:
+        net = layer.network
+        return layer.op not in SIDE_EFFECT_OPS and not any(
+            net.consumers(out) or out in net.outputs or out in net.debug_outputs for out in layer.outputs)
+
+    def rewrite(self, layer: Layer) -> None:
+        net = layer.network
+        dead = [layer]
+        while dead:
+            layer = dead.pop()
+            if layer.removed:  # reached through two of its readers
+                continue
+            net.mark_removed(layer)
+            self.removed += 1
+            producers = (net.producer(name) for name in dict.fromkeys(layer.inputs) if name is not None)
+            dead.extend(p for p in producers if p is not None and not p.removed and self.match(p))
+
+
 def remove_dead_layers(network: Network) -> int:
     """Drop layers whose outputs reach no output or debug output (and that have no side
     effect). Returns how many were removed."""
     network.remove_marked_layers()
-    needed = set(network.outputs) | set(network.debug_outputs)
-    dead = []
-    for layer in reversed(network.layers):  # readers come after the layers they read
-        if layer.op in SIDE_EFFECT_OPS or any(out in needed for out in layer.outputs):
-            needed.update(name for name in layer.inputs if name is not None)
-        else:
-            dead.append(layer)
-    for layer in dead:  # reverse topological order: each one's readers are already gone
-        network.remove_layer(layer)
-    return len(dead)
+    pattern = RemoveDeadLayers()
+    manager = RewritePatternManager()
+    manager.add(pattern.name, pattern)
+    manager.process(network)
+    return pattern.removed
 
 
 def prune_unused_weights(network: Network) -> int:
@@ -142,14 +313,49 @@ def prune_unused_weights(network: Network) -> int:
 # ---- fusions ---------------------------------------------------------------------------------
 
 
-def _only_reader(tensor: F.Tensor, layer: Layer) -> bool:
+class Fusion(PatternRewriter):
+    """A rewrite that replaces a matched subgraph with new layers. `subgraph(layer)` lists
+    the layers one rewrite at `layer` replaces: the ones it marks removed, and what
+    FusionPlan reports."""
+
+    def subgraph(self, layer: Layer) -> list[Layer]:
+        raise NotImplementedError
+
+    def rewrite(self, layer: Layer) -> None:
+        replaced = self.subgraph(layer)
+        self.emit(layer)
+        for old in replaced:
+            layer.network.mark_removed(old)
+
+    def emit(self, layer: Layer) -> None:
+        """Stages 1-3: read the inputs, add the new layers, redirect the old outputs' readers."""
+        raise NotImplementedError
+
+
+class FusionPlan(PatternAnalyzer):
+    """What a fusion is about to do: for each match, the names of the layers its rewrite
+    replaces (`matches`). optimize() runs it before each pass when asked for a plan."""
+
+    def __init__(self, fusion: Fusion):
+        super().__init__(fusion.name, fusion.root_layer)
+        self.fusion = fusion
+        self.matches: list[list[str]] = []
+
+    def match(self, layer: Layer) -> bool:
+        return self.fusion.match(layer)
+
+    def analyze(self, layer: Layer) -> None:
+        self.matches.append([old.name for old in self.fusion.subgraph(layer)])
+
+
+def _only_reader(tensor: Tensor, layer: Layer) -> bool:
     """`layer` is the tensor's only reader and the tensor is not a network result."""
     net = tensor.network
     return (tensor.get_users() == [layer] and tensor.name not in net.outputs
             and tensor.name not in net.debug_outputs)
 
 
-def _is_constant(tensor: F.Tensor) -> bool:
+def _is_constant(tensor: Tensor) -> bool:
     parent = tensor.get_parent()
     return parent is not None and parent.op == "constant"
 
@@ -157,10 +363,10 @@ def _is_constant(tensor: F.Tensor) -> bool:
 def _has_timed_choice(*layers: Layer) -> bool:
     """A layer holds the builder's timed implementation choice (timing_cache.py). Fusing it
     would drop a choice measured for that op, so such layers are left as they are."""
-    return any("implementation" in layer.attrs for layer in layers)
+    return any(IMPLEMENTATION_ATTR in layer.attrs for layer in layers)
 
 
-class FuseAddRmsNorm(PatternRewriter):
+class FuseAddRmsNorm(Fusion):
     """rms_norm(a + b) -> fused_add_rms_norm(a, b); the sum (its second output) replaces
     the add's result for every other reader (the residual stream)."""
 
@@ -168,50 +374,59 @@ class FuseAddRmsNorm(PatternRewriter):
         super().__init__("fuse_add_rms_norm", root_layer={"rms_norm"})
 
     def match(self, layer: Layer) -> bool:
-        total = layer.get_input(0)
+        total = _info(layer).get_input("x")
         add = total.get_parent()
         if add is None or add.removed or add.op != "add" or _has_timed_choice(layer):
             return False
-        a, b = add.get_input(0), add.get_input(1)
+        a, b = _info(add).get_input("a"), _info(add).get_input("b")
         return a.shape == b.shape == total.shape  # no broadcasting inside the fused op
 
-    def rewrite(self, layer: Layer) -> None:
-        total = layer.get_input(0)
-        add = total.get_parent()
-        normed, new_total = F.fused_add_rms_norm(add.get_input(0), add.get_input(1), layer.get_input(1),
-                                                 eps=layer.attrs["eps"])
-        layer.get_output(0).replace_all_uses_with(normed)
-        total.replace_all_uses_with(new_total)
-        layer.network.mark_removed(layer)
-        layer.network.mark_removed(add)
+    def subgraph(self, layer: Layer) -> list[Layer]:
+        return [_info(layer).get_input("x").get_parent(), layer]
+
+    def emit(self, layer: Layer) -> None:
+        norm = _info(layer)
+        add = _info(norm.get_input("x").get_parent())
+        normed, total = F.fused_add_rms_norm(add.get_input("a"), add.get_input("b"), norm.get_input("weight"),
+                                             eps=norm.get_input("eps"))
+        norm.replace_output_uses_with(layer.network, [normed])
+        add.replace_output_uses_with(layer.network, [total])
 
 
 _GATED_ACTIVATIONS = {"silu": ("silu_and_mul", None), "gelu": ("gelu_and_mul", "none"),
                       "gelu_tanh": ("gelu_and_mul", "tanh")}
 
 
-class FuseGateUp(PatternRewriter):
+class FuseGateUp(Fusion):
     """act(linear(x, W_gate, b_gate)) * linear(x, W_up, b_up) -> one linear with
     cat([W_gate, W_up]) (and biases) followed by silu_and_mul / gelu_and_mul."""
 
     def __init__(self):
         super().__init__("fuse_gate_up", root_layer={"mul"})
 
-    def _find(self, mul: Layer):
-        """(activation layer, gate linear, up linear) or None."""
-        for act_t, up_t in ((mul.get_input(0), mul.get_input(1)), (mul.get_input(1), mul.get_input(0))):
-            act = act_t.get_parent()
-            if act is None or act.op not in _GATED_ACTIVATIONS or act_t.shape != up_t.shape:
+    @staticmethod
+    def _find(mul: Layer) -> Optional[tuple[FLayerInfo, FLayerInfo, FLayerInfo]]:
+        """The FLayerInfo of (activation, gate linear, up linear), or None."""
+        product = _info(mul)
+        a, b = product.get_input("a"), product.get_input("b")
+        for act_t, up_t in ((a, b), (b, a)):
+            act_layer = act_t.get_parent()
+            if act_layer is None or act_layer.op not in _GATED_ACTIVATIONS or act_t.shape != up_t.shape:
                 continue
-            gate, up = act.get_input(0).get_parent(), up_t.get_parent()
-            if gate is None or up is None or gate is up or gate.op != "linear" or up.op != "linear":
+            act = _info(act_layer)
+            gate_layer, up_layer = act.get_input("x").get_parent(), up_t.get_parent()
+            if (gate_layer is None or up_layer is None or gate_layer is up_layer or gate_layer.op != "linear"
+                    or up_layer.op != "linear"):
                 continue
-            if gate.inputs[0] != up.inputs[0] or (gate.inputs[2] is None) != (up.inputs[2] is None):
+            gate, up = _info(gate_layer), _info(up_layer)
+            if (gate.get_input("x") != up.get_input("x")
+                    or (gate.get_input("bias") is None) != (up.get_input("bias") is None)):
                 continue
-            params = [t for t in gate.get_inputs()[1:] + up.get_inputs()[1:] if t is not None]
-            if not all(_is_constant(t) for t in params):
+            params = [lin.get_input(p) for lin in (gate, up) for p in ("weight", "bias")]
+            if not all(_is_constant(t) for t in params if t is not None):
                 continue
-            if not (_only_reader(act.get_input(0), act) and _only_reader(act_t, mul) and _only_reader(up_t, mul)):
+            if not (_only_reader(act.get_input("x"), act_layer) and _only_reader(act_t, mul)
+                    and _only_reader(up_t, mul)):
                 continue
             return act, gate, up
         return None
@@ -219,25 +434,26 @@ class FuseGateUp(PatternRewriter):
     def match(self, layer: Layer) -> bool:
         return self._find(layer) is not None
 
-    def rewrite(self, layer: Layer) -> None:
+    def subgraph(self, layer: Layer) -> list[Layer]:
+        act, gate, up = self._find(layer)
+        return [gate.layer, up.layer, act.layer, layer]
+
+    def emit(self, layer: Layer) -> None:
         act, gate, up = self._find(layer)
         net = layer.network
-        fused = []
-        for i in (1, 2):  # weight, then bias
-            if gate.inputs[i] is None:
-                fused.append(None)
+        fused = {}
+        for param in ("weight", "bias"):
+            if gate.get_input(param) is None:
+                fused[param] = None
                 continue
-            names = [lin.get_input(i).get_parent().attrs["weight"] for lin in (gate, up)]
-            value = torch.cat([net.weights[n] for n in names], dim=0)
+            names = [_info(lin.get_input(param).get_parent()).get_input("name") for lin in (gate, up)]
             name = _fused_weight_name(net, *names)
             net.weight_sources[name] = [s for n in names for s in net.weight_sources.get(n, [n])]
-            fused.append(F.constant(value, name=name))
-        y = F.linear(gate.get_input(0), fused[0], fused[1])
-        op, approximate = _GATED_ACTIVATIONS[act.op]
+            fused[param] = F.constant(torch.cat([net.weights[n] for n in names], dim=0), name=name)
+        y = F.linear(gate.get_input("x"), fused["weight"], fused["bias"])
+        op, approximate = _GATED_ACTIVATIONS[act.layer_type]
         out = F.silu_and_mul(y) if op == "silu_and_mul" else F.gelu_and_mul(y, approximate=approximate)
-        layer.get_output(0).replace_all_uses_with(out)
-        for old in (layer, act, gate, up):
-            net.mark_removed(old)
+        _info(layer).replace_output_uses_with(net, [out])
 
 
 def _fused_weight_name(net: Network, gate_name: str, up_name: str) -> str:
@@ -254,7 +470,7 @@ def _fused_weight_name(net: Network, gate_name: str, up_name: str) -> str:
     return name
 
 
-class FuseRopeAttention(PatternRewriter):
+class FuseRopeAttention(Fusion):
     """gpt_attention(rotary_embedding(q), rotary_embedding(k), ...) -> gpt_attention(q, k, ...)
     with the rotation as its inputs/attrs, so one kernel rotates, writes the cache and attends."""
 
@@ -262,62 +478,62 @@ class FuseRopeAttention(PatternRewriter):
         super().__init__("fuse_rope_attention", root_layer={"gpt_attention"})
 
     @staticmethod
-    def _ropes(attn: Layer):
-        if attn.attrs.get("rotary_dim"):
+    def _ropes(layer: Layer) -> Optional[tuple[FLayerInfo, FLayerInfo]]:
+        """The FLayerInfo of the rotary_embedding layers making q and k, or None."""
+        attn = _info(layer)
+        if attn.get_input("rotary_dim"):  # already rotates
             return None
-        rq, rk = attn.get_input(0).get_parent(), attn.get_input(1).get_parent()
-        if rq is None or rk is None or rq.op != "rotary_embedding" or rk.op != "rotary_embedding":
+        q, k = attn.get_input("q"), attn.get_input("k")
+        rq_layer, rk_layer = q.get_parent(), k.get_parent()
+        if (rq_layer is None or rk_layer is None or rq_layer.op != "rotary_embedding"
+                or rk_layer.op != "rotary_embedding"):
             return None
-        same = ("is_neox", "rotary_dim", "head_dim")
-        if rq.inputs[1:] != rk.inputs[1:] or any(rq.attrs[a] != rk.attrs[a] for a in same):
+        rq, rk = _info(rq_layer), _info(rk_layer)
+        same = ("position_ids", "cos_sin_cache", "is_neox", "rotary_dim", "head_dim")
+        if any(rq.get_input(a) != rk.get_input(a) for a in same):
             return None
-        if rq.attrs["num_heads"] != attn.attrs["num_heads"] or rk.attrs["num_heads"] != attn.attrs["num_kv_heads"]:
+        if rq.get_input("num_heads") != attn.get_input("num_heads") or \
+                rk.get_input("num_heads") != attn.get_input("num_kv_heads"):
             return None
-        if not (_only_reader(attn.get_input(0), attn) and _only_reader(attn.get_input(1), attn)):
+        if not (_only_reader(q, layer) and _only_reader(k, layer)):
             return None
         return rq, rk
 
     def match(self, layer: Layer) -> bool:
         return self._ropes(layer) is not None
 
-    def rewrite(self, layer: Layer) -> None:
+    def subgraph(self, layer: Layer) -> list[Layer]:
         rq, rk = self._ropes(layer)
-        net = layer.network
-        a = layer.attrs
-        inputs = dict(zip(F.GPT_ATTENTION_INPUTS, layer.get_inputs()))
-        inputs.update(q=rq.get_input(0), k=rk.get_input(0), position_ids=rq.get_input(1),
-                      rotary_cos_sin=rq.get_input(2))
-        out = F.gpt_attention(
-            **inputs,
-            layer_idx=a["layer_idx"], num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
-            head_dim=a["head_dim"], tokens_per_block=a["tokens_per_block"], scale=a["scale"],
-            sliding_window=a["sliding_window"], rotary_dim=rq.attrs["rotary_dim"],
-            rotary_is_neox=rq.attrs["is_neox"])
-        layer.get_output(0).replace_all_uses_with(out)
-        for old in (layer, rq, rk):
-            net.mark_removed(old)
+        return [rq.layer, rk.layer, layer]
+
+    def emit(self, layer: Layer) -> None:
+        rq, rk = self._ropes(layer)
+        attn = _info(layer)
+        args = attn.clone_inputs()
+        args.update(q=rq.get_input("x"), k=rk.get_input("x"), position_ids=rq.get_input("position_ids"),
+                    rotary_cos_sin=rq.get_input("cos_sin_cache"), rotary_dim=rq.get_input("rotary_dim"),
+                    rotary_is_neox=rq.get_input("is_neox"))
+        attn.replace_output_uses_with(layer.network, [F.gpt_attention(**args)])
 
 
-def _sole_linear_reader(tensor: F.Tensor) -> Optional[Layer]:
-    """The linear that reads `tensor` as its input x, with a constant weight (and bias), when
-    it is the tensor's only reader and the tensor is no network result; else None. Constant
-    parameters are what a fused kernel streams, and they cannot depend on the tensor."""
+def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
+    """The FLayerInfo of the linear that reads `tensor` as its input x, with a constant weight
+    (and bias), when it is the tensor's only reader and the tensor is no network result; else
+    None. Constant parameters are what a fused kernel streams, and they cannot depend on the
+    tensor."""
     users = tensor.get_users()
-    if len(users) != 1:
+    if len(users) != 1 or users[0].op != "linear":
         return None
-    linear = users[0]
-    if linear.op != "linear" or linear.inputs.count(tensor.name) != 1 or linear.inputs[0] != tensor.name:
+    linear = _info(users[0])
+    params = [linear.get_input("weight"), linear.get_input("bias")]
+    if linear.get_input("x") != tensor or tensor in params:
         return None
-    if not all(_is_constant(t) for t in linear.get_inputs()[1:] if t is not None):
+    if not all(_is_constant(t) for t in params if t is not None):
         return None
-    return linear if _only_reader(tensor, linear) and not _has_timed_choice(linear) else None
+    return linear if _only_reader(tensor, linear.layer) and not _has_timed_choice(linear.layer) else None
 
 
-# The input holding the norm weight, per norm op that fuse_norm_linear extends.
-_NORM_WEIGHT_INPUT = {"rms_norm": 1, "fused_add_rms_norm": 2}
-
-
-class FuseNormLinear(PatternRewriter):
+class FuseNormLinear(Fusion):
     """rms_norm(x, w) -> linear becomes rms_norm_linear, and fused_add_rms_norm(x, r, w) ->
     linear becomes add_rms_norm_linear, whose sum output takes over every reader of the old
     sum (the residual stream). Only where the norm has a weight and the normalised output has
@@ -326,32 +542,34 @@ class FuseNormLinear(PatternRewriter):
     fuse_gate_up, whose results it matches."""
 
     def __init__(self):
-        super().__init__("fuse_norm_linear", root_layer=set(_NORM_WEIGHT_INPUT))
+        super().__init__("fuse_norm_linear", root_layer={"rms_norm", "fused_add_rms_norm"})
 
     @staticmethod
-    def _linear(norm: Layer) -> Optional[Layer]:
-        if norm.inputs[_NORM_WEIGHT_INPUT[norm.op]] is None or _has_timed_choice(norm):
+    def _linear(layer: Layer) -> Optional[FLayerInfo]:
+        if _info(layer).get_input("weight") is None or _has_timed_choice(layer):
             return None
-        return _sole_linear_reader(norm.get_output(0))
+        return _sole_linear_reader(layer.get_output(0))
 
     def match(self, layer: Layer) -> bool:
         return self._linear(layer) is not None
 
-    def rewrite(self, layer: Layer) -> None:
+    def subgraph(self, layer: Layer) -> list[Layer]:
+        return [layer, self._linear(layer).layer]
+
+    def emit(self, layer: Layer) -> None:
         linear = self._linear(layer)
-        weight, bias = linear.get_input(1), linear.get_input(2)
-        eps = layer.attrs["eps"]
+        norm = _info(layer)
+        weight, bias, eps = linear.get_input("weight"), linear.get_input("bias"), norm.get_input("eps")
         if layer.op == "rms_norm":
-            y = F.rms_norm_linear(layer.get_input(0), layer.get_input(1), weight, bias, eps=eps)
+            y = F.rms_norm_linear(norm.get_input("x"), norm.get_input("weight"), weight, bias, eps=eps)
         else:
-            y, total = F.add_rms_norm_linear(*layer.get_inputs(), weight, bias, eps=eps)
+            y, total = F.add_rms_norm_linear(norm.get_input("x"), norm.get_input("residual"),
+                                             norm.get_input("weight"), weight, bias, eps=eps)
             layer.get_output(1).replace_all_uses_with(total)
-        linear.get_output(0).replace_all_uses_with(y)
-        layer.network.mark_removed(layer)
-        layer.network.mark_removed(linear)
+        linear.replace_output_uses_with(layer.network, [y])
 
 
-class FuseActLinear(PatternRewriter):
+class FuseActLinear(Fusion):
     """silu_and_mul -> linear becomes silu_and_mul_linear, where that linear is the only reader
     of the activation and the activation no network or debug output. Runs after fuse_gate_up,
     which makes the silu_and_mul."""
@@ -360,18 +578,19 @@ class FuseActLinear(PatternRewriter):
         super().__init__("fuse_act_linear", root_layer={"silu_and_mul"})
 
     @staticmethod
-    def _linear(act: Layer) -> Optional[Layer]:
-        return None if _has_timed_choice(act) else _sole_linear_reader(act.get_output(0))
+    def _linear(layer: Layer) -> Optional[FLayerInfo]:
+        return None if _has_timed_choice(layer) else _sole_linear_reader(layer.get_output(0))
 
     def match(self, layer: Layer) -> bool:
         return self._linear(layer) is not None
 
-    def rewrite(self, layer: Layer) -> None:
+    def subgraph(self, layer: Layer) -> list[Layer]:
+        return [layer, self._linear(layer).layer]
+
+    def emit(self, layer: Layer) -> None:
         linear = self._linear(layer)
-        y = F.silu_and_mul_linear(layer.get_input(0), linear.get_input(1), linear.get_input(2))
-        linear.get_output(0).replace_all_uses_with(y)
-        layer.network.mark_removed(layer)
-        layer.network.mark_removed(linear)
+        y = F.silu_and_mul_linear(_info(layer).get_input("x"), linear.get_input("weight"), linear.get_input("bias"))
+        linear.replace_output_uses_with(layer.network, [y])
 
 
 # The default order: later passes match what earlier ones make.
@@ -380,9 +599,12 @@ PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
           "fuse_act_linear": FuseActLinear}
 
 
-def optimize(network: Network, passes: Optional[list[str]] = None) -> dict:
-    """Run the named fusion passes (default: all of PASSES), then remove dead layers and
-    unused weights. Returns a report for the build summary."""
+def optimize(network: Network, passes: Optional[list[str]] = None, plan: Optional[dict] = None) -> dict:
+    """Run the named fusion passes (default: all of PASSES) with a RewritePatternManager,
+    then remove dead layers and unused weights. Returns a report for the build summary.
+
+    With `plan` (a dict), FusionPlan fills plan[pass] before each pass runs: for each of
+    its rewrites, the names of the layers it replaces (what trtllm-build --verbose prints)."""
     passes = list(PASSES) if passes is None else list(passes)
     unknown = [p for p in passes if p not in PASSES]
     if unknown:
@@ -391,10 +613,16 @@ def optimize(network: Network, passes: Optional[list[str]] = None) -> dict:
     manager = RewritePatternManager()
     for label in passes:
         manager.add(label, PASSES[label]())
-    rewrites = manager.process(network)
+
+    def analyze(label: str, fusion: Fusion) -> None:
+        analysis = AnalysisPatternManager()
+        analysis.add(label, FusionPlan(fusion))
+        analysis.process(network)
+        plan[label] = analysis.get(label).matches
+
+    rewrites = manager.process(network, before_each=None if plan is None else analyze)
     dead = remove_dead_layers(network)
     pruned = prune_unused_weights(network)
-    network.sort_layers()
     return {"layers_before": layers_before, "layers_after": network.num_layers, "rewrites": rewrites,
             "dead_layers_removed": dead, "weights_before": weights_before, "weights_after": len(network.weights),
             "weights_removed": pruned}

@@ -7,20 +7,19 @@ and debug-output names, and `weights` (name -> torch.Tensor) read by `constant` 
 Everything but the weight data round-trips through `to_json` / `from_json`.
 
 Layers only change through Network methods, which keep the producer/consumer index
-that graph rewriting relies on in step with the layers.
+that graph rewriting relies on in step with the layers. `Tensor` is the handle on one
+tensor; the op library (functional.py, the layer above) adds layers and gives handles their
+operator forms: this module knows no op.
 """
 from __future__ import annotations
 
 import contextlib
 import json
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 
 from ._utils import canonical_dtype, torch_dtype_to_str
-
-if TYPE_CHECKING:
-    from .functional import Tensor
 
 JSON_FORMAT = "tensorrt_llm.network"
 JSON_VERSION = 1
@@ -70,17 +69,17 @@ class Layer:
     def num_outputs(self) -> int:
         return len(self._outputs)
 
-    def get_input(self, i: int) -> Optional["Tensor"]:
+    def get_input(self, i: int) -> Optional[Tensor]:
         name = self._inputs[i]
         return None if name is None else self.network.get_tensor(name)
 
-    def get_output(self, i: int) -> "Tensor":
+    def get_output(self, i: int) -> Tensor:
         return self.network.get_tensor(self._outputs[i])
 
-    def get_inputs(self) -> list[Optional["Tensor"]]:
+    def get_inputs(self) -> list[Optional[Tensor]]:
         return [self.get_input(i) for i in range(len(self._inputs))]
 
-    def get_outputs(self) -> list["Tensor"]:
+    def get_outputs(self) -> list[Tensor]:
         return [self.get_output(i) for i in range(len(self._outputs))]
 
     def to_dict(self) -> dict:
@@ -89,7 +88,98 @@ class Layer:
 
     def __repr__(self) -> str:
         removed = ", removed" if self.removed else ""
-        return f"Layer({self.name!r}, op={self.op!r}, inputs={list(self._inputs)}, outputs={list(self._outputs)}{removed})"
+        return (f"Layer({self.name!r}, op={self.op!r}, inputs={list(self._inputs)}, "
+                f"outputs={list(self._outputs)}{removed})")
+
+
+def shapes_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Same rank, and each dim equal or dynamic (-1) in either."""
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
+
+
+class Tensor:
+    """A handle on one tensor of a network. `Tensor(name=, dtype=, shape=, dim_range=)`
+    declares an input of the default network, as in TensorRT-LLM. Handles are equal when
+    they point at the same tensor. functional.py gives them their operators (`x + y`,
+    `x.view(shape)`, ...)."""
+    __slots__ = ("_spec", "network")
+
+    def __init__(self, name: str, dtype, shape: Sequence[int], dim_range=None, network: Optional["Network"] = None):
+        network = network or default_net()
+        self._spec = network.add_input(name, dtype, shape, dim_range)._spec
+        self.network = network
+
+    @classmethod
+    def _from_spec(cls, spec: TensorSpec, network: "Network") -> Tensor:
+        t = cls.__new__(cls)
+        t._spec = spec
+        t.network = network
+        return t
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @name.setter
+    def name(self, new: str) -> None:
+        self.network.rename_tensor(self._spec.name, new)
+
+    @property
+    def dtype(self) -> str:
+        return self._spec.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._spec.shape)
+
+    def rank(self) -> int:
+        return len(self._spec.shape)
+
+    def size(self, dim: Optional[int] = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    @property
+    def dim_range(self):
+        """Axis -> (dim_name, (min, opt, max)) if this is a network input, else None."""
+        return self.network.dim_range(self.name) if self.network.is_input(self.name) else None
+
+    def is_input(self) -> bool:
+        return self.network.is_input(self.name)
+
+    # ---- graph rewriting API ------------------------------------------------------------
+
+    def get_parent(self) -> Optional[Layer]:
+        """The layer that produces this tensor (None for a network input)."""
+        return self.network.producer(self.name)
+
+    def get_users(self) -> list[Layer]:
+        """The live layers that read this tensor."""
+        return self.network.consumers(self.name)
+
+    def replace_all_uses_with(self, other: Tensor) -> None:
+        """Every reader of this tensor reads `other` instead (outputs keep their names)."""
+        if other.network is not self.network:
+            raise ValueError(f"replace_all_uses_with: {other.name!r} is in another network")
+        if other.dtype != self.dtype or not shapes_compatible(self.shape, other.shape):
+            raise ValueError(f"replace_all_uses_with: {self.name!r} is {self.dtype} {list(self.shape)}, "
+                             f"replacement {other.name!r} is {other.dtype} {list(other.shape)}")
+        self.network.replace_all_uses(self.name, other.name)
+
+    def mark_output(self, name: Optional[str] = None) -> None:
+        self.network.mark_output(self, name)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Tensor) and other._spec is self._spec
+
+    def __hash__(self) -> int:
+        return id(self._spec)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {self.dtype}, {list(self.shape)})"
 
 
 def _canonical_dim_range(name: str, shape: tuple[int, ...], dim_range) -> dict[int, tuple[str, tuple[int, int, int]]]:
@@ -154,21 +244,16 @@ class Network:
         self._debug_outputs: list[str] = []
         self._next_id = 0
         self._scopes: list[str] = []
-        # Filled by functional.py: FLayerInfo per layer name, and the Tensor each Parameter
-        # (by weight name) already became in this network.
-        self.flayer_infos: dict[str, object] = {}
-        self.parameter_tensors: dict[str, "Tensor"] = {}
         # Weight name -> the weights a rewrite made it from (concatenated along dim 0, in
         # order), so that the builder can record how to refit an engine (tensorrt_llm/refit.py).
         self.weight_sources: dict[str, list[str]] = {}
 
     # ---- tensors -------------------------------------------------------------------------
 
-    def _wrap(self, spec: TensorSpec) -> "Tensor":
-        from .functional import Tensor
+    def _wrap(self, spec: TensorSpec) -> Tensor:
         return Tensor._from_spec(spec, self)
 
-    def get_tensor(self, name: str) -> "Tensor":
+    def get_tensor(self, name: str) -> Tensor:
         if name not in self._tensors:
             raise KeyError(f"network {self.name!r} has no tensor {name!r}")
         return self._wrap(self._tensors[name])
@@ -188,7 +273,7 @@ class Network:
 
     # ---- inputs and outputs --------------------------------------------------------------
 
-    def add_input(self, name: str, dtype, shape: Sequence[int], dim_range=None) -> "Tensor":
+    def add_input(self, name: str, dtype, shape: Sequence[int], dim_range=None) -> Tensor:
         """A network input; every -1 dim needs a `(dim_name, (min, opt, max))` range."""
         shape = tuple(int(d) for d in shape)
         ranges = _canonical_dim_range(name, shape, dim_range)
@@ -198,14 +283,14 @@ class Network:
         return self._wrap(spec)
 
     @property
-    def inputs(self) -> list["Tensor"]:
+    def inputs(self) -> list[Tensor]:
         return [self._wrap(self._tensors[n]) for n in self._input_names]
 
     @property
     def input_names(self) -> list[str]:
         return list(self._input_names)
 
-    def get_input(self, name: str) -> "Tensor":
+    def get_input(self, name: str) -> Tensor:
         if name not in self._dim_ranges:
             raise KeyError(f"network {self.name!r} has no input {name!r}; inputs: {self._input_names}")
         return self._wrap(self._tensors[name])
@@ -218,7 +303,7 @@ class Network:
         self.get_input(input_name)
         return dict(self._dim_ranges[input_name])
 
-    def mark_output(self, tensor: "Tensor", name: Optional[str] = None) -> None:
+    def mark_output(self, tensor: Tensor, name: Optional[str] = None) -> None:
         """Make `tensor` an output, renaming it to `name` (output names are the API)."""
         if name is not None and name != tensor.name:
             self.rename_tensor(tensor.name, name)
@@ -226,7 +311,7 @@ class Network:
             raise ValueError(f"tensor {tensor.name!r} is already an output")
         self._outputs.append(tensor.name)
 
-    def mark_debug(self, tensor: "Tensor") -> None:
+    def mark_debug(self, tensor: Tensor) -> None:
         """Executors return debug tensors by name next to the outputs."""
         if tensor.name not in self._debug_outputs:
             self._debug_outputs.append(tensor.name)
@@ -239,7 +324,7 @@ class Network:
     def debug_outputs(self) -> list[str]:
         return list(self._debug_outputs)
 
-    def get_output(self, name: str) -> "Tensor":
+    def get_output(self, name: str) -> Tensor:
         if name not in self._outputs:
             raise KeyError(f"network {self.name!r} has no output {name!r}; outputs: {self._outputs}")
         return self._wrap(self._tensors[name])
@@ -411,9 +496,6 @@ class Network:
         del self._layer_by_name[layer.name]
         self._layers.remove(layer)
         layer.removed = True
-        self.flayer_infos.pop(layer.name, None)
-        for key in [k for k, t in self.parameter_tensors.items() if t.name in layer.outputs]:
-            del self.parameter_tensors[key]
 
     def remove_marked_layers(self) -> int:
         marked = [layer for layer in self._layers if layer.removed]
@@ -523,6 +605,8 @@ class Network:
                 raise ValueError("weights do not match the graph:\n  " + "\n  ".join(problems))
         return net
 
+    # onnx_export is imported where it is used: it imports onnx, a quarter of a second.
+
     def to_onnx(self, path: str, **kwargs) -> None:
         """Write an ONNX model (see onnx_export.export for the options)."""
         from .onnx_export import export
@@ -531,8 +615,8 @@ class Network:
     @classmethod
     def from_onnx(cls, path: str) -> "Network":
         """Load a network back from a model written by `to_onnx`."""
-        from .onnx_export import network_from_onnx
-        return network_from_onnx(path)
+        from .onnx_export import graph_from_onnx
+        return cls.from_json(*graph_from_onnx(path))
 
     def to_dot(self) -> str:
         """Graphviz source: inputs and outputs as ellipses, layers as boxes."""

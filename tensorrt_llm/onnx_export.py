@@ -20,22 +20,28 @@ plain MatMul. Past `external_data_threshold` bytes of weights (default 2 GB, und
 protobuf's 2 GiB limit) every weight is written to `<model file>.data` instead, one after
 the other.
 
-Re-import (`network_from_onnx`) reads the graph from the JSON form that the exporter
-stores in the model's metadata (`tensorrt_llm.network`) and the weight data from the
-initializers: composed ops (rms_norm, rotary) are many ONNX nodes each, so mapping nodes
-back would take a pattern matcher per op.
+Re-import (`graph_from_onnx`, which `Network.from_onnx` calls) reads the graph from the
+JSON form that the exporter stores in the model's metadata (`tensorrt_llm.network`) and the
+weight data from the initializers: composed ops (rms_norm, rotary) are many ONNX nodes each,
+so mapping nodes back would take a pattern matcher per op.
+
+This module sits below network.py, whose `to_onnx` / `from_onnx` call it: it reads a
+Network through its public API and hands back JSON and weights, so it never imports it.
 """
 from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
 from onnx import TensorProto, helper
 
 from ._utils import str_dtype_to_torch, torch_dtype_to_str
-from .network import Network
+
+if TYPE_CHECKING:
+    from .network import Network
 
 OPSET = 20  # LayerNormalization (17), Split num_outputs / ReduceMean axes input (18), Gelu (20)
 IR_VERSION = 9  # the IR version of opset 20
@@ -466,9 +472,10 @@ def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> str:
 # ---- import ----------------------------------------------------------------------------------
 
 
-def network_from_onnx(path: str) -> Network:
-    """Rebuild the Network of a model written by `export`: the graph from its metadata,
-    the weights from its initializers (external data is read from next to the file)."""
+def graph_from_onnx(path: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """The graph JSON and weights of a model written by `export` (what `Network.from_json`
+    takes): the graph from its metadata, the weights from its initializers (external data is
+    read from next to the file)."""
     model = onnx.load(path)
     props = {p.key: p.value for p in model.metadata_props}
     if META_NETWORK not in props or META_WEIGHTS not in props:
@@ -479,4 +486,4 @@ def network_from_onnx(path: str) -> Network:
     for name, entry in json.loads(props[META_WEIGHTS]).items():
         data = _tensor_from_proto(initializers[entry["initializer"]])
         weights[name] = data.t().contiguous() if entry["transposed"] else data
-    return Network.from_json(props[META_NETWORK], weights)
+    return props[META_NETWORK], weights

@@ -8,12 +8,15 @@ weight as a graph Tensor of the default network: its first use in a network adds
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+from . import functional
 from ._utils import canonical_dtype, torch_dtype_to_str
+from .network import Tensor, default_net
 
 
 class Parameter:
@@ -24,6 +27,8 @@ class Parameter:
         self._value: Optional[torch.Tensor] = None
         self._owner = None  # the Module that registered it first, and the attribute name
         self._attr: Optional[str] = None
+        # The Tensor this weight became in each network it was used in.
+        self._tensors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         if shape is None:
             value = _as_torch(value)
             shape, dtype = value.shape, torch_dtype_to_str(value.dtype)
@@ -63,18 +68,18 @@ class Parameter:
         self._value = v
 
     @property
-    def tensor(self):
-        """This weight as a Tensor of the default network (one constant layer per network)."""
-        from . import functional
-        from .network import default_net
+    def tensor(self) -> Tensor:
+        """This weight as a Tensor of the default network (one constant layer per network,
+        added again if a rewrite removed it)."""
         net = default_net()
-        name = self.name or f"unnamed_parameter_{id(self)}"
-        if name not in net.parameter_tensors:
+        t = self._tensors.get(net)
+        if t is None or not (net.has_tensor(t.name) and net.get_tensor(t.name) == t):
+            name = self.name or f"unnamed_parameter_{id(self)}"
             if self._value is None:
                 raise ValueError(f"parameter {name} ({self.dtype} {list(self.shape)}) has no value bound: set "
                                  f".value or call Module.load(weights) before building")
-            net.parameter_tensors[name] = functional.constant(self._value, name=name)
-        return net.parameter_tensors[name]
+            t = self._tensors[net] = functional.constant(self._value, name=name)
+        return t
 
     def __repr__(self) -> str:
         bound = "bound" if self._value is not None else "unbound"

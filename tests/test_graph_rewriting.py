@@ -1,22 +1,23 @@
 import pytest
 import torch
 
-from tensorrt_llm import Network, functional, net_guard
+from tensorrt_llm import Network, default_net, functional, net_guard
 from tensorrt_llm import functional as F
 from tensorrt_llm.graph_rewriting import (
+    PASSES,
     AnalysisPatternManager,
-    FLayerInfo,
     FLayerInfoMemo,
-    FuseAddRmsNorm,
-    FuseGateUp,
     PatternAnalyzer,
     PatternRewriter,
+    RemoveDeadLayers,
     RewritePatternManager,
     optimize,
     prune_unused_weights,
     record_signature,
     remove_dead_layers,
 )
+from tensorrt_llm.models import LLaMAForCausalLM, PretrainedConfig
+from tensorrt_llm.network import Tensor
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 H, I = 8, 12
@@ -131,6 +132,18 @@ def test_no_fusion_for_different_inputs_or_broadcast_add():
                                   "fuse_norm_linear": 0, "fuse_act_linear": 0}
 
 
+def test_dead_branches_are_removed_in_one_pass():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [3])
+        kept = F.relu(x)
+        shared = F.tanh(kept)
+        F.sigmoid(F.silu(shared) + shared)  # a dead branch reading a layer only it reads
+        net.mark_output(F.gelu(kept), "y")
+    assert remove_dead_layers(net) == 4
+    assert ops(net) == ["relu", "gelu"]
+
+
 def test_dead_layers_and_unused_weights_are_removed():
     net = Network()
     with net_guard(net):
@@ -188,10 +201,143 @@ class TanhToSigmoid(PatternRewriter):
 
 
 def test_rewriting_names_are_importable_where_trtllm_users_find_them():
-    # A pass ported from TensorRT-LLM imports these from graph_rewriting; they are functional's objects.
-    assert FLayerInfo is functional.FLayerInfo
-    assert FLayerInfoMemo is functional.FLayerInfoMemo
+    # A pass ported from TensorRT-LLM imports these from graph_rewriting.
     assert record_signature is functional.record_signature
+    assert FLayerInfoMemo.instance() is FLayerInfoMemo.instance()
+
+
+def test_flayer_info_reads_the_call_back_from_the_layer():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, 4], [("n", (1, 3, 16))])
+        w = F.constant(torch.randn(3, 4), name="w")
+        y = F.linear(x, w)
+        a = F.relu(y)
+        net.mark_output(a + F.tanh(y) * 2.0, "out")
+        info = FLayerInfoMemo.instance().get(y.get_parent().name)
+    assert info.layer_type == "linear" and info.outputs == [y]
+    assert info.raw_inputs == {"x": x, "weight": w, "bias": None}
+    constant = FLayerInfoMemo.instance().get(w.get_parent().name, net)
+    assert constant.get_input("name") == "w" and constant.get_input("value") is net.weights["w"]
+    with pytest.raises(RuntimeError, match="net_guard"):
+        FLayerInfoMemo.instance().get(y.get_parent().name)
+    assert FLayerInfoMemo.instance().get("no such layer", net) is None
+
+    with net_guard(net):
+        y2 = F.sigmoid(x)
+        y3 = F.linear(x, w)
+    y.replace_all_uses_with(y3)
+    relu = FLayerInfoMemo.instance().get(a.get_parent().name, net)
+    assert relu.get_input("x") == y3  # read from the layer: it follows the rewiring
+    relu.replace_input_with(y3, y2)
+    assert a.get_parent().inputs == (y2.name,) and relu.get_input("x") == y2
+    assert FLayerInfoMemo.instance().get(a.get_parent().name, net).get_input("x") == y2
+
+
+def every_op_network() -> Network:
+    """A network with a layer of every recorded op (the FLayerInfo contract is checked on it)."""
+    g = torch.Generator().manual_seed(1)
+    net = Network("every_op")
+    with net_guard(net):
+        T = ("t", (1, 3, 8))
+        ids = net.add_input("ids", "int32", [-1], [T])
+        pos = net.add_input("pos", "int32", [-1], [T])
+        x = F.embedding(ids, F.constant(torch.randn(10, 16, generator=g), name="emb"))
+        w = F.constant(torch.randn(16, 16, generator=g), name="w")
+        norm_w = F.constant(torch.rand(16, generator=g) + 0.5, name="norm_w")
+        h = F.layer_norm(x, norm_w, F.constant(torch.zeros(16), name="ln_b"), eps=1e-5)
+        n, s = F.fused_add_rms_norm(h, F.rms_norm(x, norm_w, eps=1e-6), norm_w, eps=1e-6)
+        y, s2 = F.add_rms_norm_linear(n, s, norm_w, w, None, eps=1e-6)
+        y = F.rms_norm_linear(y, norm_w, w, F.constant(torch.zeros(16), name="b"), eps=1e-6)
+        y = F.silu_and_mul_linear(F.concat([y, s2], dim=-1), w) + F.silu_and_mul(F.concat([y, y], -1))
+        y = F.gelu_and_mul(F.concat([y, y], -1), approximate="tanh") - F.gelu(y) * F.gelu_tanh(y) / 2.0
+        y = F.pow(F.sigmoid(F.tanh(F.relu(F.silu(y)))), 2.0)
+        table = F.constant(F.rope_cos_sin_cache(32, 8), name="rope")
+        q = F.rotary_embedding(F.linear(y, w), pos, table, num_heads=2, head_dim=8, rotary_dim=8)
+        k = F.rotary_embedding(F.slice(y, 1, 0, 8), pos, table, num_heads=1, head_dim=8, is_neox=False)
+        pool = net.add_input("kv_cache_pool", "float32", [2, -1, 2, 1, 4, 8], {1: ("b", (1, 4, 8))})
+        tables = net.add_input("block_tables", "int32", [-1, 2], {0: ("batch", (1, 1, 2))})
+        lens = [net.add_input(name, "int32", [-1], [("batch", (1, 1, 2))])
+                for name in ("seq", "ctx", "host_ctx", "host_seq")]
+        att = F.gpt_attention(q, k, k, pool, tables, *lens[:3], layer_idx=0, num_heads=2, num_kv_heads=1,
+                              head_dim=8, tokens_per_block=4, scale=0.3)
+        att = att + F.gpt_attention(q, k, k, pool, tables, *lens[:3], F.constant(torch.ones(2), name="alibi"),
+                                    pos, table, lens[3], layer_idx=1, num_heads=2, num_kv_heads=1, head_dim=8,
+                                    tokens_per_block=4, sliding_window=3, rotary_dim=8, rotary_is_neox=False)
+        a, b = F.split(att, [4, 12], dim=1)
+        z = F.view(F.transpose(F.permute(F.unsqueeze(b, 0), [0, 2, 1]), 0, 2), [0, -1])
+        z = F.squeeze(F.matmul(F.unsqueeze(a, 0), F.unsqueeze(a, 0), transb=True), 0)
+        z = F.where(F.cast(F.index_select(z, 0, F.argmax(z, dim=1)), "bool"), z, 0.0)
+        z = F.softmax(F.allreduce(F.gather(z, 1, F.cast(F.argmax(z, -1, keepdim=True), "int32"))), dim=0)
+        net.mark_output(z, "z")
+    return net
+
+
+def llama_network(optimized: bool) -> Network:
+    config = PretrainedConfig(architecture="LlamaForCausalLM", dtype="float32", num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=48,
+                              vocab_size=64, max_position_embeddings=128)
+    model = LLaMAForCausalLM(config)
+    model.load({name: torch.randn(p.shape) for name, p in model.named_parameters()})
+    net = Network("llama")
+    with net_guard(net):
+        model(**model.prepare_inputs(max_batch_size=2, max_beam_width=1, max_seq_len=64, max_num_tokens=32,
+                                     tokens_per_block=8))
+    if optimized:
+        optimize(net)
+    return net
+
+
+def by_name(value):
+    """Arguments with each Tensor as its name, to compare calls across networks."""
+    if isinstance(value, Tensor):
+        return value.name
+    if isinstance(value, dict):
+        return {k: by_name(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [by_name(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("make", [every_op_network, lambda: llama_network(False), lambda: llama_network(True)],
+                         ids=["every_op", "llama", "llama_optimized"])
+def test_flayer_info_remakes_every_layer_of_a_network_loaded_from_json(make):
+    """A layer's FLayerInfo holds the whole call: the op called again with it makes the same
+    layer, also in a network loaded from JSON (which keeps only inputs and attrs)."""
+    net = make()
+    loaded = Network.from_json(net.to_json(), net.weights)
+    for original, layer in zip(net.layers, loaded.layers):
+        info = FLayerInfoMemo.instance().get(layer.name, loaded)
+        assert info.layer_type == original.op
+        assert by_name(info.raw_inputs) == by_name(FLayerInfoMemo.instance().get(original.name, net).raw_inputs)
+        with net_guard(loaded):
+            getattr(F, info.layer_type)(**info.clone_inputs())
+        again = loaded.get_layer(-1)
+        assert (again.op, again.inputs, again.attrs) == (layer.op, layer.inputs, layer.attrs), layer.name
+        assert [(t.dtype, t.shape) for t in again.get_outputs()] == [(t.dtype, t.shape) for t in layer.get_outputs()]
+
+
+def test_every_recorded_op_is_in_the_flayer_info_check():
+    """An op added to functional.py joins every_op_network, so that its layers are checked to
+    keep every argument as an input or an attr of the same name."""
+    assert {layer.op for layer in every_op_network().layers} == set(functional.OP_SIGNATURES)
+
+
+def test_a_user_op_recorded_with_record_signature_has_flayer_info(monkeypatch):
+    monkeypatch.setattr(functional, "OP_SIGNATURES", dict(functional.OP_SIGNATURES))
+
+    def scaled_tanh(x, *, scale: float):
+        return default_net().add_layer("scaled_tanh", [x.name], [(x.dtype, x.shape)], {"scale": scale}).get_output(0)
+
+    assert record_signature(scaled_tanh) is scaled_tanh  # nothing wraps the op: no cost per call
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [3])
+        y = scaled_tanh(x, scale=2.0)
+        assert FLayerInfoMemo.instance().get(y.get_parent().name).raw_inputs == {"x": x, "scale": 2.0}
+        bad = net.add_layer("scaled_tanh", [x.name], [("float32", (3,))], {"scale": 2.0, "shift": 1.0})
+        with pytest.raises(ValueError, match="shift"):
+            FLayerInfoMemo.instance().get(bad.name)
 
 
 def test_managers_with_user_patterns():
@@ -222,5 +368,26 @@ def test_unknown_pass_is_rejected():
         optimize(Network(), passes=["fuse_everything"])
 
 
-def test_fusion_classes_are_pattern_rewriters():
-    assert isinstance(FuseAddRmsNorm(), PatternRewriter) and isinstance(FuseGateUp(), PatternRewriter)
+def test_builder_passes_are_pattern_rewriters():
+    assert all(isinstance(p(), PatternRewriter) for p in PASSES.values())
+    assert isinstance(RemoveDeadLayers(), PatternRewriter)
+
+
+@pytest.mark.parametrize("make", [decoder_network, lambda: llama_network(False)], ids=["decoder", "llama"])
+def test_fusion_plan_reports_what_each_pass_replaces(make):
+    net = make()
+    before = {layer.name: layer.op for layer in net.layers}
+    plan = {}
+    report = optimize(net, plan=plan)
+    assert list(plan) == list(PASSES)
+    assert {label: len(matches) for label, matches in plan.items()} == report["rewrites"]
+    assert sum(report["rewrites"].values()) > 0
+    shapes = {"fuse_add_rms_norm": ["add", "rms_norm"], "fuse_gate_up": ["linear", "linear", "silu", "mul"],
+              "fuse_rope_attention": ["rotary_embedding", "rotary_embedding", "gpt_attention"],
+              "fuse_act_linear": ["silu_and_mul", "linear"]}
+    live = {layer.name for layer in net.layers}
+    for label, matches in plan.items():
+        for names in matches:
+            assert not live & set(names)  # each named layer was replaced
+            if label in shapes and all(n in before for n in names):
+                assert [before[n] for n in names] == shapes[label]

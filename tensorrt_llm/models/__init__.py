@@ -1,9 +1,8 @@
 """Model definitions, their configs and checkpoint converters."""
-from .modeling_utils import (KNOWN_ARCHITECTURES, PretrainedConfig, load_checkpoint_weights,
-                             save_checkpoint)
 from .decoder import DecoderModelForCausalLM, PretrainedModel
 from .gpt.model import GPTForCausalLM
 from .llama.model import LLaMAForCausalLM
+from .modeling_utils import KNOWN_ARCHITECTURES, PretrainedConfig, load_checkpoint_weights, save_checkpoint
 
 # Checkpoint `architecture` name -> model class; trtllm-build looks models up here.
 MODEL_MAP = {

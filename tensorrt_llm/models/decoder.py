@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Optional
 
 from .. import functional as F
-from ..builder import BuildConfig, cast_weights
-from ..functional import Tensor
 from ..layers import AttentionInputs, alibi_slopes
 from ..module import Module
-from ..network import default_net
-from .modeling_utils import PretrainedConfig, load_checkpoint_weights
+from ..network import Tensor, default_net
+from .modeling_utils import PretrainedConfig, cast_weights, load_checkpoint_weights
 
 
 class PretrainedModel(Module):
@@ -45,17 +43,18 @@ class PretrainedModel(Module):
 class DecoderModelForCausalLM(PretrainedModel):
     """transformer (embedding, decoder layers, ln_f) + lm_head over packed tokens."""
 
-    def prepare_inputs(self, build_config: BuildConfig) -> dict[str, Tensor]:
+    def prepare_inputs(self, max_batch_size: int, max_beam_width: int, max_seq_len: int, max_num_tokens: int,
+                       tokens_per_block: int) -> dict[str, Tensor]:
+        """The runtime inputs, their dynamic dims ranging up to the build's limits."""
         cfg = self.config
-        bc = build_config
         net = default_net()
-        tokens = ("num_tokens", (1, min(bc.max_num_tokens, 256), bc.max_num_tokens))
+        tokens = ("num_tokens", (1, min(max_num_tokens, 256), max_num_tokens))
         # The rows whose logits are asked for: one per request, or every token (context logits).
         logit_rows = ("num_logits", tokens[1])
         # Beam search runs every beam of every request as a row of the batch.
-        rows = bc.max_batch_size * bc.max_beam_width
+        rows = max_batch_size * max_beam_width
         batch = ("batch_size", (1, rows // 2 + 1, rows))
-        max_blocks = -(-bc.max_seq_len // bc.tokens_per_block)
+        max_blocks = -(-max_seq_len // tokens_per_block)
         kv_heads = cfg.num_key_value_heads // cfg.mapping.tp_size
         inputs = {
             "input_ids": net.add_input("input_ids", "int32", [-1], {0: tokens}),
@@ -63,9 +62,8 @@ class DecoderModelForCausalLM(PretrainedModel):
             "last_token_ids": net.add_input("last_token_ids", "int64", [-1], {0: logit_rows}),
             "kv_cache_pool": net.add_input(
                 "kv_cache_pool", cfg.dtype,
-                [cfg.num_hidden_layers, -1, 2, kv_heads, bc.tokens_per_block, cfg.head_size],
-                {1: ("num_blocks", (1, bc.max_batch_size * max_blocks,
-                                    bc.max_batch_size * max_blocks * 64))}),
+                [cfg.num_hidden_layers, -1, 2, kv_heads, tokens_per_block, cfg.head_size],
+                {1: ("num_blocks", (1, max_batch_size * max_blocks, max_batch_size * max_blocks * 64))}),
             "block_tables": net.add_input("block_tables", "int32", [-1, -1],
                                           {0: batch, 1: ("max_blocks_per_seq", (1, max_blocks, max_blocks))}),
             "sequence_lengths": net.add_input("sequence_lengths", "int32", [-1], {0: batch}),
@@ -73,7 +71,7 @@ class DecoderModelForCausalLM(PretrainedModel):
             "host_context_lengths": net.add_input("host_context_lengths", "int32", [-1], {0: batch}),
             "host_sequence_lengths": net.add_input("host_sequence_lengths", "int32", [-1], {0: batch}),
         }
-        self._max_positions = bc.max_seq_len
+        self._max_positions = max_seq_len
         return inputs
 
     def rotary_table(self) -> Optional[Tensor]:

@@ -443,3 +443,9 @@ def load_checkpoint_weights(checkpoint_dir, rank: int = 0) -> dict[str, torch.Te
         return safetensors.torch.load_file(path)
     except SafetensorError as e:
         raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from e
+
+
+def cast_weights(weights: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """Cast floating weights to `dtype` (integer tensors are left alone)."""
+    target = str_dtype_to_torch(dtype)
+    return {k: (v.to(target) if v.is_floating_point() else v) for k, v in weights.items()}
