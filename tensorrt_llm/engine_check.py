@@ -33,8 +33,14 @@ import math
 import re
 from typing import Any, NamedTuple, Optional
 
+from . import functional
 from ._utils import _STR_TO_TORCH
+from .build_config import BuildConfig
 from .errors import EngineError
+from .models import MODEL_MAP  # noqa: F401  (registers the known architectures)
+from .models.modeling_utils import PretrainedConfig
+from .network import JSON_FORMAT, JSON_VERSION, Network, net_guard
+from .reference_ops import REFERENCE_OPS
 
 # Letters, digits and `_ . : / - [ ]`: every name the builder makes (module paths such as
 # transformer/layers/0/attention/gpt_attention_12, weights such as
@@ -68,8 +74,6 @@ def op_signatures() -> dict[str, OpSignature]:
     positional arguments, so the keyword-only parameters are the attributes and the others
     the inputs. A reference that is a torch builtin (no inspectable signature) takes no
     attributes, and as many inputs as its `functional.py` op has parameters."""
-    from . import functional
-    from .reference_ops import REFERENCE_OPS
 
     table = {"constant": OpSignature(frozenset({"weight"}), frozenset({"weight"}), 0, 0)}
     for op, fn in REFERENCE_OPS.items():
@@ -233,7 +237,7 @@ def check_graph(data: Any, where: str) -> None:
 
 
 def _check_graph(data: Any) -> None:
-    from .network import JSON_FORMAT, JSON_VERSION
+    # Imported here: runtime/__init__ loads engines (docs/architecture.md, "Layer order").
     from .runtime.op_impls import IMPLEMENTATION_NAMES
 
     _check_keys(data, GRAPH_KEYS, "the graph")
@@ -296,7 +300,6 @@ def _check_graph(data: Any) -> None:
 
 def _build_config_field_types() -> dict[str, tuple]:
     """BuildConfig field -> the JSON type of its resolved value, from the field annotations."""
-    from .builder import BuildConfig
     kinds = {"int": (int,), "Optional[int]": (int,), "str": (str,), "list": (list,)}
     return {f.name: kinds[str(f.type)] for f in dataclasses.fields(BuildConfig)}
 
@@ -304,9 +307,6 @@ def _build_config_field_types() -> dict[str, tuple]:
 def check_engine_config(config: Any, where: str) -> tuple[dict, dict]:
     """The pretrained and build config of an engine (config.json's or the engine file's
     copy), refused with EngineError naming the field when malformed. Returns both dicts."""
-    from .builder import BuildConfig
-    from .models import MODEL_MAP  # noqa: F401  (registers the known architectures)
-    from .models.modeling_utils import PretrainedConfig
 
     if not isinstance(config, dict):
         raise EngineError(f"{where} is a JSON {type(config).__name__}, not an object; "
@@ -377,6 +377,7 @@ def check_config_matches_graph(pretrained: dict, build: dict, network, where: st
     buffers from the configuration and kernels index them with the graph's numbers (or the
     other way round): the KV-cache pool layout, the vocabulary, the position tables, the
     batch and token limits."""
+    # Imported here: runtime/__init__ loads engines (docs/architecture.md, "Layer order").
     from .runtime.kv_cache_manager import KVCacheLayout, blocks_for_tokens
 
     problems = []
@@ -466,8 +467,6 @@ def check_shapes(network, where: str) -> None:
     another size, an eps that is a string, a weight of another shape) then fails here, naming
     the layer, instead of inside a kernel. Errors of any type raised by the replay are the
     file's: the replay runs our shape rules on values a stranger chose."""
-    from . import functional
-    from .network import Network, net_guard
 
     scratch = Network("replay")
     handles = {}

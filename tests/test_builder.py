@@ -4,8 +4,10 @@ import json
 import pytest
 import torch
 
-from tensorrt_llm import builder
-from tensorrt_llm.builder import BuildConfig, Engine, EngineError
+from tensorrt_llm.build_config import current_device_target
+from tensorrt_llm.builder import BuildConfig, Engine
+from tensorrt_llm.errors import EngineError
+from tensorrt_llm.version import __version__
 
 from .models.llama_utils import engine_from_hf, generated, random_hf_llama, runner
 
@@ -36,7 +38,7 @@ def test_build_config_round_trip_and_checks():
 def test_engine_folder_layout_and_summary(engine_dir):
     assert sorted(p.name for p in engine_dir.iterdir()) == ["config.json", "rank0.engine"]
     config = json.loads((engine_dir / "config.json").read_text())
-    assert config["version"]["package"] == builder.__version__
+    assert config["version"]["package"] == __version__
     s = config["build_summary"]
     assert s["layers_after_rewriting"] < s["layers_before_rewriting"]
     assert s["rewrites"]
@@ -86,7 +88,7 @@ def test_engine_from_another_format_version_is_refused(engine_dir):
 
 def test_engine_for_a_missing_gpu_architecture_is_refused(hf, tmp_path):
     engine_dir = engine_from_hf(hf, tmp_path / "engine", target_device="cuda:sm_90")
-    if torch.cuda.is_available() and builder.current_device_target() == "cuda:sm_90":
+    if torch.cuda.is_available() and current_device_target() == "cuda:sm_90":
         pytest.skip("this machine has the sm_90 GPU the engine targets")
     with pytest.raises(EngineError, match="built for cuda:sm_90"):
         runner(engine_dir, device="cpu")
@@ -98,7 +100,7 @@ def test_failed_save_keeps_the_previous_engine(hf, engine_dir, monkeypatch):
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr(builder, "save_file", broken)
+    monkeypatch.setattr("tensorrt_llm.engine.save_file", broken)
     with pytest.raises(OSError):
         e.save(engine_dir)
     assert (engine_dir / "rank0.engine").read_bytes() == before

@@ -11,8 +11,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from tensorrt_llm.builder import BuildConfig, Engine, EngineError, build
-from tensorrt_llm.errors import CheckpointError
+from tensorrt_llm.builder import BuildConfig, Engine, build
+from tensorrt_llm.errors import CheckpointError, EngineError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import save_checkpoint

@@ -13,6 +13,7 @@ import torch
 
 from .._utils import dtype_size
 from ..builder import BuildConfig, build, current_device_target
+from ..cli import add_debug_argument, run_cli
 from ..errors import ConfigError
 from ..models import MODEL_MAP
 from ..models.modeling_utils import PretrainedConfig
@@ -41,7 +42,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="kernel timings of earlier builds to reuse (an unusable file is ignored with a warning)")
     p.add_argument("--output_timing_cache", default=None,
                    help="write the kernel timings (reused and new) to this file")
-    from ..cli import add_debug_argument
     add_debug_argument(p)
     return p.parse_args(argv)
 
@@ -193,7 +193,6 @@ def cli() -> int:
     """The trtllm-build console script: main() through tensorrt_llm.cli.run_cli, so a user
     error ends in one "trtllm-build: error: ..." line (exit code 2); --debug shows its
     traceback."""
-    from ..cli import run_cli
     return run_cli(main, "trtllm-build")
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..builder import Engine
+from ..engine import Engine
 from ..errors import ConfigError, RequestError
 from ..logger import logger
 from .cuda_graph import CudaGraphDecoder

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tensorrt_llm import builder
+from tensorrt_llm.engine import engine_checksum, engine_configs
 from tensorrt_llm.runtime import ModelRunner
 
 from .harness import fuzz_settings, outcome
@@ -54,10 +54,10 @@ class EngineParts:
         engine_dir.mkdir(parents=True, exist_ok=True)
         metadata = dict(self.metadata, graph=json.dumps(self.graph))
         if both_configs:
-            copy = (builder.engine_configs(self.config) if isinstance(self.config, dict)
+            copy = (engine_configs(self.config) if isinstance(self.config, dict)
                     and {"pretrained_config", "build_config"} <= set(self.config) else self.config)
             metadata["config"] = json.dumps(copy, sort_keys=True)
-        metadata["checksum"] = builder.engine_checksum(metadata, self.tensors)
+        metadata["checksum"] = engine_checksum(metadata, self.tensors)
         save_file(self.tensors, str(engine_dir / "rank0.engine"), metadata=metadata)
         (engine_dir / "config.json").write_text(json.dumps(self.config))
 

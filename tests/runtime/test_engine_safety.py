@@ -12,12 +12,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tensorrt_llm import builder
-from tensorrt_llm.builder import Engine, EngineError
 from tensorrt_llm.cli import run_cli
 from tensorrt_llm.commands import build as build_cmd
+from tensorrt_llm.engine import Engine, engine_checksum
 from tensorrt_llm.engine_check import NAME_PATTERN, check_graph, op_signatures
-from tensorrt_llm.errors import ConfigError
+from tensorrt_llm.errors import ConfigError, EngineError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.modeling_utils import save_checkpoint
 from tensorrt_llm.network import Network
@@ -62,7 +61,7 @@ def craft(engine_dir, edit_graph=None, edit_config=None):
         config = json.loads(meta["config"])
         edit_config(config)
         meta["config"] = json.dumps(config)
-    meta["checksum"] = builder.engine_checksum(meta, weights)
+    meta["checksum"] = engine_checksum(meta, weights)
     save_file(weights, str(path), metadata=meta)
 
 
