@@ -47,7 +47,7 @@ def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> E
         report = optimize(network, passes=build_config.optimizations, plan=plan)
         for label, matches in (plan or {}).items():
             for names in matches:
-                logger.debug(f"{label}: {' + '.join(names)}")
+                logger.debug(f"rank {pretrained.mapping.rank} {label}: {' + '.join(names)}")
     layers_after = network.num_layers
     # Timing is asked for with a cache (or a device). Timings from another GPU say nothing
     # about the target: without a device, time only when this machine's GPU is the target.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from .._utils import dtype_size
 from ..builder import BuildConfig, build, current_device_target
 from ..cli import add_debug_argument, run_cli
 from ..errors import ConfigError
+from ..logger import logger
 from ..models import MODEL_MAP
 from ..models.modeling_utils import PretrainedConfig
 from ..runtime.kv_cache_manager import KVCacheLayout
@@ -38,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target_device", default=d.target_device,
                    help="'auto' (this machine's GPU, else any), 'any', or e.g. cuda:sm_90")
     p.add_argument("--no_rewrite", action="store_true", help="skip the graph-rewriting passes")
+    p.add_argument("--verbose", action="store_true",
+                   help="log at debug level, with the layers each graph-rewriting pass fuses")
     p.add_argument("--input_timing_cache", default=None,
                    help="kernel timings of earlier builds to reuse (an unusable file is ignored with a warning)")
     p.add_argument("--output_timing_cache", default=None,
@@ -159,6 +163,8 @@ def build_checkpoint(checkpoint_dir, output_dir, build_config: BuildConfig, *, d
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.verbose:
+        logger.setLevel(logging.DEBUG)
     t0 = time.perf_counter()
     ckpt = Path(args.checkpoint_dir)
     # A bad checkpoint or option raises the project's own error (run_cli prints its line).
