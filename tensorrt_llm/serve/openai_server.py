@@ -361,7 +361,7 @@ class OpenAIServer:
                     prefix = echo_text(result_of(c))
                     offsets[c.index] = len(prefix)
                     yield chunk(c, prefix)
-            async for event in self._stream(generation):
+            async for event in self._stream(generation, k is not None):
                 if isinstance(event, str):
                     yield event
                     continue
@@ -411,7 +411,7 @@ class OpenAIServer:
                     ChatCompletionStreamChoice(index=c.index, delta=delta, logprobs=logprobs, finish_reason=finish)]))
             for c in generation.choices:
                 yield chunk(c, DeltaMessage(role="assistant", content=""))
-            async for event in self._stream(generation):
+            async for event in self._stream(generation, k is not None):
                 if isinstance(event, str):
                     yield event
                     continue
@@ -424,9 +424,10 @@ class OpenAIServer:
 
         return await self._respond(raw, generation, request.stream, events(), collect)
 
-    async def _stream(self, generation: _Generation):
+    async def _stream(self, generation: _Generation, with_logprobs: bool):
         """(choice, new text, new token ids, their logprobs, finish reason) whenever a choice has
-        something to send; an error event (a str) when the request cannot finish."""
+        something to send (new text, its end, or tokens whose logprobs were asked for); an error
+        event (a str) when the request cannot finish."""
         async for _ in generation.updates():
             for c in generation.choices:
                 finish = c.output.finish_reason
@@ -434,7 +435,7 @@ class OpenAIServer:
                     continue  # done, or failed (reported below)
                 text = generation.new_text(c)
                 ids, lps = generation.new_tokens(c)
-                if text or ids or finish is not None:
+                if text or finish is not None or (with_logprobs and ids):
                     c.last_sent = finish is not None
                     yield c, text, ids, lps, finish
         failure = generation.failure()
