@@ -16,6 +16,8 @@ CASES = {  # name: (batch, heads, kv_heads, head_dim, sequence length)
     "llama-8b b1 L200": (1, 32, 8, 128, 200),
     "llama-8b b32 L200": (32, 32, 8, 128, 200),
     "llama-8b b1 L2100": (1, 32, 8, 128, 2100),
+    "llama-8b b256 L192": (256, 32, 8, 128, 192),   # in-flight batching's large decode batches
+    "llama-8b b512 L192": (512, 32, 8, 128, 192),
 }
 
 
