@@ -133,6 +133,32 @@ def _row_group(mask: torch.Tensor, new: torch.Tensor, starts: torch.Tensor):
     return None, None, (seqs, tokens)
 
 
+def _gather_past(cache, block_tables, host_lengths, device):
+    """Each sequence's K/V rows [0, L) from the paged cache, packed: (keys, values [sum L, KV,
+    D] views, cu_k int32 [n + 1]). Whole blocks are copied first (one index_select of
+    contiguous blocks), turned into rows in one transposing copy, and only then are the rows
+    past each length dropped: a gather of single positions from the strided cache moved
+    16 pieces of 256 bytes per position."""
+    tpb = cache.shape[3]
+    count = host_lengths.shape[0]
+    nblk = (host_lengths + tpb - 1) // tpb
+    first_block = torch.cumsum(nblk, 0) - nblk
+    seq_of_block = torch.repeat_interleave(torch.arange(count), nblk)
+    column = torch.arange(int(nblk.sum())) - first_block[seq_of_block]
+    ends = torch.cumsum(host_lengths, 0)
+    host = [seq_of_block, column, torch.cat([ends.new_zeros(1), ends])]
+    whole_blocks = bool((host_lengths % tpb == 0).all())
+    if not whole_blocks:  # row r < L of sequence i is row first_block[i] * tpb + r of the copy
+        host.append(torch.arange(int(ends[-1])) + (first_block * tpb - (ends - host_lengths))
+                    .repeat_interleave(host_lengths))
+    uploaded = _upload(device, *host)
+    ids = block_tables[uploaded[0], uploaded[1]].long()
+    rows = cache.index_select(0, ids).permute(0, 3, 1, 2, 4).reshape(-1, 2, cache.shape[2], cache.shape[4])
+    if not whole_blocks:
+        rows = rows.index_select(0, uploaded[3])
+    return rows[:, 0], rows[:, 1], uploaded[2].to(torch.int32)
+
+
 def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengths, position_ids, rotary_cos_sin,
                 rotary_is_neox, host_new, host_lengths, scale, sliding_window):
     """A step of any mix of decode rows (one new token) and prompts or prompt chunks (several,
@@ -188,16 +214,7 @@ def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengt
         if torch.equal(group_new, group_lengths):  # fresh prompts only: their own k/v
             keys, values, cu_k = kh[tokens], vh[tokens], cu_q
         else:  # every sequence's [0, L) rows, gathered through its block table (this step's included)
-            total_k = int(group_lengths.sum())
-            seq_lengths = sequence_lengths[seqs]
-            cu_k = torch.zeros(count + 1, dtype=torch.int32, device=device)
-            torch.cumsum(seq_lengths, 0, dtype=torch.int32, out=cu_k[1:])
-            seq_of_key = torch.repeat_interleave(torch.arange(count, device=device), seq_lengths,
-                                                 output_size=total_k)
-            positions = torch.arange(total_k, device=device) - cu_k[:-1].long()[seq_of_key]
-            blocks = block_tables[seqs][seq_of_key, positions // tpb].long()
-            kv = cache.permute(0, 3, 1, 2, 4)[blocks, positions % tpb]  # [total_k, 2, KV, D]
-            keys, values = kv[:, 0], kv[:, 1]
+            keys, values, cu_k = _gather_past(cache, block_tables[seqs], group_lengths, device)
         window_left = -1 if sliding_window is None or max_k <= sliding_window else sliding_window - 1
         out = _flash_varlen(qh[tokens], keys, values, cu_q, cu_k, max_q, max_k, scale, window_left)
         outs.append((tokens, out))
