@@ -73,9 +73,21 @@ def arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
     return np.cumsum(rng.exponential(1.0 / rate, n))
 
 
-def run_executor(runner, workload, arrival, device) -> dict:
+def run_executor(runner, workload, arrival, device, profile: bool = False) -> dict:
     """Submit each request at its arrival time, step until all are done. Per-request token
-    arrival times are taken on the host when the tokens reach it."""
+    arrival times are taken on the host when the tokens reach it. `profile`: print where the
+    run's host and device time went (torch.profiler; the run itself is slower for it)."""
+    if profile:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            res = run_executor(runner, workload, arrival, device)
+        table = prof.key_averages()
+        if device.type == "cuda":
+            print(table.table(sort_by="cuda_time_total", row_limit=20), flush=True)
+        print(table.table(sort_by="self_cpu_time_total", row_limit=20), flush=True)
+        return res
     ex = runner.executor
     reqs = [Request(ids, GREEDY, out) for ids, out in workload]
     times: dict[int, list[float]] = {r.request_id: [] for r in reqs}
@@ -85,7 +97,8 @@ def run_executor(runner, workload, arrival, device) -> dict:
     steps_before, decode_before = ex.stats.steps, ex.stats.decode_only_steps
     sync(device)
     t0 = time.perf_counter()
-    submitted = 0
+    submitted, last = 0, 0.0
+    steps = []  # per step() call: (seconds, prompt tokens launched, requests running before)
     while submitted < len(reqs) or ex.has_work:
         now = time.perf_counter() - t0
         while submitted < len(reqs) and arrival[submitted] <= now:
@@ -94,8 +107,11 @@ def run_executor(runner, workload, arrival, device) -> dict:
         if not ex.has_work:
             time.sleep(max(0.0, min(arrival[submitted] - now, 0.01)))
             continue
+        prompt_before, running = ex.stats.prompt_tokens, ex.num_running
         updated = ex.step()
         t = time.perf_counter() - t0
+        steps.append((t - last, ex.stats.prompt_tokens - prompt_before, running))
+        last = t
         for r in updated:
             got = len(r.output_token_ids) - len(times[r.request_id])
             times[r.request_id].extend([t] * got)
@@ -114,7 +130,23 @@ def run_executor(runner, workload, arrival, device) -> dict:
             "reused_blocks": runner.kv_cache.reused_blocks - reused_before,
             "preemptions": ex.stats.preemptions, "steps": ex.stats.steps - steps_before,
             "decode_only_steps": ex.stats.decode_only_steps - decode_before,
+            "step_time": step_time(steps),
             "outputs": [r.output_token_ids for r in reqs]}
+
+
+def step_time(steps) -> dict:
+    """Where the wall time went: steps that launched no prompt tokens (decodes only) against
+    steps that launched some, with their mean time and rows. A step() call returns when the
+    previous step's tokens are on the host, so its time is about the GPU time of a step."""
+    out = {}
+    for name, keep in (("decode", lambda p: p == 0), ("with_prompt", lambda p: p > 0)):
+        sel = [(dt, p, n) for dt, p, n in steps if keep(p)]
+        total = sum(dt for dt, _, _ in sel)
+        out[name] = {"steps": len(sel), "seconds": total,
+                     "mean_ms": total / len(sel) * 1e3 if sel else None,
+                     "mean_running": sum(n for _, _, n in sel) / len(sel) if sel else None,
+                     "prompt_tokens": sum(p for _, p, _ in sel)}
+    return out
 
 
 def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
@@ -186,6 +218,8 @@ def main(argv=None):
     p.add_argument("--check_alone", type=int, default=0,
                    help="run this many requests alone and count those whose tokens equal the batched run")
     p.add_argument("--llm_api", action="store_true", help="also run the requests through LLM.generate_async")
+    p.add_argument("--profile", action="store_true",
+                   help="print torch.profiler tables of the measured run (throughput) or of the reuse run")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
@@ -232,7 +266,7 @@ def main(argv=None):
     if args.scenario == "throughput":
         workload = make_workload(args, vocab, rng)
         arrival = arrivals(len(workload), args.request_rate, rng)
-        res = run_executor(runner, workload, arrival, device)
+        res = run_executor(runner, workload, arrival, device, args.profile)
         processed = res["input_tokens"] + res["output_tokens"]
         ceiling = res["output_tokens"] / (2 * params * processed / (result["matmul_TFLOPs"] * 1e12))
         res["compute_ceiling_tok_s"] = ceiling
@@ -264,7 +298,7 @@ def main(argv=None):
     elif args.scenario == "chunked":
         result["chunked"] = scenario_chunked(runner, vocab, rng, device)
     else:
-        result["reuse"] = scenario_reuse(runner, vocab, rng, device)
+        result["reuse"] = scenario_reuse(runner, vocab, rng, device, args.profile)
 
     print_summary(result)
     if args.json:
@@ -297,7 +331,7 @@ def scenario_chunked(runner, vocab, rng, device) -> dict:
     return out
 
 
-def scenario_reuse(runner, vocab, rng, device) -> dict:
+def scenario_reuse(runner, vocab, rng, device, profile: bool = False) -> dict:
     """256 requests sharing a 1,024-token prefix, each with its own 64-token suffix: time to
     first token with block reuse and without; outputs equal."""
     kv = runner.kv_cache
@@ -306,8 +340,8 @@ def scenario_reuse(runner, vocab, rng, device) -> dict:
     out = {}
     for name, reuse in (("no_reuse", False), ("reuse", True)):
         kv.enable_block_reuse = reuse
-        res = run_executor(runner, workload, np.zeros(len(workload)), device)
-        out[name] = {k: res[k] for k in ("ttft_s", "elapsed_s", "reused_blocks", "output_tok_s")}
+        res = run_executor(runner, workload, np.zeros(len(workload)), device, profile and reuse)
+        out[name] = {k: res[k] for k in ("ttft_s", "elapsed_s", "reused_blocks", "output_tok_s", "step_time")}
         out[name + "_outputs"] = res["outputs"]
     a, b = out.pop("no_reuse_outputs"), out.pop("reuse_outputs")
     out["outputs_equal"] = sum(x == y for x, y in zip(a, b)) / len(a)
@@ -329,6 +363,7 @@ def print_summary(result: dict) -> None:
             print(f"| static batch {s['batch']} | {s['output_tok_s']:.0f} | | | | | |")
         print(f"compute ceiling {r['compute_ceiling_tok_s']:.0f} output tok/s: in-flight reaches "
               f"{r['fraction_of_ceiling']:.3f} of it")
+        print_steps("in-flight", r["step_time"])
         if "speedup_vs_best_static" in result:
             print(f"in-flight / best static: {result['speedup_vs_best_static']:.2f}x")
         if "equal_to_alone" in result:
@@ -349,6 +384,18 @@ def print_summary(result: dict) -> None:
         print(f"TTFT p50: no reuse {r['no_reuse']['ttft_s']['p50'] * 1e3:.1f} ms, reuse "
               f"{r['reuse']['ttft_s']['p50'] * 1e3:.1f} ms ({r['p50_ttft_ratio']:.2f}x), reused blocks "
               f"{r['reuse']['reused_blocks']}, outputs equal to no reuse: {r['outputs_equal']:.1%}")
+        for k in ("no_reuse", "reuse"):
+            print_steps(k, r[k]["step_time"])
+
+
+def print_steps(name: str, st: dict) -> None:
+    parts = []
+    for kind in ("decode", "with_prompt"):
+        k = st[kind]
+        if k["steps"]:
+            parts.append(f"{k['steps']} {kind} steps {k['seconds']:.2f} s ({k['mean_ms']:.1f} ms each, "
+                         f"{k['mean_running']:.0f} running, {k['prompt_tokens']} prompt tokens)")
+    print(f"{name} steps: " + "; ".join(parts))
 
 
 if __name__ == "__main__":

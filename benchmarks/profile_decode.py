@@ -53,7 +53,8 @@ def main():
             times.append(time.perf_counter() - t)
         return (times[1] - times[0]) / args.steps * 1e3
 
-    graph, _ = graphs.generation.cuda_graphs.graphs[graphs.generation.cuda_graphs.bucket(args.batch)]
+    cuda_graphs = graphs.executor.runner.cuda_graphs
+    graph, _ = cuda_graphs.graphs[cuda_graphs.bucket(args.batch)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     start.record()
