@@ -26,6 +26,13 @@
 #       --rebuild             convert and build even when a usable engine exists
 #       --no_run              stop after building
 #     trtllm-build options default to: --max_batch_size 2 --max_input_len 256 --max_seq_len 512
+#   serve MODEL [trtllm-serve options]
+#                             serve MODEL (a .gguf file or Hugging Face folder under /models, or
+#                             an engine folder) over the OpenAI API on port 8000 of every
+#                             interface of the container: publish it with PORT=8000 (make
+#                             release_run). A model is built once into /engines/cache
+#                             ($TRTLLM_CACHE_DIR) and reused by later runs. SIGTERM (docker stop)
+#                             lets the running requests finish and exits 0.
 #   info                      the package version, PyTorch, GPU and the compiled kernels
 #   anything else             run as a command, e.g. `bash`, `trtllm-build --help`,
 #                             `python examples/run.py --engine_dir /engines/x/engine ...`
@@ -177,10 +184,19 @@ e2e() {
     fi
 }
 
+serve() {
+    [[ $# -ge 1 ]] || die "serve: name a model, e.g. serve /models/model.gguf (see: help)"
+    # Built engines go to the engines volume, so that the next container finds them.
+    export TRTLLM_CACHE_DIR="${TRTLLM_CACHE_DIR:-$ENGINES/cache}"
+    # The host and port first: options given after MODEL override them.
+    exec trtllm-serve --host 0.0.0.0 --port 8000 "$@"
+}
+
 cmd="${1:-help}"
 case "$cmd" in
     help|-h|--help) usage ;;
     info) info ;;
     e2e) shift; e2e "$@" ;;
+    serve) shift; serve "$@" ;;
     *) exec "$@" ;;
 esac

