@@ -23,7 +23,6 @@ from pathlib import Path
 from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.llama import convert
-from tensorrt_llm.models.llama.meta import MetaCheckpoint
 from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, check_output_dir, write_checkpoint
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
@@ -70,7 +69,7 @@ def main(argv=None):
                                                   reader=reader)
     elif args.meta_ckpt_dir is not None:
         source = args.meta_ckpt_dir
-        meta_ckpt = MetaCheckpoint(source)
+        meta_ckpt = convert.MetaCheckpoint(source)
         config = meta_ckpt.config(dtype, mapping)
 
         def rank_weights(rank):

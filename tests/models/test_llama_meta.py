@@ -14,7 +14,7 @@ import safetensors.torch
 import torch
 
 from tensorrt_llm.builder import BuildConfig, build
-from tensorrt_llm.models.llama.meta import MetaCheckpoint, ffn_hidden_dim
+from tensorrt_llm.models.llama.convert import MetaCheckpoint, ffn_hidden_dim
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.runtime import ModelRunner
 

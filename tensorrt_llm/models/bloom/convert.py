@@ -6,7 +6,7 @@ the embeddings go through a LayerNorm (`transformer.ln_embed`).
 """
 from ...errors import CheckpointError
 from ...mapping import Mapping
-from ..gpt.conversion import config_dtype, hf_config, load_weights
+from ..convert_utils import config_dtype, hf_config, load_weights
 from ..modeling_utils import PretrainedConfig
 
 ARCHITECTURE = "BloomForCausalLM"

@@ -5,9 +5,8 @@ GPT-2's linears are `Conv1D`s, whose weights are stored [in, out]: transposed he
 """
 from ...errors import CheckpointError
 from ...mapping import Mapping
-from ..llama.convert import _HIDDEN_ACTS
+from ..convert_utils import HIDDEN_ACTS, config_dtype, hf_config, load_weights
 from ..modeling_utils import PretrainedConfig
-from .conversion import config_dtype, hf_config, load_weights
 
 ARCHITECTURE = "GPTForCausalLM"
 
@@ -25,7 +24,7 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
     if hf.scale_attn_by_inverse_layer_idx or not hf.scale_attn_weights or hf.add_cross_attention:
         raise CheckpointError("GPT-2 variants with scale_attn_by_inverse_layer_idx, without "
                               "scale_attn_weights or with cross-attention are not supported")
-    if hf.activation_function not in _HIDDEN_ACTS:
+    if hf.activation_function not in HIDDEN_ACTS:
         raise CheckpointError(f"unsupported activation_function {hf.activation_function!r}")
     return PretrainedConfig(
         architecture=ARCHITECTURE,
@@ -37,7 +36,7 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
         vocab_size=hf.vocab_size,
         position_embedding_type="learned_absolute",
         max_position_embeddings=hf.n_positions,
-        hidden_act=_HIDDEN_ACTS[hf.activation_function],
+        hidden_act=HIDDEN_ACTS[hf.activation_function],
         norm_epsilon=hf.layer_norm_epsilon,
         mapping=mapping or Mapping(),
         share_embedding_table=bool(hf.tie_word_embeddings),

@@ -1,30 +1,43 @@
-"""LLaMA-family checkpoint converters: Hugging Face or GGUF -> our checkpoint (config + rank weights).
+"""LLaMA-family checkpoint converters: a Hugging Face folder or model, a llama.cpp GGUF file, or a
+Meta checkpoint (`params.json` + `consolidated.NN.pth`) -> our checkpoint (config + rank weights).
 
-Both sources are read through one getter keyed by Hugging Face tensor names, so the
-tensor-parallel split (`_rank_weights`) is written once. Tensors are read, converted and
-split one at a time: peak memory is the output weights plus a few source tensors.
+Every source is read through one getter keyed by Hugging Face tensor names; `_weights` maps
+those onto our names and layout, and convert_utils.rank_weights cuts them for a
+tensor-parallel rank (the split every model shares, docs/architecture.md for the names).
+When tp_size does not divide vocab_size, lm_head's vocabulary is padded with zero rows to
+`config.vocab_size_padded`; a model must drop logits past `config.vocab_size`.
 
-Tensor-parallel layout of a rank's weights (see docs/architecture.md for the names):
-- qkv: the rank's slice of q heads, then of kv heads, then of v heads, concatenated by rows;
-- dense (o_proj) and mlp.proj (down_proj): split by columns, bias (if any) kept whole;
-- mlp.gate / mlp.fc: split by rows;
-- vocab_embedding and the norms: whole on every rank;
-- lm_head: split by vocab rows. When tp_size does not divide vocab_size, the vocabulary is
-  padded with zero rows to `config.vocab_size_padded`; a model must drop logits past
-  `config.vocab_size`. Absent when `share_embedding_table`.
+Meta's shards are read with `torch.load(weights_only=True, mmap=True)`: no pickled code runs
+and a shard is mapped, not copied into memory. Each shard holds one model-parallel slice:
+column-parallel weights (wq, wk, wv, w1, w3, output) are split by rows, row-parallel ones
+(wo, w2) by columns, the norms are whole on every shard, and tok_embeddings is split by
+columns (LLaMA 1/2's ParallelEmbedding) or by rows (LLaMA 3's VocabParallelEmbedding), told
+apart by shape. Tensors are joined and renamed to Hugging Face names, with Q/K rows moved
+from Meta's interleaved rotary order to Hugging Face's rotate-halves order.
 """
+from __future__ import annotations
+
 import json
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..._utils import canonical_dtype
-from ...errors import CheckpointError, ConfigError
+from ...errors import CheckpointError
 from ...mapping import Mapping
-from ..modeling_utils import MODEL_DTYPES, PretrainedConfig, check_safetensors_file, hf_config_from_dir
+from ..convert_utils import (
+    HIDDEN_ACTS,
+    Getter,
+    Has,
+    config_dtype,
+    hf_config,
+    load_tensor_file,
+    load_weights,
+    rank_weights,
+    rotary_scaling_from_hf,
+)
+from ..modeling_utils import PretrainedConfig
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -33,39 +46,7 @@ ARCHITECTURE = "LlamaForCausalLM"
 HF_REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
                     "vocab_size", "max_position_embeddings", "rms_norm_eps")
 
-# Hugging Face hidden_act names -> ours.
-_HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "relu": "relu", "gelu": "gelu",
-                "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-
-
 # ---------------------------------------------------------------------------- configs
-
-def _rotary_scaling_from_hf(params: dict | None) -> dict | None:
-    """A transformers rope_scaling / rope_parameters dict -> our rotary_scaling form."""
-    if not params:
-        return None
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        return None
-    if rope_type == "linear":
-        return {"type": "linear", "factor": float(params["factor"])}
-    if rope_type == "llama3":
-        return {"type": "llama3", "factor": float(params["factor"]),
-                "low_freq_factor": float(params["low_freq_factor"]),
-                "high_freq_factor": float(params["high_freq_factor"]),
-                "original_max_position_embeddings": int(params["original_max_position_embeddings"])}
-    raise CheckpointError(f"unsupported rope scaling type {rope_type!r} (supported: linear, llama3)")
-
-
-def _dtype_name(dtype) -> str | None:
-    """A torch dtype or its name (transformers writes either) -> our dtype name."""
-    if dtype is None:
-        return None
-    name = canonical_dtype(dtype)
-    if name not in MODEL_DTYPES:
-        raise CheckpointError(f"unsupported source dtype {dtype!r}")
-    return name
-
 
 def config_from_hf(hf_config_or_dir, dtype: str | None = None,
                    mapping: Mapping | None = None) -> PretrainedConfig:
@@ -74,22 +55,16 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
     A folder's config.json must give HF_REQUIRED_KEYS (CheckpointError naming the missing
     ones). dtype None follows the source's recorded dtype, float32 where it records none.
     """
-    hf = hf_config_or_dir
-    if isinstance(hf, (str, Path)):
-        hf = hf_config_from_dir(hf, "llama", HF_REQUIRED_KEYS)
-    if hf.model_type != "llama":
-        raise CheckpointError(f"unsupported architecture {getattr(hf, 'architectures', None)} "
-                              f"(model_type {hf.model_type!r}); this converter handles model_type 'llama'")
-    if hf.hidden_act not in _HIDDEN_ACTS:
+    hf = hf_config(hf_config_or_dir, "llama", HF_REQUIRED_KEYS)
+    if hf.hidden_act not in HIDDEN_ACTS:
         raise CheckpointError(f"unsupported hidden_act {hf.hidden_act!r}")
     # transformers >= 5 keeps rope_theta and the scaling in rope_parameters; older configs
     # have rope_theta and rope_scaling attributes.
     rope = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
     rope_theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-    source_dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
     return PretrainedConfig(
         architecture=ARCHITECTURE,
-        dtype=dtype or _dtype_name(source_dtype) or "float32",
+        dtype=config_dtype(hf, dtype),
         num_hidden_layers=hf.num_hidden_layers,
         num_attention_heads=hf.num_attention_heads,
         num_key_value_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
@@ -98,10 +73,10 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
         vocab_size=hf.vocab_size,
         position_embedding_type="rope_gpt_neox",
         max_position_embeddings=hf.max_position_embeddings,
-        hidden_act=_HIDDEN_ACTS[hf.hidden_act],
+        hidden_act=HIDDEN_ACTS[hf.hidden_act],
         norm_epsilon=hf.rms_norm_eps,
         rotary_base=float(rope_theta),
-        rotary_scaling=_rotary_scaling_from_hf(rope),
+        rotary_scaling=rotary_scaling_from_hf(rope),
         rotary_pct=float(rope.get("partial_rotary_factor", 1.0)),
         head_size=getattr(hf, "head_dim", None),
         mapping=mapping or Mapping(),
@@ -241,16 +216,6 @@ def config_from_gguf(path, dtype: str = "float32", mapping: Mapping | None = Non
 
 # ---------------------------------------------------------------------------- weights
 
-# Returns the named tensor in Hugging Face row order; the caller owns it (no alias of a
-# model's parameters), so converting it in place of copying is safe.
-Getter = Callable[[str], torch.Tensor]
-
-
-def _narrow(t: torch.Tensor, dim: int, tp_size: int, tp_rank: int) -> torch.Tensor:
-    size = t.shape[dim] // tp_size
-    return t.narrow(dim, tp_rank * size, size)
-
-
 def _hf_shape(name: str, config: PretrainedConfig) -> tuple[int, ...]:
     """The shape a Hugging Face Llama tensor must have under `config` (sources may lie)."""
     hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
@@ -271,143 +236,44 @@ def _check_hf_shape(name: str, shape, config: PretrainedConfig) -> None:
         raise CheckpointError(f"{name} has shape {list(shape)}, the config implies {list(_hf_shape(name, config))}")
 
 
-def _rank_weights(get: Getter, has: Callable[[str], bool], config: PretrainedConfig,
-                  mapping: Mapping) -> dict[str, torch.Tensor]:
-    """One rank's weights from a getter of Hugging Face-named tensors (HF row order)."""
-    if mapping.pp_size != 1:
-        raise ConfigError("pipeline-parallel checkpoints are not supported (pp_size must be 1)")
-    if (mapping.world_size, mapping.tp_size) != (config.mapping.world_size, config.mapping.tp_size):
-        raise ConfigError(f"mapping {mapping} does not match the config's {config.mapping}")
-    tp, rank = mapping.tp_size, mapping.tp_rank
+def _weights(get: Getter, has: Has, config: PretrainedConfig):
+    """Our weights, whole, from a getter of Hugging Face-named tensors (HF row order)."""
 
-    def take(name: str, dim: int | None = None, rows: int | None = None) -> torch.Tensor:
+    def take(name: str) -> torch.Tensor:
         t = get(name)
         _check_hf_shape(name, t.shape, config)
-        if rows is not None and rows > t.shape[0]:
-            t = torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0]))
-        if dim is not None:
-            t = _narrow(t, dim, tp, rank)
-        t = t.to(config.torch_dtype)
-        if t.untyped_storage().nbytes() > t.numel() * t.element_size():
-            # a narrowed view would keep the whole source tensor alive
-            t = t.clone(memory_format=torch.contiguous_format)
         return t
 
-    out = {"transformer.vocab_embedding.weight": take("model.embed_tokens.weight")}
-    layers = range(config.num_hidden_layers)
-    for i in tqdm(layers, desc=f"converting rank {mapping.rank}", unit="layer", disable=None):
+    yield "transformer.vocab_embedding.weight", take("model.embed_tokens.weight")
+    for i in range(config.num_hidden_layers):
         hf, ours = f"model.layers.{i}.", f"transformer.layers.{i}."
-        out[ours + "input_layernorm.weight"] = take(hf + "input_layernorm.weight")
+        yield ours + "input_layernorm.weight", take(hf + "input_layernorm.weight")
         for kind in ("weight", "bias") if config.attn_bias else ("weight",):
-            out[ours + f"attention.qkv.{kind}"] = torch.cat(
-                [take(hf + f"self_attn.{p}_proj.{kind}", 0) for p in "qkv"])
-        out[ours + "attention.dense.weight"] = take(hf + "self_attn.o_proj.weight", 1)
+            yield ours + f"attention.qkv.{kind}", torch.cat([take(hf + f"self_attn.{p}_proj.{kind}") for p in "qkv"])
+        yield ours + "attention.dense.weight", take(hf + "self_attn.o_proj.weight")
         if config.attn_bias:
-            out[ours + "attention.dense.bias"] = take(hf + "self_attn.o_proj.bias")
-        out[ours + "post_layernorm.weight"] = take(hf + "post_attention_layernorm.weight")
+            yield ours + "attention.dense.bias", take(hf + "self_attn.o_proj.bias")
+        yield ours + "post_layernorm.weight", take(hf + "post_attention_layernorm.weight")
         for ours_name, hf_name in (("gate", "gate_proj"), ("fc", "up_proj")):
-            out[ours + f"mlp.{ours_name}.weight"] = take(hf + f"mlp.{hf_name}.weight", 0)
+            yield ours + f"mlp.{ours_name}.weight", take(hf + f"mlp.{hf_name}.weight")
             if config.mlp_bias:
-                out[ours + f"mlp.{ours_name}.bias"] = take(hf + f"mlp.{hf_name}.bias", 0)
-        out[ours + "mlp.proj.weight"] = take(hf + "mlp.down_proj.weight", 1)
+                yield ours + f"mlp.{ours_name}.bias", take(hf + f"mlp.{hf_name}.bias")
+        yield ours + "mlp.proj.weight", take(hf + "mlp.down_proj.weight")
         if config.mlp_bias:
-            out[ours + "mlp.proj.bias"] = take(hf + "mlp.down_proj.bias")
-    out["transformer.ln_f.weight"] = take("model.norm.weight")
-
+            yield ours + "mlp.proj.bias", take(hf + "mlp.down_proj.bias")
+    yield "transformer.ln_f.weight", take("model.norm.weight")
     if not config.share_embedding_table:
         if not has("lm_head.weight"):
             raise CheckpointError("the source has no lm_head.weight but its config does not tie "
                                   "the embeddings")
-        out["lm_head.weight"] = take("lm_head.weight", 0, rows=config.vocab_size_padded)
-    return out
-
-
-class _HFTensors:
-    """Tensors of a Hugging Face model folder, read one at a time.
-
-    safetensors files are opened per tensor, so no mapping of a whole (multi-GB) file stays
-    resident while the converted weights accumulate.
-    """
-
-    def __init__(self, model_dir):
-        model_dir = Path(model_dir)
-        if not model_dir.is_dir():
-            raise FileNotFoundError(f"Hugging Face model folder not found: {model_dir}")
-        self._bin_cache: tuple[Path, dict] | None = None
-        for index_name, single_name in (("model.safetensors.index.json", "model.safetensors"),
-                                        ("pytorch_model.bin.index.json", "pytorch_model.bin")):
-            index = model_dir / index_name
-            if index.is_file():
-                try:
-                    weight_map = json.loads(index.read_text())["weight_map"]
-                    self._files = {k: model_dir / v for k, v in weight_map.items()}
-                except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
-                    raise CheckpointError(f"{index} is not a weight index ({type(e).__name__}: "
-                                          f"{e})") from e
-                for path in set(self._files.values()):
-                    if not path.is_file():
-                        raise CheckpointError(f"{index} names {path.name}, which is not in {model_dir}")
-                    self._check(path)
-                return
-            single = model_dir / single_name
-            if single.is_file():
-                self._check(single)
-                self._files = {k: single for k in self._keys(single)}
-                return
-        raise FileNotFoundError(f"no model.safetensors[.index.json] or pytorch_model.bin"
-                                f"[.index.json] in {model_dir}")
-
-    @staticmethod
-    def _check(path: Path) -> None:
-        """A truncated safetensors file is refused before any tensor is read."""
-        if path.suffix == ".safetensors":
-            check_safetensors_file(path)
-
-    @staticmethod
-    def _keys(path: Path) -> list[str]:
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
-            with safe_open(path, framework="pt") as f:
-                return list(f.keys())
-        return list(_load_bin(path))
-
-    def has(self, name: str) -> bool:
-        return name in self._files
-
-    def get(self, name: str) -> torch.Tensor:
-        if name not in self._files:
-            raise CheckpointError(f"tensor {name!r} not in the Hugging Face checkpoint")
-        path = self._files[name]
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
-            with safe_open(path, framework="pt") as f:
-                return f.get_tensor(name)
-        # .bin shards are pickles: load (memory-mapped) once per shard, keep the current one.
-        if self._bin_cache is None or self._bin_cache[0] != path:
-            self._bin_cache = (path, _load_bin(path))
-        if name not in self._bin_cache[1]:
-            raise CheckpointError(f"tensor {name!r} is not in {path}, though the index names it")
-        return self._bin_cache[1][name].clone()  # not a view of the file mapping
-
-
-def _load_bin(path: Path) -> dict:
-    """A pytorch_model.bin shard, memory-mapped; no pickled code runs."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # UnpicklingError for anything but tensors; RuntimeError for a damaged zip
-        raise CheckpointError(f"{path} is not a readable tensor file: {' '.join(str(e).split())}") from e
+        yield "lm_head.weight", take("lm_head.weight")
 
 
 def load_weights_from_hf(model_dir_or_model, config: PretrainedConfig,
                          mapping: Mapping | None = None) -> dict[str, torch.Tensor]:
     """One rank's weights (our names, config.dtype) from a Hugging Face folder or a
     transformers model object. mapping defaults to config.mapping (its rank)."""
-    mapping = mapping or config.mapping
-    if isinstance(model_dir_or_model, (str, Path)):
-        source = _HFTensors(model_dir_or_model)
-        return _rank_weights(source.get, source.has, config, mapping)
-    state = model_dir_or_model.state_dict()
-    return _rank_weights(lambda name: state[name].clone(), state.__contains__, config, mapping)
+    return load_weights(model_dir_or_model, config, mapping, _weights)
 
 
 def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -420,21 +286,37 @@ def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_name(hf_name: str) -> str:
-    """Hugging Face tensor name -> llama.cpp's."""
-    fixed = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    if hf_name in fixed:
-        return fixed[hf_name]
+def _in_hf_rotary_order(hf_name: str, w, config: PretrainedConfig):
+    """Q and K rows (interleaved pairs in llama.cpp and Meta files) in Hugging Face's order;
+    any other tensor as it is."""
+    if ".self_attn.q_proj." in hf_name:
+        return _unpermute_rotary_rows(w, config.num_attention_heads)
+    if ".self_attn.k_proj." in hf_name:
+        return _unpermute_rotary_rows(w, config.num_key_value_heads)
+    return w
+
+
+def _renamed(hf_name: str, whole: dict[str, str], layer_prefix: str, modules: dict[str, str]) -> str:
+    """A Hugging Face Llama tensor name in another format's names: `whole` names the tensors
+    outside the layers, a layer's is `{layer_prefix}{i}.{modules[module]}.{weight or bias}`."""
+    if hf_name in whole:
+        return whole[hf_name]
     layer, rest = hf_name.removeprefix("model.layers.").split(".", 1)
     module, kind = rest.rsplit(".", 1)
-    module = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down"}[module]
-    return f"blk.{layer}.{module}.{kind}"
+    return f"{layer_prefix}{layer}.{modules[module]}.{kind}"
+
+
+# Hugging Face names -> llama.cpp's.
+_GGUF_WHOLE = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"}
+_GGUF_MODULES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+
+
+def _gguf_name(hf_name: str) -> str:
+    return _renamed(hf_name, _GGUF_WHOLE, "blk.", _GGUF_MODULES)
 
 
 def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | None = None,
@@ -457,11 +339,164 @@ def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | No
             raise CheckpointError(f"{path}: tensor {t.name!r} is unreadable ({' '.join(str(e).split())[:200]})") \
                 from None
         _check_hf_shape(hf_name, w.shape, config)  # before the row permutation reads it by heads
-        if ".self_attn.q_proj." in hf_name:
-            w = _unpermute_rotary_rows(w, config.num_attention_heads)
-        elif ".self_attn.k_proj." in hf_name:
-            w = _unpermute_rotary_rows(w, config.num_key_value_heads)
+        w = _in_hf_rotary_order(hf_name, w, config)
         # F32 tensors are read-only views of the file: copy those (only)
         return torch.from_numpy(np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
 
-    return _rank_weights(get, lambda hf_name: _gguf_name(hf_name) in tensors, config, mapping)
+    return rank_weights(_weights(get, lambda hf_name: _gguf_name(hf_name) in tensors, config), config, mapping)
+
+
+# ---------------------------------------------------------------------------- Meta checkpoints
+
+# Meta module name -> the dim its shards are joined along (None: whole on every shard).
+_SPLIT_DIM = {"attention.wq": 0, "attention.wk": 0, "attention.wv": 0, "attention.wo": 1,
+              "feed_forward.w1": 0, "feed_forward.w3": 0, "feed_forward.w2": 1,
+              "attention_norm": None, "ffn_norm": None, "norm": None, "output": 0}
+
+# Hugging Face names -> Meta's.
+_META_WHOLE = {"model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
+               "lm_head.weight": "output.weight"}
+_META_MODULES = {"input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+                 "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+                 "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+                 "mlp.down_proj": "feed_forward.w2"}
+
+# params.json keys the converter needs (the others have Meta's defaults).
+_REQUIRED_PARAMS = ("dim", "n_layers", "n_heads")
+
+# Buffers some Meta checkpoints carry that are derived from params.json.
+_IGNORED = {"rope.freqs"}
+
+
+def _meta_name(hf_name: str) -> str:
+    return _renamed(hf_name, _META_WHOLE, "layers.", _META_MODULES)
+
+
+def ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
+    """The feed-forward width Meta's model code derives from params.json."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+class MetaCheckpoint:
+    """A Meta checkpoint folder, opened once for both the config and the weights."""
+
+    def __init__(self, meta_dir):
+        meta_dir = Path(meta_dir)
+        params_path = meta_dir / "params.json"
+        if not params_path.is_file():
+            raise FileNotFoundError(f"no params.json in Meta checkpoint folder {meta_dir}")
+        try:
+            self.params = json.loads(params_path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{params_path} is not valid JSON ({e})") from e
+        if not isinstance(self.params, dict):
+            raise CheckpointError(f"{params_path} is not a Meta params file (not a JSON object)")
+        missing = [k for k in _REQUIRED_PARAMS if k not in self.params]
+        if missing:
+            raise CheckpointError(f"{params_path} has no {', '.join(missing)}: the converter needs "
+                                  f"{'them' if len(missing) > 1 else 'it'} and does not guess defaults")
+        paths = sorted(meta_dir.glob("consolidated.*.pth"), key=lambda p: int(p.suffixes[0][1:]))
+        if not paths:
+            raise FileNotFoundError(f"no consolidated.NN.pth shards in {meta_dir}")
+        if [int(p.suffixes[0][1:]) for p in paths] != list(range(len(paths))):
+            raise CheckpointError(f"Meta shards of {meta_dir} are not numbered 00..{len(paths) - 1:02d}: "
+                                  f"{[p.name for p in paths]}")
+        self.shards = [load_tensor_file(p) for p in paths]
+        keys = set(self.shards[0]) - _IGNORED
+        for path, shard in zip(paths[1:], self.shards[1:]):
+            if set(shard) - _IGNORED != keys:
+                raise CheckpointError(f"{path.name} holds other tensors than {paths[0].name}")
+        self.keys = keys
+        for name in ("tok_embeddings.weight", "layers.0.feed_forward.w1.weight"):
+            if name not in keys:
+                raise CheckpointError(f"{paths[0]} has no tensor {name!r}: not a Meta LLaMA checkpoint")
+
+    def _joined(self, name: str) -> torch.Tensor:
+        """One Meta tensor, its shards joined; a new tensor, never a view of a mapped file."""
+        parts = [shard[name] for shard in self.shards]
+        if len(parts) == 1 or parts[0].dim() == 1:
+            return parts[0].clone()
+        if name == "tok_embeddings.weight":
+            # Rows of the whole vocabulary on each shard: the hidden dim was split.
+            dim = 1 if parts[0].shape[0] == self.vocab_size else 0
+        else:
+            module = name.rsplit(".", 1)[0]
+            dim = _SPLIT_DIM[module.split(".", 2)[2] if module.startswith("layers.") else module]
+        return torch.cat(parts, dim=dim)
+
+    @property
+    def vocab_size(self) -> int:
+        # LLaMA 1/2 write vocab_size -1 (the tokenizer decides): the output rows tell.
+        if self.params.get("vocab_size", -1) > 0:
+            return int(self.params["vocab_size"])
+        if "output.weight" not in self.keys:
+            raise CheckpointError("params.json gives no vocab_size and the checkpoint has no "
+                                  "output.weight to tell it")
+        return sum(shard["output.weight"].shape[0] for shard in self.shards)
+
+    def config(self, dtype: str | None = None, mapping: Mapping | None = None) -> PretrainedConfig:
+        """Our config from params.json; dtype None keeps the shards' dtype."""
+        p = self.params
+        dim, heads = p["dim"], p["n_heads"]
+        kv_heads = p.get("n_kv_heads") or heads
+        ffn = ffn_hidden_dim(dim, p.get("multiple_of", 256), p.get("ffn_dim_multiplier"))
+        w1_rows = sum(shard["layers.0.feed_forward.w1.weight"].shape[0] for shard in self.shards)
+        if w1_rows != ffn:
+            raise CheckpointError(f"params.json gives a feed-forward width of {ffn} (dim {dim}, multiple_of "
+                                  f"{p.get('multiple_of')}, ffn_dim_multiplier {p.get('ffn_dim_multiplier')}) "
+                                  f"but layers.0.feed_forward.w1 has {w1_rows} rows")
+        rope_theta = float(p.get("rope_theta", 10000.0))
+        scaling = None
+        if p.get("use_scaled_rope"):
+            # Meta's apply_scaling constants (factor and high_freq_factor may be given).
+            scaling = {"type": "llama3", "factor": float(p.get("rope_scaling_factor", 8.0)),
+                       "low_freq_factor": 1.0, "high_freq_factor": float(p.get("rope_high_freq_factor", 4.0)),
+                       "original_max_position_embeddings": 8192}
+        # params.json rarely records the context length: use the family's (3.1+, 3, 2).
+        max_positions = p.get("max_seq_len") or (131072 if scaling else 8192 if rope_theta >= 500000 else 4096)
+        source_dtype = canonical_dtype(self.shards[0]["tok_embeddings.weight"].dtype)
+        config = PretrainedConfig(
+            architecture=ARCHITECTURE,
+            dtype=dtype or source_dtype,
+            num_hidden_layers=p["n_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            hidden_size=dim,
+            intermediate_size=ffn,
+            vocab_size=self.vocab_size,
+            position_embedding_type="rope_gpt_neox",  # after undoing Meta's Q/K interleaving
+            max_position_embeddings=max_positions,
+            hidden_act="silu",
+            norm_epsilon=float(p.get("norm_eps", 1e-5)),
+            rotary_base=rope_theta,
+            rotary_scaling=scaling,
+            mapping=mapping or Mapping(),
+            share_embedding_table="output.weight" not in self.keys,
+        )
+        expected = {_meta_name(n) for n in self._hf_names(config)}
+        if self.keys != expected:
+            raise CheckpointError(f"unexpected Meta tensors {sorted(self.keys - expected)}, "
+                                  f"missing {sorted(expected - self.keys)}")
+        return config
+
+    @staticmethod
+    def _hf_names(config: PretrainedConfig) -> list[str]:
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        if not config.share_embedding_table:
+            names.append("lm_head.weight")
+        for i in range(config.num_hidden_layers):
+            names += [f"model.layers.{i}.{module}.weight" for module in _META_MODULES]
+        return names
+
+    def rank_weights(self, config: PretrainedConfig, mapping: Mapping | None = None) -> dict[str, torch.Tensor]:
+        """One rank's weights (our names, config.dtype)."""
+
+        def get(hf_name: str) -> torch.Tensor:
+            return _in_hf_rotary_order(hf_name, self._joined(_meta_name(hf_name)), config).contiguous()
+
+        return rank_weights(_weights(get, lambda hf_name: _meta_name(hf_name) in self.keys, config), config,
+                            mapping or config.mapping)

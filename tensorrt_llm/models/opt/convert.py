@@ -9,8 +9,7 @@ import torch
 
 from ...errors import CheckpointError
 from ...mapping import Mapping
-from ..gpt.conversion import config_dtype, hf_config, load_weights
-from ..llama.convert import _HIDDEN_ACTS
+from ..convert_utils import HIDDEN_ACTS, config_dtype, hf_config, load_weights
 from ..modeling_utils import PretrainedConfig
 
 ARCHITECTURE = "OPTForCausalLM"
@@ -35,7 +34,7 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
         raise CheckpointError("OPT without layer_norm_elementwise_affine is not supported")
     if hf.do_layer_norm_before and getattr(hf, "_remove_final_layer_norm", False):
         raise CheckpointError("OPT with _remove_final_layer_norm is not supported")
-    if hf.activation_function not in _HIDDEN_ACTS:
+    if hf.activation_function not in HIDDEN_ACTS:
         raise CheckpointError(f"unsupported activation_function {hf.activation_function!r}")
     return PretrainedConfig(
         architecture=ARCHITECTURE,
@@ -47,7 +46,7 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
         vocab_size=hf.vocab_size,
         position_embedding_type="learned_absolute",
         max_position_embeddings=hf.max_position_embeddings,
-        hidden_act=_HIDDEN_ACTS[hf.activation_function],
+        hidden_act=HIDDEN_ACTS[hf.activation_function],
         norm_epsilon=_LAYER_NORM_EPS,
         mapping=mapping or Mapping(),
         share_embedding_table=bool(hf.tie_word_embeddings),

@@ -7,8 +7,7 @@ import torch
 
 from ...errors import CheckpointError
 from ...mapping import Mapping
-from ..gpt.conversion import config_dtype, hf_config, load_weights
-from ..llama.convert import _HIDDEN_ACTS, _rotary_scaling_from_hf
+from ..convert_utils import HIDDEN_ACTS, config_dtype, hf_config, load_weights, rotary_scaling_from_hf
 from ..modeling_utils import PretrainedConfig
 
 ARCHITECTURE = "PhiForCausalLM"
@@ -25,7 +24,7 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
     hf = hf_config(hf_config_or_dir, "phi", HF_REQUIRED_KEYS)
     if hf.qk_layernorm:
         raise CheckpointError("Phi with qk_layernorm is not supported")
-    if hf.hidden_act not in _HIDDEN_ACTS:
+    if hf.hidden_act not in HIDDEN_ACTS:
         raise CheckpointError(f"unsupported hidden_act {hf.hidden_act!r}")
     # transformers >= 5 keeps rope_theta and partial_rotary_factor in rope_parameters.
     rope = getattr(hf, "rope_parameters", None) or {}
@@ -40,10 +39,10 @@ def config_from_hf(hf_config_or_dir, dtype: str | None = None,
         vocab_size=hf.vocab_size,
         position_embedding_type="rope_gpt_neox",
         max_position_embeddings=hf.max_position_embeddings,
-        hidden_act=_HIDDEN_ACTS[hf.hidden_act],
+        hidden_act=HIDDEN_ACTS[hf.hidden_act],
         norm_epsilon=hf.layer_norm_eps,
         rotary_base=float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))),
-        rotary_scaling=_rotary_scaling_from_hf(rope),
+        rotary_scaling=rotary_scaling_from_hf(rope),
         rotary_pct=float(rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 0.5))),
         mapping=mapping or Mapping(),
         attn_bias=True,
