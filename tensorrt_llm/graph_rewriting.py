@@ -119,22 +119,38 @@ def _call_arguments(layer: Layer, signature: inspect.Signature) -> dict[str, Any
         return {"value": net.weights[attrs["weight"]], "name": attrs["weight"]}
     inputs = layer.get_inputs()
     args, used = {}, 0
-    for p in signature.parameters.values():
-        if p.name in attrs:
-            args[p.name] = attrs.pop(p.name)
-        elif p.annotation == "Sequence[Tensor]":
-            args[p.name], used = inputs[used:], len(inputs)
-        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and used < len(inputs):
-            args[p.name] = inputs[used]
+    for name, takes, default in _parameters(layer.op, signature):
+        if name in attrs:
+            args[name] = attrs.pop(name)
+        elif takes == "all":
+            args[name], used = inputs[used:], len(inputs)
+        elif takes == "input" and used < len(inputs):
+            args[name] = inputs[used]
             used += 1
-        elif p.default is not p.empty:
-            args[p.name] = p.default
+        elif default is not inspect.Parameter.empty:
+            args[name] = default
         else:
-            raise ValueError(f"layer {layer.name!r} ({layer.op}) gives no argument {p.name!r}")
+            raise ValueError(f"layer {layer.name!r} ({layer.op}) gives no argument {name!r}")
     if attrs or used < len(inputs):
         raise ValueError(f"layer {layer.name!r} ({layer.op}): attrs {sorted(attrs)} and "
                          f"{len(inputs) - used} input(s) are no arguments of the op")
     return args
+
+
+# op -> (its signature, (name, what may give it, default) per parameter): read once per op.
+_PARAMETERS: dict[str, tuple[inspect.Signature, tuple[tuple[str, str, Any], ...]]] = {}
+
+
+def _parameters(op: str, signature: inspect.Signature) -> tuple[tuple[str, str, Any], ...]:
+    """Per parameter: its name, what gives it besides an attr of that name ("all": every
+    input, "input": the next input, "attr": nothing), and its default."""
+    cached = _PARAMETERS.get(op)
+    if cached is None or cached[0] is not signature:
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        cached = _PARAMETERS[op] = (signature, tuple(
+            (p.name, "all" if p.annotation == "Sequence[Tensor]" else "input" if p.kind in positional else "attr",
+             p.default) for p in signature.parameters.values()))
+    return cached[1]
 
 
 class FLayerInfoMemo:
@@ -169,8 +185,8 @@ def _info(layer: Layer) -> FLayerInfo:
 # ---- patterns and managers ------------------------------------------------------------------
 
 
-class PatternRewriter:
-    """Alters the network. `root_layer`: the ops whose layers are offered (None: all)."""
+class _Pattern:
+    """A pattern's name, and the ops whose layers it is offered (`root_layer`; None: all)."""
 
     def __init__(self, name: str, root_layer: Optional[set[str]] = None):
         self.name = name
@@ -178,6 +194,10 @@ class PatternRewriter:
 
     def match(self, layer: Layer) -> bool:
         raise NotImplementedError
+
+
+class PatternRewriter(_Pattern):
+    """Alters the network."""
 
     def rewrite(self, layer: Layer) -> None:
         raise NotImplementedError
@@ -190,15 +210,8 @@ class PatternRewriter:
         return True
 
 
-class PatternAnalyzer:
+class PatternAnalyzer(_Pattern):
     """Collects information without changing the network."""
-
-    def __init__(self, name: str, root_layer: Optional[set[str]] = None):
-        self.name = name
-        self.root_layer = root_layer
-
-    def match(self, layer: Layer) -> bool:
-        raise NotImplementedError
 
     def analyze(self, layer: Layer) -> None:
         raise NotImplementedError
@@ -314,22 +327,34 @@ def prune_unused_weights(network: Network) -> int:
 
 
 class Fusion(PatternRewriter):
-    """A rewrite that replaces a matched subgraph with new layers. `subgraph(layer)` lists
-    the layers one rewrite at `layer` replaces: the ones it marks removed, and what
-    FusionPlan reports."""
+    """A rewrite that replaces a matched subgraph with new layers. `find(layer)` gives the
+    FLayerInfo of every layer one rewrite at `layer` replaces, by role (None: no match);
+    `emit(found)` adds the new layers from their inputs and redirects the old outputs'
+    readers; the layers found are then marked removed. FusionPlan reports them."""
 
-    def subgraph(self, layer: Layer) -> list[Layer]:
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
         raise NotImplementedError
+
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        raise NotImplementedError
+
+    def match(self, layer: Layer) -> bool:
+        return self.find(layer) is not None
 
     def rewrite(self, layer: Layer) -> None:
-        replaced = self.subgraph(layer)
-        self.emit(layer)
-        for old in replaced:
-            layer.network.mark_removed(old)
+        self._replace(self.find(layer))
 
-    def emit(self, layer: Layer) -> None:
-        """Stages 1-3: read the inputs, add the new layers, redirect the old outputs' readers."""
-        raise NotImplementedError
+    def match_and_rewrite(self, layer: Layer) -> bool:
+        found = self.find(layer)
+        if found is None:
+            return False
+        self._replace(found)
+        return True
+
+    def _replace(self, found: dict[str, FLayerInfo]) -> None:
+        self.emit(found)
+        for info in found.values():
+            info.network.mark_removed(info.layer)
 
 
 class FusionPlan(PatternAnalyzer):
@@ -345,7 +370,7 @@ class FusionPlan(PatternAnalyzer):
         return self.fusion.match(layer)
 
     def analyze(self, layer: Layer) -> None:
-        self.matches.append([old.name for old in self.fusion.subgraph(layer)])
+        self.matches.append([info.layer_name for info in self.fusion.find(layer).values()])
 
 
 def _only_reader(tensor: Tensor, layer: Layer) -> bool:
@@ -373,24 +398,25 @@ class FuseAddRmsNorm(Fusion):
     def __init__(self):
         super().__init__("fuse_add_rms_norm", root_layer={"rms_norm"})
 
-    def match(self, layer: Layer) -> bool:
-        total = _info(layer).get_input("x")
-        add = total.get_parent()
-        if add is None or add.removed or add.op != "add" or _has_timed_choice(layer):
-            return False
-        a, b = _info(add).get_input("a"), _info(add).get_input("b")
-        return a.shape == b.shape == total.shape  # no broadcasting inside the fused op
-
-    def subgraph(self, layer: Layer) -> list[Layer]:
-        return [_info(layer).get_input("x").get_parent(), layer]
-
-    def emit(self, layer: Layer) -> None:
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
+        if _has_timed_choice(layer):
+            return None
         norm = _info(layer)
-        add = _info(norm.get_input("x").get_parent())
+        total = norm.get_input("x")
+        add_layer = total.get_parent()
+        if add_layer is None or add_layer.removed or add_layer.op != "add":
+            return None
+        add = _info(add_layer)
+        if not add.get_input("a").shape == add.get_input("b").shape == total.shape:
+            return None  # no broadcasting inside the fused op
+        return {"add": add, "norm": norm}
+
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        add, norm = found["add"], found["norm"]
         normed, total = F.fused_add_rms_norm(add.get_input("a"), add.get_input("b"), norm.get_input("weight"),
                                              eps=norm.get_input("eps"))
-        norm.replace_output_uses_with(layer.network, [normed])
-        add.replace_output_uses_with(layer.network, [total])
+        norm.replace_output_uses_with(norm.network, [normed])
+        add.replace_output_uses_with(add.network, [total])
 
 
 _GATED_ACTIVATIONS = {"silu": ("silu_and_mul", None), "gelu": ("gelu_and_mul", "none"),
@@ -404,10 +430,8 @@ class FuseGateUp(Fusion):
     def __init__(self):
         super().__init__("fuse_gate_up", root_layer={"mul"})
 
-    @staticmethod
-    def _find(mul: Layer) -> Optional[tuple[FLayerInfo, FLayerInfo, FLayerInfo]]:
-        """The FLayerInfo of (activation, gate linear, up linear), or None."""
-        product = _info(mul)
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
+        product = _info(layer)
         a, b = product.get_input("a"), product.get_input("b")
         for act_t, up_t in ((a, b), (b, a)):
             act_layer = act_t.get_parent()
@@ -425,22 +449,15 @@ class FuseGateUp(Fusion):
             params = [lin.get_input(p) for lin in (gate, up) for p in ("weight", "bias")]
             if not all(_is_constant(t) for t in params if t is not None):
                 continue
-            if not (_only_reader(act.get_input("x"), act_layer) and _only_reader(act_t, mul)
-                    and _only_reader(up_t, mul)):
+            if not (_only_reader(act.get_input("x"), act_layer) and _only_reader(act_t, layer)
+                    and _only_reader(up_t, layer)):
                 continue
-            return act, gate, up
+            return {"gate": gate, "up": up, "act": act, "mul": product}
         return None
 
-    def match(self, layer: Layer) -> bool:
-        return self._find(layer) is not None
-
-    def subgraph(self, layer: Layer) -> list[Layer]:
-        act, gate, up = self._find(layer)
-        return [gate.layer, up.layer, act.layer, layer]
-
-    def emit(self, layer: Layer) -> None:
-        act, gate, up = self._find(layer)
-        net = layer.network
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        gate, up, act = found["gate"], found["up"], found["act"]
+        net = gate.network
         fused = {}
         for param in ("weight", "bias"):
             if gate.get_input(param) is None:
@@ -453,7 +470,7 @@ class FuseGateUp(Fusion):
         y = F.linear(gate.get_input("x"), fused["weight"], fused["bias"])
         op, approximate = _GATED_ACTIVATIONS[act.layer_type]
         out = F.silu_and_mul(y) if op == "silu_and_mul" else F.gelu_and_mul(y, approximate=approximate)
-        _info(layer).replace_output_uses_with(net, [out])
+        found["mul"].replace_output_uses_with(net, [out])
 
 
 def _fused_weight_name(net: Network, gate_name: str, up_name: str) -> str:
@@ -477,9 +494,7 @@ class FuseRopeAttention(Fusion):
     def __init__(self):
         super().__init__("fuse_rope_attention", root_layer={"gpt_attention"})
 
-    @staticmethod
-    def _ropes(layer: Layer) -> Optional[tuple[FLayerInfo, FLayerInfo]]:
-        """The FLayerInfo of the rotary_embedding layers making q and k, or None."""
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
         attn = _info(layer)
         if attn.get_input("rotary_dim"):  # already rotates
             return None
@@ -497,23 +512,15 @@ class FuseRopeAttention(Fusion):
             return None
         if not (_only_reader(q, layer) and _only_reader(k, layer)):
             return None
-        return rq, rk
+        return {"rope_q": rq, "rope_k": rk, "attention": attn}
 
-    def match(self, layer: Layer) -> bool:
-        return self._ropes(layer) is not None
-
-    def subgraph(self, layer: Layer) -> list[Layer]:
-        rq, rk = self._ropes(layer)
-        return [rq.layer, rk.layer, layer]
-
-    def emit(self, layer: Layer) -> None:
-        rq, rk = self._ropes(layer)
-        attn = _info(layer)
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        rq, rk, attn = found["rope_q"], found["rope_k"], found["attention"]
         args = attn.clone_inputs()
         args.update(q=rq.get_input("x"), k=rk.get_input("x"), position_ids=rq.get_input("position_ids"),
                     rotary_cos_sin=rq.get_input("cos_sin_cache"), rotary_dim=rq.get_input("rotary_dim"),
                     rotary_is_neox=rq.get_input("is_neox"))
-        attn.replace_output_uses_with(layer.network, [F.gpt_attention(**args)])
+        attn.replace_output_uses_with(attn.network, [F.gpt_attention(**args)])
 
 
 def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
@@ -522,7 +529,7 @@ def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
     None. Constant parameters are what a fused kernel streams, and they cannot depend on the
     tensor."""
     users = tensor.get_users()
-    if len(users) != 1 or users[0].op != "linear":
+    if len(users) != 1 or users[0].op != "linear" or _has_timed_choice(users[0]):
         return None
     linear = _info(users[0])
     params = [linear.get_input("weight"), linear.get_input("bias")]
@@ -530,7 +537,7 @@ def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
         return None
     if not all(_is_constant(t) for t in params if t is not None):
         return None
-    return linear if _only_reader(tensor, linear.layer) and not _has_timed_choice(linear.layer) else None
+    return linear if _only_reader(tensor, linear.layer) else None
 
 
 class FuseNormLinear(Fusion):
@@ -544,29 +551,23 @@ class FuseNormLinear(Fusion):
     def __init__(self):
         super().__init__("fuse_norm_linear", root_layer={"rms_norm", "fused_add_rms_norm"})
 
-    @staticmethod
-    def _linear(layer: Layer) -> Optional[FLayerInfo]:
-        if _info(layer).get_input("weight") is None or _has_timed_choice(layer):
-            return None
-        return _sole_linear_reader(layer.get_output(0))
-
-    def match(self, layer: Layer) -> bool:
-        return self._linear(layer) is not None
-
-    def subgraph(self, layer: Layer) -> list[Layer]:
-        return [layer, self._linear(layer).layer]
-
-    def emit(self, layer: Layer) -> None:
-        linear = self._linear(layer)
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
         norm = _info(layer)
+        if norm.get_input("weight") is None or _has_timed_choice(layer):
+            return None
+        linear = _sole_linear_reader(layer.get_output(0))
+        return None if linear is None else {"norm": norm, "linear": linear}
+
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        norm, linear = found["norm"], found["linear"]
         weight, bias, eps = linear.get_input("weight"), linear.get_input("bias"), norm.get_input("eps")
-        if layer.op == "rms_norm":
+        if norm.layer_type == "rms_norm":
             y = F.rms_norm_linear(norm.get_input("x"), norm.get_input("weight"), weight, bias, eps=eps)
         else:
             y, total = F.add_rms_norm_linear(norm.get_input("x"), norm.get_input("residual"),
                                              norm.get_input("weight"), weight, bias, eps=eps)
-            layer.get_output(1).replace_all_uses_with(total)
-        linear.replace_output_uses_with(layer.network, [y])
+            norm.outputs[1].replace_all_uses_with(total)
+        linear.replace_output_uses_with(linear.network, [y])
 
 
 class FuseActLinear(Fusion):
@@ -577,20 +578,16 @@ class FuseActLinear(Fusion):
     def __init__(self):
         super().__init__("fuse_act_linear", root_layer={"silu_and_mul"})
 
-    @staticmethod
-    def _linear(layer: Layer) -> Optional[FLayerInfo]:
-        return None if _has_timed_choice(layer) else _sole_linear_reader(layer.get_output(0))
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
+        if _has_timed_choice(layer):
+            return None
+        linear = _sole_linear_reader(layer.get_output(0))
+        return None if linear is None else {"activation": _info(layer), "linear": linear}
 
-    def match(self, layer: Layer) -> bool:
-        return self._linear(layer) is not None
-
-    def subgraph(self, layer: Layer) -> list[Layer]:
-        return [layer, self._linear(layer).layer]
-
-    def emit(self, layer: Layer) -> None:
-        linear = self._linear(layer)
-        y = F.silu_and_mul_linear(_info(layer).get_input("x"), linear.get_input("weight"), linear.get_input("bias"))
-        linear.replace_output_uses_with(layer.network, [y])
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        act, linear = found["activation"], found["linear"]
+        y = F.silu_and_mul_linear(act.get_input("x"), linear.get_input("weight"), linear.get_input("bias"))
+        linear.replace_output_uses_with(linear.network, [y])
 
 
 # The default order: later passes match what earlier ones make.

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from tensorrt_llm.build_config import current_device_target
-from tensorrt_llm.builder import BuildConfig, Engine
+from tensorrt_llm.builder import BuildConfig, Engine, build
 from tensorrt_llm.errors import EngineError
+from tensorrt_llm.models import LLaMAForCausalLM, PretrainedConfig
 from tensorrt_llm.version import __version__
 
 from .models.llama_utils import engine_from_hf, generated, random_hf_llama, runner
@@ -148,3 +149,27 @@ def test_norm_and_activation_linear_fusions_keep_the_logits_bit_for_bit(hf, tmp_
     for b in range(2):
         assert torch.equal(outs[1]["context_logits"][b], outs[0]["context_logits"][b])
     assert outs[1]["output_ids"].tolist() == outs[0]["output_ids"].tolist()
+
+
+def test_an_8b_network_is_defined_and_rewritten_in_under_0_3_s():
+    """build() of a Llama-3.1-8B-shaped model (weights on the meta device: no data) defines the
+    network and runs every pass; the passes' FLayerInfo reads must not make that slow."""
+    config = PretrainedConfig(
+        architecture="LlamaForCausalLM", dtype="bfloat16", num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, hidden_size=4096, intermediate_size=14336, vocab_size=128256,
+        max_position_embeddings=131072, rotary_base=500000.0,
+        rotary_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192})
+    model = LLaMAForCausalLM(config)
+    model.load({name: torch.empty(p.shape, dtype=torch.bfloat16, device="meta")
+                for name, p in model.named_parameters()})
+    torch.cat([torch.empty(1, device="meta")] * 2)  # torch loads its meta kernels on first use (a second)
+    seconds = []
+    for _ in range(3):
+        engine = build(model, BuildConfig(target_device="any"))
+        seconds.append(engine.config["build_summary"]["build_seconds"])
+    summary = engine.config["build_summary"]
+    assert (summary["layers_before_rewriting"], summary["layers_after_rewriting"]) == (713, 393)
+    assert summary["rewrites"]["rewrites"] == {"fuse_add_rms_norm": 63, "fuse_gate_up": 32, "fuse_rope_attention": 32,
+                                               "fuse_norm_linear": 65, "fuse_act_linear": 32}
+    assert min(seconds) < 0.3, seconds
