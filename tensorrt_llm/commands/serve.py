@@ -67,8 +67,8 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name} must be >= 1, got {value}")
-    if args.max_queue_size is not None and args.max_queue_size < 0:
-        raise ConfigError(f"--max_queue_size must be >= 0, got {args.max_queue_size}")
+    if args.max_queue_size is not None and args.max_queue_size < 1:
+        raise ConfigError(f"--max_queue_size must be >= 1 (leave it out for no limit), got {args.max_queue_size}")
     if args.shutdown_timeout < 0:
         raise ConfigError(f"--shutdown_timeout must be >= 0, got {args.shutdown_timeout}")
     if args.api_key is not None and not args.api_key.strip():

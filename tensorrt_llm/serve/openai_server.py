@@ -183,6 +183,22 @@ class _Generation:
         return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
+class _AbortingStream(StreamingResponse):
+    """Server-sent events that abort what still runs however the response ends: sent whole,
+    the client gone, or cancelled at shutdown (even before its first event, when the events'
+    generator never started and so could not clean up itself)."""
+
+    def __init__(self, generation: _Generation, events: AsyncIterator[str]):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.generation = generation
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.abort()
+
+
 def _sse(chunk) -> str:
     exclude = {"usage"} if getattr(chunk, "usage", True) is None else None
     return f"data: {chunk.model_dump_json(exclude=exclude)}\n\n"
@@ -280,14 +296,7 @@ class OpenAIServer:
         """Stream the events, or wait for the end and answer `collect()`; either way, a client
         that leaves (or a cancelled handler) aborts what still runs."""
         if stream:
-            async def guarded():
-                try:
-                    async for event in events:
-                        yield event
-                finally:
-                    generation.abort()
-            return StreamingResponse(guarded(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return _AbortingStream(generation, events)
         try:
             run = asyncio.ensure_future(generation.run_to_end())
             left = asyncio.ensure_future(_disconnected(raw))

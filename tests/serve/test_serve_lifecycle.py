@@ -153,7 +153,7 @@ def test_bad_options_and_models_end_in_one_error_line(tmp_path, engine_dir):
         taken = _serve(str(engine_dir), "--port", str(port))
     assert taken.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in taken.stderr, taken.stderr
     assert "Traceback" not in taken.stderr
-    for args, message in ((["--port", "70000"], "--port"), (["--max_queue_size", "-1"], "--max_queue_size"),
+    for args, message in ((["--port", "70000"], "--port"), (["--max_queue_size", "0"], "--max_queue_size"),
                           (["--kv_cache_free_gpu_memory_fraction", "0"], "kv_cache_free_gpu_memory_fraction")):
         bad = _serve(str(engine_dir), *args)
         assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
