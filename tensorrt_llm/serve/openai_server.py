@@ -84,7 +84,7 @@ class _Generation:
                         for i, out in enumerate(r.output.outputs)]
         # Characters held back while a stop string may be forming (its first len-1 characters).
         self.hold = max((len(s) for s in results[0].params.stop_strings), default=1) - 1
-        server._admitted += len(self.choices)
+        server.admitted += len(self.choices)
 
     @property
     def finished(self) -> bool:
@@ -108,7 +108,7 @@ class _Generation:
 
     def _close(self, c: _Choice, reason: str, now: float) -> None:
         c.done = True
-        self.server._admitted -= 1
+        self.server.admitted -= 1
         ttft = None if c.first_token_at is None else c.first_token_at - self.arrival
         self.server.metrics.on_finish(reason, c.counted_tokens, ttft, now - self.arrival)
 
@@ -223,7 +223,7 @@ class OpenAIServer:
         self.model_name = model_name
         self.max_queue_size = max_queue_size
         self.created = int(time.time())
-        self._admitted = 0  # completions submitted and not yet finished (event-loop thread only)
+        self.admitted = 0  # completions submitted and not yet finished (event-loop thread only)
         self._token_text = TokenText(llm.tokenizer) if llm.tokenizer is not None else None
         self.metrics = ServerMetrics(self._engine_gauges)
         self.app = self._build_app(api_key)
@@ -241,7 +241,7 @@ class OpenAIServer:
     def num_waiting(self) -> int:
         """Completions admitted and not in the running batch (queued in the executor, or on
         their way to it)."""
-        return max(0, self._admitted - self._num_running())
+        return max(0, self.admitted - self._num_running())
 
     def _engine_gauges(self) -> dict[str, tuple[str, float]]:
         runner = self.llm.runner
