@@ -11,7 +11,7 @@ honest. They refuse, with one `EngineError` naming the offending field:
 - an op outside the closed set the runtime implements (`reference_ops.REFERENCE_OPS` and
   `constant`), an attribute key the op does not take, an attribute value that is not a
   plain JSON scalar or a flat list of numbers, an `implementation` that is not one of
-  `runtime.op_impls.IMPLEMENTATION_NAMES`, an unknown dtype, a layer input that no input or
+  `IMPLEMENTATION_NAMES`, an unknown dtype, a layer input that no input or
   earlier layer defines, a tensor made twice;
 - a configuration (the engine's copy, and config.json beside it) of the wrong shape or
   types, and one that disagrees with the graph where the runtime relies on both agreeing
@@ -37,6 +37,7 @@ from . import functional
 from ._utils import _STR_TO_TORCH
 from .build_config import BuildConfig
 from .errors import EngineError
+from .kv_cache_layout import KVCacheLayout, blocks_for_tokens
 from .models import MODEL_MAP  # noqa: F401  (registers the known architectures)
 from .models.modeling_utils import PretrainedConfig
 from .network import JSON_FORMAT, JSON_VERSION, Network, net_guard
@@ -56,6 +57,10 @@ INPUT_KEYS = ("name", "dtype", "shape", "dim_range")
 SPEC_KEYS = ("dtype", "shape")
 LAYER_KEYS = ("name", "op", "inputs", "outputs", "attrs")
 IMPLEMENTATION_ATTR = "implementation"
+# Every implementation name an engine may record in attrs["implementation"] (the runtime's
+# op_impls registers functions under these names); any other is refused at load.
+REFERENCE, CUDA = "reference", "cuda"
+IMPLEMENTATION_NAMES = frozenset({REFERENCE, CUDA})
 
 
 class OpSignature(NamedTuple):
@@ -237,9 +242,6 @@ def check_graph(data: Any, where: str) -> None:
 
 
 def _check_graph(data: Any) -> None:
-    # Imported here: runtime/__init__ loads engines (docs/architecture.md, "Layer order").
-    from .runtime.op_impls import IMPLEMENTATION_NAMES
-
     _check_keys(data, GRAPH_KEYS, "the graph")
     if data["format"] != JSON_FORMAT or data["version"] != JSON_VERSION:
         _refuse(f"format {_show(data['format'])} version {_show(data['version'])} is not "
@@ -377,9 +379,6 @@ def check_config_matches_graph(pretrained: dict, build: dict, network, where: st
     buffers from the configuration and kernels index them with the graph's numbers (or the
     other way round): the KV-cache pool layout, the vocabulary, the position tables, the
     batch and token limits."""
-    # Imported here: runtime/__init__ loads engines (docs/architecture.md, "Layer order").
-    from .runtime.kv_cache_manager import KVCacheLayout, blocks_for_tokens
-
     problems = []
     layout = KVCacheLayout.of_engine(pretrained, build["tokens_per_block"])
     max_seq_len = build["max_seq_len"]

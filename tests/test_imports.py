@@ -19,12 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "tensorrt_llm"
 
-# The one known exception (docs/architecture.md): loading an engine checks it against the
-# runtime's implementation names and KV-cache layout, whose modules run runtime/__init__.
-KNOWN_UPWARD = {
-    ("tensorrt_llm.engine_check", "tensorrt_llm.runtime.op_impls"),
-    ("tensorrt_llm.engine_check", "tensorrt_llm.runtime.kv_cache_manager"),
-}
+# Modules allowed to import upward, (importer, imported): none.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def layer_table(doc: Path) -> list[tuple[str, list[str]]]:
@@ -178,13 +174,6 @@ def problems(root: Path, package: str, layers, known_upward=frozenset()) -> list
 def test_the_package_imports_point_down():
     layers = layer_table(REPO / "docs" / "architecture.md")
     assert problems(REPO / PACKAGE, PACKAGE, layers, KNOWN_UPWARD) == []
-
-
-def test_the_known_exception_still_exists():
-    """Once engine_check no longer imports the runtime, its entry in KNOWN_UPWARD must go."""
-    graph = import_graph(REPO / PACKAGE, PACKAGE)
-    for importer, imported in KNOWN_UPWARD:
-        assert imported in graph[importer]
 
 
 def write(root: Path, files: dict[str, str]) -> None:

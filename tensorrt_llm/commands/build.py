@@ -16,10 +16,10 @@ from .._utils import dtype_size
 from ..builder import BuildConfig, build, current_device_target
 from ..cli import add_debug_argument, run_cli
 from ..errors import ConfigError
+from ..kv_cache_layout import KVCacheLayout
 from ..logger import logger
 from ..models import MODEL_MAP
 from ..models.modeling_utils import PretrainedConfig
-from ..runtime.kv_cache_manager import KVCacheLayout
 from ..timing_cache import TimingCache, TimingCacheError
 
 

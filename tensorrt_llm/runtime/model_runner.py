@@ -9,11 +9,12 @@ import torch
 
 from ..engine import Engine
 from ..errors import ConfigError, RequestError
+from ..kv_cache_layout import KVCacheLayout
 from ..logger import logger
 from .cuda_graph import CudaGraphDecoder
 from .executor import Executor
 from .generation import GenerationSession
-from .kv_cache_manager import KVCacheConfig, KVCacheLayout, KVCacheManager, allocate_pool
+from .kv_cache_manager import KVCacheConfig, KVCacheManager, allocate_pool
 from .request import ModelLimits
 from .sampling import SamplingConfig
 from .session import Session

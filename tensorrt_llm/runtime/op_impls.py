@@ -12,12 +12,8 @@ from typing import Callable
 
 import torch
 
+from ..engine_check import CUDA, REFERENCE
 from ..reference_ops import REFERENCE_OPS
-
-# Every implementation name an engine may record (attrs["implementation"]); an engine
-# naming any other is refused at load (tensorrt_llm/engine_check.py).
-REFERENCE, CUDA = "reference", "cuda"
-IMPLEMENTATION_NAMES = frozenset({REFERENCE, CUDA})
 
 
 def implementations(device: torch.device) -> dict[str, dict[str, Callable]]:

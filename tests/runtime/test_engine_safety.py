@@ -406,7 +406,7 @@ def test_build_warns_when_the_kv_cache_exceeds_the_host_memory(checkpoint, tmp_p
 
 def test_kv_cache_bytes_are_the_runtimes(hf, built):
     """The build's estimate is the pool ModelRunner allocates on the CPU (less its scratch block)."""
-    from tensorrt_llm.runtime.kv_cache_manager import KVCacheLayout
+    from tensorrt_llm.kv_cache_layout import KVCacheLayout
     engine = Engine.from_dir(built)
     bc = engine.build_config
     runner = ModelRunner(engine, torch.device("cpu"))
