@@ -19,7 +19,7 @@ from schemathesis import GenerationMode  # noqa: E402
 
 from .conftest import MODEL_NAME  # noqa: E402
 
-CASES_PER_OPERATION = {"POST": 60, "GET": 10}   # per generation mode
+CASES_PER_OPERATION = {"POST": 50, "GET": 10}   # per generation mode
 CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "min_tokens": 4, "best_of": 2}
 
 
