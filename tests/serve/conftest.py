@@ -78,6 +78,16 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def wait_for(condition, timeout: float = 30.0) -> bool:
+    """Whether `condition()` became true within `timeout` seconds (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def metric(url: str, name: str) -> float:
     """One sample of GET /metrics (0 when absent, as for a labelled counter not yet incremented)."""
     import requests

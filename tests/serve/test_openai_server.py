@@ -16,7 +16,7 @@ import requests
 
 from tensorrt_llm import SamplingParams
 
-from .conftest import MODEL_NAME, metric
+from .conftest import MODEL_NAME, metric, wait_for
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived",
            "1, 2, 3, 4,"]
@@ -327,15 +327,6 @@ for chunk in stream:
 """
 
 
-def _wait_for(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_a_client_killed_mid_stream_frees_its_blocks(server):
     aborted = 'trtllm_request_finished_total{finish_reason="abort"}'
     before = metric(server.url, aborted)
@@ -349,7 +340,7 @@ def test_a_client_killed_mid_stream_frees_its_blocks(server):
     finally:
         proc.kill()  # SIGKILL: the client's socket closes under it
         proc.wait()
-    assert _wait_for(lambda: metric(server.url, "trtllm_kv_cache_blocks_used") == 0), "blocks still held"
+    assert wait_for(lambda: metric(server.url, "trtllm_kv_cache_blocks_used") == 0), "blocks still held"
     assert metric(server.url, "trtllm_num_requests_running") == 0
     assert metric(server.url, aborted) == before + 1
     assert metric(server.url, "trtllm_num_requests_waiting") == 0
@@ -361,8 +352,8 @@ def test_a_non_streaming_client_that_leaves_frees_its_blocks(server):
     with pytest.raises(requests.exceptions.ReadTimeout):
         requests.post(f"{server.url}/v1/completions", timeout=1.5, json={
             "model": MODEL_NAME, "prompt": "Tell me a very long story.", "max_tokens": 400, "ignore_eos": True})
-    assert _wait_for(lambda: metric(server.url, aborted) == before + 1), "the request was not aborted"
-    assert _wait_for(lambda: metric(server.url, "trtllm_kv_cache_blocks_used") == 0)
+    assert wait_for(lambda: metric(server.url, aborted) == before + 1), "the request was not aborted"
+    assert wait_for(lambda: metric(server.url, "trtllm_kv_cache_blocks_used") == 0)
     assert metric(server.url, "trtllm_num_requests_running") == 0
 
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from .conftest import MODEL_NAME, ServerProcess, metric
+from .conftest import MODEL_NAME, ServerProcess, metric, wait_for
 
 KEY = "test-key-6f1d"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -34,15 +34,6 @@ def guarded(engine_dir, tmp_path_factory):
 def _counters(url: str) -> dict[str, float]:
     names = ["trtllm_prompt_tokens_total", "trtllm_generation_tokens_total", "trtllm_time_to_first_token_seconds_count"]
     return {name: metric(url, name) for name in names}
-
-
-def _wait_for(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_the_api_key_is_required_and_a_refusal_touches_nothing(guarded):
@@ -73,7 +64,7 @@ def test_a_full_queue_answers_503_with_retry_after(guarded):
     waiting = None
     try:
         assert running.status_code == 200
-        assert _wait_for(lambda: metric(url, "trtllm_num_requests_running") == 1)
+        assert wait_for(lambda: metric(url, "trtllm_num_requests_running") == 1)
         waiting = requests.post(f"{url}/v1/completions", json=LONG, headers=AUTH, stream=True, timeout=120)
         assert waiting.status_code == 200  # queued behind the one running (max_batch_size 1)
         assert metric(url, "trtllm_num_requests_waiting") == 1
@@ -88,7 +79,7 @@ def test_a_full_queue_answers_503_with_retry_after(guarded):
         running.close()
         if waiting is not None:
             waiting.close()
-    assert _wait_for(lambda: metric(url, "trtllm_kv_cache_blocks_used") == 0
+    assert wait_for(lambda: metric(url, "trtllm_kv_cache_blocks_used") == 0
                      and metric(url, "trtllm_num_requests_waiting") == 0)
     ok = requests.post(f"{url}/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2},
                        headers=AUTH, timeout=120)
@@ -103,7 +94,7 @@ def test_sigterm_lets_running_requests_finish_and_exits_0(guarded):
     assert next(lines).startswith(b"data: ")
     guarded.proc.send_signal(signal.SIGTERM)
     # It stops taking connections at once ...
-    assert _wait_for(lambda: not _accepts(url), timeout=15), "still accepting connections after SIGTERM"
+    assert wait_for(lambda: not _accepts(url), timeout=15), "still accepting connections after SIGTERM"
     # ... and the running request still gets all of its answer.
     events = [line for line in lines if line.startswith(b"data: ")]
     assert events[-1] == b"data: [DONE]"
