@@ -77,7 +77,8 @@ class GenerationResult:
         self._detok = [IncrementalDetokenizer(llm.tokenizer, prompt_token_ids, params.skip_special_tokens)
                        if detok else None for _ in self.requests]
         self._open = len(self.requests)
-        self._stop_hold = max((len(s) for s in params.stop_strings), default=0)
+        self._stop_hold = max((len(s) for s in params.stop_strings), default=1)
+        self._emitted = [0] * len(self.requests)  # characters of each text streamed so far
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -121,10 +122,15 @@ class GenerationResult:
         text_diff = ""
         detok = self._detok[i]
         if detok is not None:
-            text_diff = detok.add(update.token_ids)
+            new_text = detok.add(update.token_ids)
             if update.finished:
-                text_diff += detok.flush()
-            text_diff = self._apply_stop_strings(out, text_diff)
+                new_text += detok.flush()
+            self._apply_stop_strings(out, new_text)
+            # Stream only text that no stop string can take back: the last characters wait
+            # until it is clear whether they begin one.
+            done = update.finished or out.finish_reason is not None
+            upto = len(out.text) if done else max(self._emitted[i], len(out.text) - self._stop_hold + 1)
+            text_diff, self._emitted[i] = out.text[self._emitted[i]:upto], upto
         out.text_diff = text_diff
         if update.finished and out.finish_reason is None:
             out.finish_reason = update.finish_reason
@@ -141,26 +147,24 @@ class GenerationResult:
                 out.generation_logits = logits
         self.output.finished = self._open == 0
 
-    def _apply_stop_strings(self, out: CompletionOutput, text_diff: str) -> str:
-        """Text up to a stop string (itself included when asked); the request is ended here
-        and aborted in the engine. Returns the diff to emit."""
+    def _apply_stop_strings(self, out: CompletionOutput, new_text: str) -> None:
+        """Append new text, cut at a stop string it completes (the string itself kept when
+        asked); such a request is ended here and aborted in the engine."""
         stops = self.params.stop_strings
         before = len(out.text)
-        out.text += text_diff
-        if not stops or not text_diff:
-            return text_diff
+        out.text += new_text
+        if not stops or not new_text:
+            return
         # Only a stop string that the new text completes can start this late.
         start = max(0, before - self._stop_hold)
         hits = [(out.text.find(s, start), s) for s in stops]
         hits = [(pos, s) for pos, s in hits if pos >= 0]
         if not hits:
-            return text_diff
+            return
         pos, s = min(hits)
-        end = pos + len(s) if self.params.include_stop_str_in_output else pos
-        out.text = out.text[:end]
+        out.text = out.text[:pos + len(s) if self.params.include_stop_str_in_output else pos]
         out.finish_reason, out.stop_reason = "stop", s
         self._llm._loop.abort(self.requests[out.index].request_id)
-        return out.text[before:] if end > before else ""
 
     def _settled(self) -> bool:
         """Nothing more will come: ended here (stop strings) or every request ended in the

@@ -96,6 +96,20 @@ def test_streaming_diffs_add_up(llm):
     assert tokens == final.outputs[0].token_ids and len(tokens) == 10
 
 
+def test_streamed_diffs_never_hold_what_a_stop_string_takes_back(llm):
+    # ", 5" spans two updates (" 4," then " 5"): the "," must not be streamed before it is
+    # known not to start the stop string.
+    async def run():
+        diffs = []
+        result = llm.generate_async("1, 2, 3,", SamplingParams(max_tokens=16, stop=", 5"), streaming=True)
+        async for out in result:
+            diffs.append(out.outputs[0].text_diff)
+        return diffs, out
+    diffs, final = asyncio.run(run())
+    assert final.outputs[0].finish_reason == "stop" and final.outputs[0].text == " 4"
+    assert "".join(diffs) == " 4"
+
+
 def test_chat(llm):
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(max_tokens=16))
