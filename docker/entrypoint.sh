@@ -71,7 +71,8 @@ EOF
 engine_problem() {
     python - "$1" <<'EOF'
 import sys
-from tensorrt_llm.builder import EngineError, read_engine_config
+from tensorrt_llm.engine import read_engine_config
+from tensorrt_llm.errors import EngineError
 try:
     read_engine_config(sys.argv[1])
 except EngineError as e:
