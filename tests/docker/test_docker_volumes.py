@@ -184,6 +184,18 @@ def workdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def model_volumes(workdir: Path):
+    """(runner, models, engines, home) under workdir: the default GGUF in the models folder and
+    a home, both the runner's; the engines folder not made yet (`make release_run` makes it)."""
+    runner = Runner()
+    models, engines, home = workdir / "models", workdir / "engines", workdir / "home"
+    for d in (models, home):
+        d.mkdir()
+    shutil.copy2(find_gguf(), models / GGUF_NAME)
+    runner.give(models, models / GGUF_NAME, home, workdir)
+    return runner, models, engines, home
+
+
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size)
             for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -210,12 +222,7 @@ def test_release_image_has_cuda_kernels_and_no_caches(release_image):
 
 
 def test_engine_volume_is_users_and_reused(release_image, workdir):
-    runner = Runner()
-    models, engines, home = workdir / "models", workdir / "engines", workdir / "home"
-    for d in (models, home):
-        d.mkdir()
-    shutil.copy2(find_gguf(), models / GGUF_NAME)
-    runner.give(models, models / GGUF_NAME, home, workdir)
+    runner, models, engines, home = model_volumes(workdir)
     # ENGINES_DIR does not exist yet: `make release_run` makes it, as the invoking user.
     e2e = f'e2e --prompt "{PROMPT}" --max_output_len 24'
 
@@ -288,12 +295,7 @@ def _get(url: str, timeout: float = 10) -> tuple[int, str]:
 
 
 def test_release_image_serves_the_openai_api(release_image, workdir):
-    runner = Runner()
-    models, engines, home = workdir / "models", workdir / "engines", workdir / "home"
-    for d in (models, home):
-        d.mkdir()
-    shutil.copy2(find_gguf(), models / GGUF_NAME)
-    runner.give(models, models / GGUF_NAME, home, workdir)
+    runner, models, engines, home = model_volumes(workdir)
     port, name = _free_port(), f"trtllm-serve-test-{os.getpid()}"
     cmd = f"serve /models/{GGUF_NAME} --served_model_name {SERVED_NAME} --max_batch_size 2 --max_seq_len 512"
     args = runner.make_args(home, models, engines, cmd, f"PORT={port}", f"DOCKER_RUN_ARGS=--name {name}")
