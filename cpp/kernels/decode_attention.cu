@@ -8,7 +8,9 @@
 // sum of exponentials and its normalised output), and the last block of the sequence's KV
 // head to finish combines them; empty chunks write an empty partial. The grid is fixed by the
 // caller (from the engine's max_seq_len), so a launch never depends on data on the device and
-// can be captured in a CUDA graph.
+// can be captured in a CUDA graph. Two kernels walk the positions and share the rest (the
+// staging, the merges): a tensor-core one for half-precision heads of 64 or 128 on sm_80+, and
+// a CUDA-core one for float32 and head size 256.
 //
 // Cache layout [numBlocks, 2, kvHeads, tokensPerBlock, headDim]; position p of sequence b is in
 // block blockTables[b, p / tpb], slot p % tpb. A block id outside [0, numBlocks) is treated as
@@ -21,6 +23,7 @@
 #include "common.cuh"
 
 #include <cfloat>
+#include <type_traits>
 
 namespace tensorrt_llm {
 
@@ -86,6 +89,180 @@ __device__ __forceinline__ float rowReduceSum(float v) {
     return v;
 }
 
+// ---- the parts both kernels share: a block's chunk, its staging, its merge --------------
+
+// The positions [begin, end) of sequence b that the block of split `split` covers: its share
+// of the sequence's actual (visible) length, so short sequences spread over all the blocks
+// of the grid, whose size depends on shapes only.
+struct Chunk {
+    int begin, end, n, qPos;
+    int tpbShift, tpbMask;  // tokensPerBlock is a power of two (checked by the binding): shifts,
+                            // not 64-bit divisions, which cost a software routine per position
+    int firstBlock, numBlocks;  // the cache blocks the chunk touches, in block-table order
+    bool rotary, owner;         // owner: writes this step's K/V row (its position is inside)
+};
+
+__device__ __forceinline__ Chunk chunkOf(DecodeAttentionParams const& p, int b, int split) {
+    Chunk c;
+    int const seqLen = p.sequenceLengths[b];
+    int const first = p.slidingWindow > 0 ? max(0, seqLen - p.slidingWindow) : 0;
+    int const size = min(p.splitSize, (max(0, seqLen - first) + p.numSplits - 1) / p.numSplits);
+    c.begin = first + split * size;
+    c.end = min(seqLen, c.begin + size);
+    c.n = max(0, c.end - c.begin);
+    c.qPos = seqLen - 1;
+    int const tpb = static_cast<int>(p.tokensPerBlock);
+    c.tpbShift = 31 - __clz(tpb);
+    c.tpbMask = tpb - 1;
+    c.firstBlock = c.n > 0 ? c.begin >> c.tpbShift : 0;
+    c.numBlocks = c.n > 0 ? ((c.end - 1) >> c.tpbShift) - c.firstBlock + 1 : 0;
+    c.rotary = p.cosSin != nullptr && c.qPos >= 0 && c.qPos < p.maxPositions;
+    c.owner = p.kNew != nullptr && c.qPos >= c.begin && c.qPos < c.end;
+    return c;
+}
+
+// The cache block of chunk position j (0 <= j < n), -1 when masked.
+__device__ __forceinline__ int blockOf(Chunk const& c, int const* blockS, int j) {
+    return blockS[((c.begin + j) >> c.tpbShift) - c.firstBlock];
+}
+
+// The K row of `pos` in cache block `block` (its V row is kvHeads * tpb * D further on).
+template <typename T, int D>
+__device__ __forceinline__ T const* kRowOf(DecodeAttentionParams const& p, Chunk const& c, int block, int kvh,
+                                           int pos) {
+    int64_t const headStride = p.tokensPerBlock * D;
+    return static_cast<T const*>(p.kvCache) + ((block * 2LL) * p.kvHeads + kvh) * headStride
+           + static_cast<int64_t>(pos & c.tpbMask) * D;
+}
+
+// Stages what the block reads once (the group's query heads, rotated, into qS [group][D] as
+// float; the chunk's block ids into blockS) in one memory round trip, and, in the fused form,
+// the owner block rotates and writes this step's K/V rows into the cache. Ends synchronised.
+template <typename T, int D>
+__device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group, float* qS,
+                           float* kS, float* vS, float* csS, int* blockS) {
+    T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) qS[i] = toFloat(q[i]);
+    if (c.owner) {
+        T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
+        T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            kS[d] = toFloat(kIn[d]);
+            vS[d] = toFloat(vIn[d]);
+        }
+    }
+    if (c.rotary) {
+        float const* cs = p.cosSin + static_cast<int64_t>(c.qPos) * p.rotaryDim;
+        for (int i = threadIdx.x; i < p.rotaryDim; i += blockDim.x) csS[i] = cs[i];
+    }
+    int32_t const* table = p.blockTables + b * p.maxBlocks;
+    for (int i = threadIdx.x; i < c.numBlocks; i += blockDim.x) {
+        int64_t const blockInSeq = c.firstBlock + i;
+        int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
+        blockS[i] = (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1;
+    }
+    __syncthreads();
+    if (c.rotary) {
+        rotate(qS, group, D, p, csS);
+        if (c.owner) rotate(kS, 1, D, p, csS);
+        __syncthreads();
+    }
+    if (c.owner) {
+        int const block = blockS[(c.qPos >> c.tpbShift) - c.firstBlock];
+        if (block >= 0) {
+            T* kDst = const_cast<T*>(kRowOf<T, D>(p, c, block, kvh, c.qPos));
+            T* vDst = kDst + p.kvHeads * p.tokensPerBlock * D;
+            for (int d = threadIdx.x; d < D; d += blockDim.x) {
+                kDst[d] = fromFloat<T>(kS[d]);
+                vDst[d] = fromFloat<T>(vS[d]);
+            }
+        }
+    }
+    __syncthreads();  // q ready, the new row in the cache
+}
+
+// Merges the block's `parts` partial results per query head (part w: running max statS[w][g][0]
+// in natural-log units, sum of exponentials statS[w][g][1], weighted sum accS[w][g][:]) and
+// stores the head's output; with several splits, the split's partial instead, and the last
+// block of this (sequence, KV head) to finish merges the splits' partials: no second kernel.
+// The caller has written accS/statS; every thread of the block calls this.
+template <typename T, int D, int MAXG>
+__device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS, float const* statS, int parts,
+                              int b, int kvh, int split, int group) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+        int const g = i / D;
+        int const d = i - g * D;
+        float mAll = -FLT_MAX;
+        for (int w = 0; w < parts; ++w) mAll = fmaxf(mAll, statS[(w * MAXG + g) * 2]);
+        float num = 0.f;
+        float den = 0.f;
+        for (int w = 0; w < parts; ++w) {
+            float const lw = statS[(w * MAXG + g) * 2 + 1];
+            if (lw == 0.f) continue;
+            float const c = __expf(statS[(w * MAXG + g) * 2] - mAll);
+            num += c * accS[(w * MAXG + g) * D + d];
+            den += c * lw;
+        }
+        int const h = kvh * group + g;
+        float const normalised = den > 0.f ? num / den : 0.f;
+        if (p.numSplits == 1) {
+            static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(normalised);
+        } else {
+            // workspace: [batch, numHeads, numSplits, D + 2] = output, then max and sum
+            float* part = p.workspace + ((static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits + split) * (D + 2);
+            part[d] = normalised;
+            if (d == 0) {
+                part[D] = den > 0.f ? mAll : -FLT_MAX;
+                part[D + 1] = den;
+            }
+        }
+    }
+    if (p.numSplits == 1) return;
+
+    // Counters are zero before a launch and left zero after it.
+    __shared__ bool lastS;
+    __threadfence();  // this block's partials are visible before its arrival is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* counter = p.splitCounters + b * p.kvHeads + kvh;
+        lastS = atomicAdd(counter, 1) == p.numSplits - 1;
+        if (lastS) *counter = 0;
+    }
+    __syncthreads();
+    if (!lastS) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+        int const g = i / D;
+        int const d = i - g * D;
+        int const h = kvh * group + g;
+        // Read through L2 (__ldcg): other blocks wrote these.
+        float const* parts = p.workspace + (static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits * (D + 2);
+        float mAll = -FLT_MAX;
+        for (int sp = 0; sp < p.numSplits; ++sp) mAll = fmaxf(mAll, __ldcg(parts + sp * (D + 2) + D));
+        float num = 0.f;
+        float den = 0.f;
+        for (int sp = 0; sp < p.numSplits; ++sp) {
+            float const lsp = __ldcg(parts + sp * (D + 2) + D + 1);
+            if (lsp == 0.f) continue;
+            float const c = __expf(__ldcg(parts + sp * (D + 2) + D) - mAll) * lsp;
+            num += c * __ldcg(parts + sp * (D + 2) + d);
+            den += c;
+        }
+        static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(den > 0.f ? num / den : 0.f);
+    }
+}
+
+// Shared memory of a block: qS [MAXG][D], kS, vS, csS [D] each, accS [parts][MAXG][D],
+// statS [parts][MAXG][2], then the chunk's block ids.
+template <int D, int MAXG>
+size_t sharedBytes(DecodeAttentionParams const& p, int parts) {
+    int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
+    return sizeof(float) * (MAXG * D + 3 * D + parts * MAXG * D + parts * MAXG * 2) + sizeof(int) * chunkBlocks;
+}
+
+// ---- CUDA-core kernel (float32; head size 256) ------------------------------------------------
+
 // D: head size. MAXG: the largest query-head group this instance serves (the launcher picks
 // the smallest of 1, 2, 4, 8 that holds the group, so no work is spent on absent heads). U:
 // rows each lane group has in flight at once.
@@ -93,30 +270,26 @@ __device__ __forceinline__ float rowReduceSum(float v) {
 // One pass with an online softmax: each lane group (LPR lanes) walks its positions U at a
 // time, loading the K and V rows of all U positions before using any (their block ids come
 // from shared memory), so it waits for memory once per U rows; it keeps a running max, sum and
-// weighted sum per query head, and the groups' partial results are merged in shared memory at
-// the end. The positions a block covers are its share of the sequence's actual length (the
-// visible part of it), so short sequences spread over all the blocks of the grid, whose size
-// depends on shapes only.
+// weighted sum per query head, and the groups' partial results are merged at the end.
 // 512 threads per multiprocessor (128 registers a thread) where that compiles without spills:
 // half-precision heads up to 128 with groups up to 4; 256 otherwise. THREADS: the block size
-// (launchTyped chooses it).
+// (launchCudaCore chooses it).
 template <typename T, int D, int MAXG, int THREADS>
 constexpr int kMinBlocks = (MAXG * RowLayout<T, D>::EPL <= 32 && D <= 128 && sizeof(T) == 2 ? 2 : 1) * (256 / THREADS);
 
 template <typename T, int D, int MAXG, int U, int THREADS>
 __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) decodeAttentionKernel(DecodeAttentionParams p) {
     using L = RowLayout<T, D>;
-    constexpr int kThreads = THREADS;
     constexpr int kWarps = THREADS / 32;
     constexpr int kGroups = kWarps * L::RPW;            // lane groups in the block
     extern __shared__ float smem[];
-    float* qS = smem;                                  // [MAXG][D], rotated and scaled
-    float* kS = qS + MAXG * D;                         // [D]: this step's K row (owner block)
-    float* vS = kS + D;                                // [D]: this step's V row (owner block)
-    float* csS = vS + D;                               // [D]: cos, sin of the query's position
-    float* accS = csS + D;                             // [kGroups][MAXG][D]
-    float* statS = accS + kGroups * MAXG * D;          // [kGroups][MAXG][2]: max, sum
-    int* blockS = reinterpret_cast<int*>(statS + kGroups * MAXG * 2);  // [splitSize / tpb + 2]
+    float* qS = smem;
+    float* kS = qS + MAXG * D;
+    float* vS = kS + D;
+    float* csS = vS + D;
+    float* accS = csS + D;
+    float* statS = accS + kGroups * MAXG * D;
+    int* blockS = reinterpret_cast<int*>(statS + kGroups * MAXG * 2);
 
     int const kvh = blockIdx.x;
     int const b = blockIdx.y;
@@ -126,76 +299,16 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
     int const warp = threadIdx.x / 32;
     int const sub = lane % L::LPR;                     // which slice of a row this lane reads
     int const laneGroup = warp * L::RPW + lane / L::LPR;
+    Chunk const c = chunkOf(p, b, split);
+    int const n = c.n;
+    stageBlock<T, D>(p, c, b, kvh, group, qS, kS, vS, csS, blockS);
 
-    int const seqLen = p.sequenceLengths[b];
-    int const first = p.slidingWindow > 0 ? max(0, seqLen - p.slidingWindow) : 0;
-    int const chunk = min(p.splitSize, (max(0, seqLen - first) + p.numSplits - 1) / p.numSplits);
-    int const begin = first + split * chunk;
-    int const end = min(seqLen, begin + chunk);
-    int const n = max(0, end - begin);
-    int const qPos = seqLen - 1;
-    // tokensPerBlock is a power of two (checked by the binding): shifts, not 64-bit divisions,
-    // which cost a software routine per position.
-    int const tpb = static_cast<int>(p.tokensPerBlock);
-    int const tpbShift = 31 - __clz(tpb);
-    int const tpbMask = tpb - 1;
-    int32_t const* table = p.blockTables + b * p.maxBlocks;
-    bool const rotary = p.cosSin != nullptr && qPos >= 0 && qPos < p.maxPositions;
-    bool const owner = p.kNew != nullptr && qPos >= begin && qPos < end;  // writes the new position
-
-    // Stage everything else the block reads once (q, the new K/V rows, the rotation angles,
-    // the chunk's block ids) in one memory round trip.
-    T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
-    for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] = toFloat(q[i]);
-    if (owner) {
-        T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
-        T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
-        for (int d = threadIdx.x; d < D; d += kThreads) {
-            kS[d] = toFloat(kIn[d]);
-            vS[d] = toFloat(vIn[d]);
-        }
-    }
-    if (rotary) {
-        float const* cs = p.cosSin + static_cast<int64_t>(qPos) * p.rotaryDim;
-        for (int i = threadIdx.x; i < p.rotaryDim; i += kThreads) csS[i] = cs[i];
-    }
-    int const firstBlock = n > 0 ? begin >> tpbShift : 0;
-    int const numChunkBlocks = n > 0 ? ((end - 1) >> tpbShift) - firstBlock + 1 : 0;
-    for (int i = threadIdx.x; i < numChunkBlocks; i += kThreads) {
-        int64_t const blockInSeq = firstBlock + i;
-        int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
-        blockS[i] = (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1;
-    }
-    __syncthreads();
-    if (rotary) {
-        rotate(qS, group, D, p, csS);
-        if (owner) rotate(kS, 1, D, p, csS);
-        __syncthreads();
-    }
-    for (int i = threadIdx.x; i < group * D; i += kThreads) qS[i] *= p.scale;
-
-    int64_t const headStride = tpb * D;
-    T* cache = static_cast<T*>(p.kvCache);
-    if (owner) {
-        int const block = blockS[(qPos >> tpbShift) - firstBlock];
-        if (block >= 0) {
-            int64_t const slot = qPos & tpbMask;
-            T* kDst = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + slot * D;
-            T* vDst = cache + ((block * 2LL + 1) * p.kvHeads + kvh) * headStride + slot * D;
-            for (int d = threadIdx.x; d < D; d += kThreads) {
-                kDst[d] = fromFloat<T>(kS[d]);
-                vDst[d] = fromFloat<T>(vS[d]);
-            }
-        }
-    }
-    __syncthreads();  // q ready, the new row in the cache
-
-    // This lane's slice of every query head, in registers for the whole walk.
+    // This lane's slice of every query head, scaled, in registers for the whole walk.
     float qr[MAXG][L::EPL];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g)
 #pragma unroll
-        for (int e = 0; e < L::EPL; ++e) qr[g][e] = g < group ? qS[g * D + sub * L::EPL + e] : 0.f;
+        for (int e = 0; e < L::EPL; ++e) qr[g][e] = g < group ? qS[g * D + sub * L::EPL + e] * p.scale : 0.f;
 
     float m[MAXG], l[MAXG], acc[MAXG][L::EPL];
 #pragma unroll
@@ -212,13 +325,12 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int const j = j0 + u * L::RPW + lane / L::LPR;
-            int const pos = begin + j;
-            int const block = j < n ? blockS[(pos >> tpbShift) - firstBlock] : -1;
+            int const block = j < n ? blockOf(c, blockS, j) : -1;
             valid[u] = block >= 0;
             if (valid[u]) {
-                T const* kRow = cache + ((block * 2LL + 0) * p.kvHeads + kvh) * headStride + (pos & tpbMask) * D;
+                T const* kRow = kRowOf<T, D>(p, c, block, kvh, c.begin + j);
                 loadSlice<T, D>(kRow, sub, k[u]);
-                loadSlice<T, D>(kRow + p.kvHeads * headStride, sub, v[u]);
+                loadSlice<T, D>(kRow + p.kvHeads * p.tokensPerBlock * D, sub, v[u]);
             }
         }
         // Scores: each K element is converted once and used for every head of the group.
@@ -245,8 +357,8 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
             for (int u = 0; u < U; ++u) {
                 float dot = rowReduceSum<L::LPR>(w[g][u]);
                 if (p.alibiSlopes != nullptr) {
-                    int const pos = begin + j0 + u * L::RPW + lane / L::LPR;
-                    dot += p.alibiSlopes[kvh * group + g] * static_cast<float>(pos - qPos);
+                    int const pos = c.begin + j0 + u * L::RPW + lane / L::LPR;
+                    dot += p.alibiSlopes[kvh * group + g] * static_cast<float>(pos - c.qPos);
                 }
                 w[g][u] = valid[u] ? dot : -FLT_MAX;
                 mNew = fmaxf(mNew, w[g][u]);
@@ -280,7 +392,6 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
         }
     }
 
-    // Merge the lane groups: each wrote its max, sum and weighted sum per head.
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         if (g >= group) break;
@@ -291,82 +402,236 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
             statS[(laneGroup * MAXG + g) * 2 + 1] = l[g];
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < group * D; i += kThreads) {
-        int const g = i / D;
-        int const d = i - g * D;
-        float mAll = -FLT_MAX;
-        for (int w = 0; w < kGroups; ++w) mAll = fmaxf(mAll, statS[(w * MAXG + g) * 2]);
-        float num = 0.f;
-        float den = 0.f;
-        for (int w = 0; w < kGroups; ++w) {
-            float const lw = statS[(w * MAXG + g) * 2 + 1];
-            if (lw == 0.f) continue;
-            float const c = __expf(statS[(w * MAXG + g) * 2] - mAll);
-            num += c * accS[(w * MAXG + g) * D + d];
-            den += c * lw;
+    mergeAndStore<T, D, MAXG>(p, accS, statS, kGroups, b, kvh, split, group);
+}
+
+// ---- tensor-core kernel (half precision, head sizes 64 and 128; sm_80 and later) ------------
+
+// Each warp walks tiles of 16 positions with two MMAs (m16n8k16, float accumulators):
+//   S = Q K^T:  M = the group's query heads (rows 0..7 of 16; rows 8..15 stay zero),
+//               N = 8 positions per MMA (two per tile), K = the head dimension;
+//   O += P V:   M = the heads again, N = 8 output dims per MMA, K = the tile's 16 positions.
+// Memory is the bound, so the layout is chosen for the loads, not the MMAs: a lane loads whole
+// 16-byte pieces of K/V rows straight into the registers an MMA reads (no shared memory, no
+// synchronisation in the loop). That works because a dot product may visit its terms in any
+// order: the head dimension is permuted identically in Q and K (lane t of a quad owns dims
+// 32c + 8t .. 32c + 8t + 7 of its position), and the output dims are permuted and put back
+// when written. Of V, lane (g, t) needs positions 2t, 2t+1, 8+2t, 9+2t of the tile and output
+// dims g*8 .. g*8+7 (+64k): whole 16-byte pieces again, paired into MMA registers by byte
+// permutes. The online softmax runs on the score fragments, 16 positions at a time.
+template <typename T>
+__device__ __forceinline__ uint32_t packPair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t packPair<__half>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t packPair<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// d += a (16 x 16, row-major fragment) * b (16 x 8, column-major fragment), float accumulate.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (std::is_same_v<T, __half>) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+#else
+    __trap();  // launchTyped chooses this kernel on sm_80 and later only
+#endif
+}
+
+template <typename T, int D, int WARPS, int TILES>
+__global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAttentionParams p) {
+    static_assert(D == 64 || D == 128, "head dims of the tensor-core kernel");
+    constexpr int MAXG = kDecodeAttentionMaxGroup;   // query heads: MMA rows 0..7
+    constexpr int KC = D / 16;                        // MMA k-steps of a score (S = Q K^T)
+    constexpr int KP = D / 32;                        // 16-byte pieces of a K row a lane loads
+    constexpr int NT = D / 8;                         // MMA n-tiles of the output (O += P V)
+    constexpr int VP = D / 64;                        // 16-byte pieces of a V row a lane loads
+    constexpr float kLog2e = 1.4426950408889634f;
+    extern __shared__ float smem[];
+    float* qS = smem;
+    float* kS = qS + MAXG * D;
+    float* vS = kS + D;
+    float* csS = vS + D;
+    float* accS = csS + D;
+    float* statS = accS + WARPS * MAXG * D;
+    int* blockS = reinterpret_cast<int*>(statS + WARPS * MAXG * 2);
+
+    int const kvh = blockIdx.x;
+    int const b = blockIdx.y;
+    int const split = blockIdx.z;
+    int const group = static_cast<int>(p.numHeads / p.kvHeads);
+    int const lane = threadIdx.x % 32;
+    int const warp = threadIdx.x / 32;
+    int const g = lane / 4;  // MMA row (query head) and column (position, output dim) of this lane
+    int const t = lane % 4;  // its place in the quad
+    Chunk const c = chunkOf(p, b, split);
+    stageBlock<T, D>(p, c, b, kvh, group, qS, kS, vS, csS, blockS);
+
+    // Q as the A operand of every k-step, in the permuted dim order (rows 8..15 zero).
+    uint32_t qa[KC][2];
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+        int const d0 = (kc / 2) * 32 + t * 8 + (kc % 2) * 4;
+        float const* row = qS + g * D + d0;
+        qa[kc][0] = g < group ? packPair<T>(row[0], row[1]) : 0u;
+        qa[kc][1] = g < group ? packPair<T>(row[2], row[3]) : 0u;
+    }
+    float const scoreScale = p.scale * kLog2e;  // scores in log2 units: exp2f below
+    float const slope = (p.alibiSlopes != nullptr && g < group) ? p.alibiSlopes[kvh * group + g] * kLog2e : 0.f;
+    int64_t const vOffset = p.kvHeads * p.tokensPerBlock * D;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float m = -FLT_MAX;  // running max of row g (log2 units), the same in the quad
+    float l = 0.f;       // this lane's part of row g's sum of exponentials
+
+    // A warp takes TILES tiles of 16 positions at a time: their loads first, all of them, then
+    // the math of each: one wait for memory per TILES * 16 positions.
+    for (int base = warp * 16 * TILES; base < c.n; base += WARPS * 16 * TILES) {
+        uint4 kq[TILES][2][KP];  // K of positions tile + 8j + g
+        uint4 vq[TILES][4][VP];  // V of positions tile + {2t, 2t+1, 8+2t, 9+2t}
+#pragma unroll
+        for (int u = 0; u < TILES; ++u) {
+            int const tile = base + 16 * u;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                int const pos = tile + 8 * j + g;
+                int const block = pos < c.n ? blockOf(c, blockS, pos) : -1;
+                T const* row = block >= 0 ? kRowOf<T, D>(p, c, block, kvh, c.begin + pos) : nullptr;
+#pragma unroll
+                for (int i = 0; i < KP; ++i) {
+                    kq[u][j][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 32 + t * 8)
+                                                 : make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                int const pos = tile + (r / 2) * 8 + 2 * t + (r % 2);
+                int const block = pos < c.n ? blockOf(c, blockS, pos) : -1;
+                T const* row = block >= 0 ? kRowOf<T, D>(p, c, block, kvh, c.begin + pos) + vOffset : nullptr;
+#pragma unroll
+                for (int i = 0; i < VP; ++i) {
+                    vq[u][r][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 64 + g * 8)
+                                                 : make_uint4(0, 0, 0, 0);
+                }
+            }
         }
-        int const h = kvh * group + g;
-        float const normalised = den > 0.f ? num / den : 0.f;
-        if (p.numSplits == 1) {
-            static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(normalised);
-        } else {
-            // workspace: [batch, numHeads, numSplits, D + 2] = output, then max and sum
-            float* part = p.workspace + ((static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits + split) * (D + 2);
-            part[d] = normalised;
-            if (d == 0) {
-                part[D] = den > 0.f ? mAll : -FLT_MAX;
-                part[D + 1] = den;
+#pragma unroll
+        for (int u = 0; u < TILES; ++u) {
+            int const tile = base + 16 * u;
+            // S: s[j][0..1] are row g's scores of positions tile + 8j + 2t, +1 (s[j][2..3]: zero rows).
+            float s[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+                for (int kc = 0; kc < KC; ++kc) {
+                    uint4 const& piece = kq[u][j][kc / 2];
+                    uint32_t const a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
+                    if (kc % 2 == 0) {
+                        mma16816<T>(s[j], a, piece.x, piece.y);
+                    } else {
+                        mma16816<T>(s[j], a, piece.z, piece.w);
+                    }
+                }
+            }
+            // Online softmax of row g over the tile's 16 positions.
+            float tileMax = -FLT_MAX;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int const pos = tile + 8 * j + 2 * t + e;
+                    bool const visible = pos < c.n && blockOf(c, blockS, pos) >= 0;
+                    float const score = s[j][e] * scoreScale + slope * static_cast<float>(c.begin + pos - c.qPos);
+                    s[j][e] = visible ? score : -FLT_MAX;
+                    tileMax = fmaxf(tileMax, s[j][e]);
+                }
+            }
+            tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+            tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+            float const mNew = fmaxf(m, tileMax);
+            float const rescale = mNew != -FLT_MAX ? exp2f(m - mNew) : 1.f;
+            m = mNew;
+            l *= rescale;
+            float pr[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    pr[j][e] = s[j][e] != -FLT_MAX ? exp2f(s[j][e] - mNew) : 0.f;
+                    l += pr[j][e];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < NT; ++i) {
+                acc[i][0] *= rescale;
+                acc[i][1] *= rescale;
+            }
+            // P as the A operand: k = 2t, 2t+1 from the first 8 positions, 8+2t, 9+2t from the next.
+            uint32_t const pa[4] = {packPair<T>(pr[0][0], pr[0][1]), 0u, packPair<T>(pr[1][0], pr[1][1]), 0u};
+            // O += P V: n-tile i holds output dims (i / 8) * 64 + n * 8 + i % 8 for n = 0..7.
+#pragma unroll
+            for (int i = 0; i < NT; ++i) {
+                int const piece = i / 8;
+                int const word = (i % 8) / 2;
+                unsigned const sel = (i % 2) ? 0x7632u : 0x5410u;  // the high or the low halves
+                uint32_t const* v0 = reinterpret_cast<uint32_t const*>(&vq[u][0][piece]);
+                uint32_t const* v1 = reinterpret_cast<uint32_t const*>(&vq[u][1][piece]);
+                uint32_t const* v2 = reinterpret_cast<uint32_t const*>(&vq[u][2][piece]);
+                uint32_t const* v3 = reinterpret_cast<uint32_t const*>(&vq[u][3][piece]);
+                mma16816<T>(acc[i], pa, __byte_perm(v0[word], v1[word], sel), __byte_perm(v2[word], v3[word], sel));
             }
         }
     }
-    if (p.numSplits == 1) return;
 
-    // The last block of this (sequence, KV head) to finish merges the splits' partials: no
-    // second kernel. Counters are zero before a launch and left zero after it.
-    __shared__ bool lastS;
-    __threadfence();  // this block's partials are visible before its arrival is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* counter = p.splitCounters + b * p.kvHeads + kvh;
-        lastS = atomicAdd(counter, 1) == p.numSplits - 1;
-        if (lastS) *counter = 0;
-    }
-    __syncthreads();
-    if (!lastS) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < group * D; i += kThreads) {
-        int const g = i / D;
-        int const d = i - g * D;
-        int const h = kvh * group + g;
-        // Read through L2 (__ldcg): other blocks wrote these.
-        float const* parts = p.workspace + (static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits * (D + 2);
-        float mAll = -FLT_MAX;
-        for (int sp = 0; sp < p.numSplits; ++sp) mAll = fmaxf(mAll, __ldcg(parts + sp * (D + 2) + D));
-        float num = 0.f;
-        float den = 0.f;
-        for (int sp = 0; sp < p.numSplits; ++sp) {
-            float const lsp = __ldcg(parts + sp * (D + 2) + D + 1);
-            if (lsp == 0.f) continue;
-            float const c = __expf(__ldcg(parts + sp * (D + 2) + D) - mAll) * lsp;
-            num += c * __ldcg(parts + sp * (D + 2) + d);
-            den += c;
+    // The quad's sums, then this warp's partial into shared memory in the real dim order.
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < group) {
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                int const d = (i / 8) * 64 + (2 * t + e) * 8 + i % 8;
+                accS[(warp * MAXG + g) * D + d] = acc[i][e];
+            }
         }
-        static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(den > 0.f ? num / den : 0.f);
+        if (t == 0) {
+            statS[(warp * MAXG + g) * 2] = m != -FLT_MAX ? m / kLog2e : -FLT_MAX;  // natural-log units
+            statS[(warp * MAXG + g) * 2 + 1] = l;
+        }
     }
+    mergeAndStore<T, D, MAXG>(p, accS, statS, WARPS, b, kvh, split, group);
 }
+
+// ---- launch --------------------------------------------------------------------------------
 
 template <typename T, int D, int MAXG, int THREADS>
 void launchGrouped(DecodeAttentionParams const& p, cudaStream_t stream) {
     using L = RowLayout<T, D>;
-    constexpr int kWarps = THREADS / 32;
-    constexpr int kGroups = kWarps * L::RPW;
+    constexpr int kGroups = THREADS / 32 * L::RPW;
     // Rows in flight per lane group, few enough that the registers (q, accumulators and the
     // loaded rows) fit without spilling.
     constexpr int U = MAXG * L::EPL >= 32 ? 2 : 4;
-    int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
-    size_t const smem = sizeof(float) * (MAXG * D + 3 * D + kGroups * MAXG * D + kGroups * MAXG * 2)
-                        + sizeof(int) * chunkBlocks;
+    size_t const smem = sharedBytes<D, MAXG>(p, kGroups);
     auto kernel = decodeAttentionKernel<T, D, MAXG, U, THREADS>;
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -377,7 +642,7 @@ void launchGrouped(DecodeAttentionParams const& p, cudaStream_t stream) {
 }
 
 template <typename T, int D, int THREADS>
-void launchSized(DecodeAttentionParams const& p, cudaStream_t stream) {
+void launchCudaCore(DecodeAttentionParams const& p, cudaStream_t stream) {
     static_assert(kDecodeAttentionMaxGroup == 8, "instances below cover groups up to 8");
     int64_t const group = p.numHeads / p.kvHeads;
     if (group <= 1) {
@@ -391,29 +656,64 @@ void launchSized(DecodeAttentionParams const& p, cudaStream_t stream) {
     }
 }
 
-int multiprocessors() {
-    int device = 0;
-    cudaGetDevice(&device);
-    static int counts[64] = {};  // per device, read once (launches are captured in CUDA graphs)
-    if (device >= 64) return 132;
-    if (counts[device] == 0) cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device);
-    return counts[device];
+template <typename T, int D, int WARPS, int TILES>
+void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
+    size_t const smem = sharedBytes<D, kDecodeAttentionMaxGroup>(p, WARPS);
+    auto kernel = decodeAttentionMmaKernel<T, D, WARPS, TILES>;
+    if (smem > 48 * 1024) {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    }
+    dim3 grid(static_cast<unsigned>(p.kvHeads), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.numSplits));
+    kernel<<<grid, WARPS * 32, smem, stream>>>(p);
+    checkLaunch("decode_attention");
 }
 
-// Block size: 256 threads share one chunk of a sequence when there are few blocks (long
-// sequences, small batches: the caller's splits fill the GPU); with several waves of blocks
-// (large decode batches of short sequences) 64-thread blocks spend less of each block on its
-// fixed part (staging, merging 4 lane groups instead of 16) and overlap one another's fixed
-// parts. Measured on an H100 (benchmarks/bench_decode_attention.py, 8B shape, 192 positions):
-// batch 512 264.7 us vs 331.2 us, batch 256 135.4 vs 169.4; batch 32 (256 blocks) 20.2 us at
-// 256 threads vs 44.4 at 64.
+struct DeviceInfo {
+    int multiprocessors = 0;
+    int major = 0;
+};
+
+DeviceInfo const& deviceInfo() {
+    int device = 0;
+    cudaGetDevice(&device);
+    static DeviceInfo infos[64];  // per device, read once (launches are captured in CUDA graphs)
+    static DeviceInfo const fallback{132, 9};
+    if (device >= 64) return fallback;
+    DeviceInfo& info = infos[device];
+    if (info.multiprocessors == 0) {
+        cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device);
+        cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device);
+    }
+    return info;
+}
+
+// Which kernel and block size. Half-precision heads of 64 or 128 on sm_80+ take the tensor-core
+// kernel, two tiles (32 positions) per warp and iteration. With several waves of blocks (large
+// decode batches of short sequences) small blocks spend less of each block on its fixed part
+// (staging, merging) and overlap one another's fixed parts; with few blocks (long sequences,
+// small batches: the caller's splits fill the GPU) larger blocks share a chunk. Measured on an
+// H100 (benchmarks/bench_decode_attention.py, 8B shape, bf16, 192 positions):
+//   batch 512: tensor cores 194 us (2.07 TB/s of K/V) with 2-warp blocks, 225 us with 4 warps,
+//              205 us with one tile per iteration; CUDA cores 265 us (64 threads), 331 (256);
+//   batch 256: 105 us; CUDA cores 135;   batch 32: 11.6 us; CUDA cores 20.2 (256 threads).
 template <typename T, int D>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
-    int64_t const blocks = p.batch * p.kvHeads * p.numSplits;
-    if (blocks >= 8LL * multiprocessors()) {
-        launchSized<T, D, 64>(p, stream);
+    DeviceInfo const& info = deviceInfo();
+    bool const manyWaves = p.batch * p.kvHeads * p.numSplits >= 8LL * info.multiprocessors;
+    if constexpr (!std::is_same_v<T, float> && (D == 64 || D == 128)) {
+        if (info.major >= 8) {
+            if (manyWaves) {
+                launchMma<T, D, 2, 2>(p, stream);
+            } else {
+                launchMma<T, D, 4, 2>(p, stream);
+            }
+            return;
+        }
+    }
+    if (manyWaves) {
+        launchCudaCore<T, D, 64>(p, stream);
     } else {
-        launchSized<T, D, 256>(p, stream);
+        launchCudaCore<T, D, 256>(p, stream);
     }
 }
 
