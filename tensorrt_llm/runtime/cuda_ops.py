@@ -1,0 +1,330 @@
+"""Graph ops on a GPU through the compiled kernels (tensorrt_llm.kernels), same signatures
+as reference_ops. Shapes the kernels do not cover go to the reference, on the GPU.
+
+gpt_attention's paths:
+- decode (one new token per sequence, known from shapes alone so it can be captured in a
+  CUDA graph): rotate q/k in place, write K/V into the paged cache, one decode-attention
+  kernel that reads each K/V row once per query-head group;
+- any other step in float16/bfloat16 (in-flight batching: decode rows beside prompts and
+  prompt chunks that continue a cached past; or prompts alone): rotate every token and write
+  every new K/V row (one launch each), the decode rows (one new token) through the same
+  decode-attention kernel, all other sequences through ONE varlen flash-attention call over
+  their whole [0, L) K/V (gathered from the paged cache when a sequence has a past), causal
+  aligned bottom-right. Host lengths say which row is which, so nothing syncs;
+- float32 (or no host_sequence_lengths, or no flash on this GPU): fused SDPA on prompts
+  that have no cached past; alibi and anything else take the reference path.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..reference_ops import REFERENCE_OPS
+
+
+def rms_norm(x, weight=None, *, eps):
+    if weight is None:
+        return REFERENCE_OPS["rms_norm"](x, weight, eps=eps)
+    return kernels.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(x, residual, weight=None, *, eps):
+    if weight is None:
+        return REFERENCE_OPS["fused_add_rms_norm"](x, residual, weight, eps=eps)
+    return kernels.rms_norm(x, weight, eps, residual)
+
+
+def silu_and_mul(x):
+    return kernels.silu_and_mul(x)
+
+
+def gelu_and_mul(x, *, approximate="none"):
+    return kernels.gelu_and_mul(x, approximate)
+
+
+# ---- norm / activation + linear ----------------------------------------------------------
+# One row (a batch-1 decode step): one compiled GEMV launch computes the norm or activation
+# into shared memory and streams the weights (see use_gemv below). Otherwise the norm or
+# activation kernel, then cuBLAS through F.linear.
+
+def rms_norm_linear(x, norm_weight, weight, bias=None, *, eps):
+    if use_gemv(x, weight):
+        return kernels.rms_norm_gemv(x, norm_weight, weight, bias, eps)
+    return F.linear(kernels.rms_norm(x, norm_weight, eps), weight, bias)
+
+
+def add_rms_norm_linear(x, residual, norm_weight, weight, bias=None, *, eps):
+    if use_gemv(x, weight) and residual.stride(-1) == 1:
+        return kernels.rms_norm_gemv(x, norm_weight, weight, bias, eps, residual=residual)
+    normed, total = kernels.rms_norm(x, norm_weight, eps, residual)
+    return F.linear(normed, weight, bias), total
+
+
+def silu_and_mul_linear(x, weight, bias=None):
+    if use_gemv(x, weight):
+        return kernels.silu_and_mul_gemv(x, weight, bias)
+    return F.linear(kernels.silu_and_mul(x), weight, bias)
+
+
+# ---- gpt_attention -----------------------------------------------------------------------
+
+def _kernel_covers(num_heads, num_kv_heads, head_dim) -> bool:
+    return (kernels.cuda_kernels_available() and head_dim in (64, 128, 256)
+            and num_heads // num_kv_heads <= 8)
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_schema() -> str:
+    """The schema of PyTorch's flash-attention forward ('' when this torch has none)."""
+    try:
+        return str(torch.ops.aten._flash_attention_forward.default._schema)
+    except (AttributeError, RuntimeError):
+        return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_on(device_index: int) -> bool:
+    """Whether PyTorch's flash attention runs on this GPU (compiled in, sm80 or newer)."""
+    available = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
+    return bool(_flash_schema()) and available and torch.cuda.get_device_capability(device_index)[0] >= 8
+
+
+def _varlen_ready(q: torch.Tensor) -> bool:
+    """Whether the mixed-step path (decode kernel + one varlen flash call) serves q."""
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and _flash_on(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+
+
+def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left):
+    """Causal attention of packed queries q [Tq, H, D] over packed keys/values [Tk, KV, D]
+    (any row and head strides), sequence b holding rows cu[b]:cu[b+1]. The causal mask is
+    aligned bottom-right, as flash attention does: query i of n over m keys sees keys
+    [0, m - n + i]; window_left >= 0 also hides keys more than window_left before that."""
+    extra = {} if window_left < 0 else {"window_size_left": window_left, "window_size_right": 0}
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                                                   scale=scale, **extra)[0]
+
+
+def _upload(device, *host: torch.Tensor) -> list[torch.Tensor]:
+    """Host int64 index tensors on the device, in one (pinned, asynchronous) copy."""
+    if not host:
+        return []
+    flat = torch.cat(host)
+    if device.type == "cuda":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    else:
+        flat = flat.to(device)
+    return list(flat.split([t.numel() for t in host]))
+
+
+def _row_group(mask: torch.Tensor, new: torch.Tensor, starts: torch.Tensor):
+    """The sequences of a host bool mask [B] and their tokens: (seqs, tokens) as slices when
+    they are one run of sequences (then their tokens are one run too), else None for the
+    caller to upload host index tensors (returned third: sequence ids, token ids)."""
+    seqs = mask.nonzero().flatten()
+    first, last = int(seqs[0]), int(seqs[-1])
+    if last - first + 1 == seqs.numel():
+        return slice(first, last + 1), slice(int(starts[first]), int(starts[last] + new[last])), None
+    tokens = torch.repeat_interleave(mask, new).nonzero().flatten()
+    return None, None, (seqs, tokens)
+
+
+def _gather_past(cache, block_tables, host_lengths, device):
+    """Each sequence's K/V rows [0, L) from the paged cache, packed: (keys, values [sum L, KV,
+    D] views, cu_k int32 [n + 1]). Whole blocks are copied first (one index_select of
+    contiguous blocks), turned into rows in one transposing copy, and only then are the rows
+    past each length dropped: a gather of single positions from the strided cache moved
+    16 pieces of 256 bytes per position."""
+    tpb = cache.shape[3]
+    count = host_lengths.shape[0]
+    nblk = (host_lengths + tpb - 1) // tpb
+    first_block = torch.cumsum(nblk, 0) - nblk
+    seq_of_block = torch.repeat_interleave(torch.arange(count), nblk)
+    column = torch.arange(int(nblk.sum())) - first_block[seq_of_block]
+    ends = torch.cumsum(host_lengths, 0)
+    host = [seq_of_block, column, torch.cat([ends.new_zeros(1), ends])]
+    whole_blocks = bool((host_lengths % tpb == 0).all())
+    if not whole_blocks:  # row r < L of sequence i is row first_block[i] * tpb + r of the copy
+        host.append(torch.arange(int(ends[-1])) + (first_block * tpb - (ends - host_lengths))
+                    .repeat_interleave(host_lengths))
+    uploaded = _upload(device, *host)
+    ids = block_tables[uploaded[0], uploaded[1]].long()
+    rows = cache.index_select(0, ids).permute(0, 3, 1, 2, 4).reshape(-1, 2, cache.shape[2], cache.shape[4])
+    if not whole_blocks:
+        rows = rows.index_select(0, uploaded[3])
+    return rows[:, 0], rows[:, 1], uploaded[2].to(torch.int32)
+
+
+def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengths, position_ids, rotary_cos_sin,
+                rotary_is_neox, host_new, host_lengths, scale, sliding_window):
+    """A step of any mix of decode rows (one new token) and prompts or prompt chunks (several,
+    maybe over a cached past), with no per-sequence loop: rotate every token and write every
+    new K/V row (one launch each); the decode rows through the decode-attention kernel; the
+    other sequences through one varlen flash-attention call over their whole [0, L) K/V (a
+    prompt's own k/v when no sequence has a past, else gathered from the paged cache)."""
+    num_tokens, num_heads, head_dim = qh.shape
+    batch = host_new.shape[0]
+    device = qh.device
+    tpb = cache.shape[3]
+    if rotary_cos_sin is not None:
+        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
+    cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    torch.cumsum(context_lengths, 0, dtype=torch.int32, out=cu_seqlens[1:])
+    kernels.paged_kv_write_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
+
+    # Host bookkeeping (CPU tensors, no sync): which sequences are decode rows.
+    new = host_new.to(torch.int64)
+    lengths = host_lengths.to(torch.int64)
+    starts = torch.cumsum(new, 0) - new
+    decode_rows = new == 1
+    if tpb & (tpb - 1):  # the decode kernel takes power-of-two blocks only: all go the varlen way
+        decode_rows = torch.zeros_like(decode_rows)
+    others = (new > 0) & ~decode_rows
+    groups, to_upload = [], []
+    for mask in (decode_rows, others):
+        if not bool(mask.any()):
+            groups.append(None)
+            continue
+        seqs, tokens, host_index = _row_group(mask, new, starts)
+        groups.append([seqs, tokens, mask])
+        if host_index is not None:
+            to_upload.extend(host_index)
+    uploaded = iter(_upload(device, *to_upload))
+    for group in groups:
+        if group is not None and group[0] is None:
+            group[0], group[1] = next(uploaded), next(uploaded)
+
+    outs = []
+    if groups[0] is not None:  # decode rows: the cache already holds their K/V rows
+        seqs, tokens, _ = groups[0]
+        out = kernels.decode_attention(qh[tokens], cache, block_tables[seqs].contiguous(),
+                                       sequence_lengths[seqs].contiguous(), scale, None, sliding_window or 0)
+        outs.append((tokens, out))
+    if groups[1] is not None:
+        seqs, tokens, mask = groups[1]
+        group_new, group_lengths = new[mask], lengths[mask]
+        count = group_new.shape[0]
+        cu_q = torch.zeros(count + 1, dtype=torch.int32, device=device)
+        torch.cumsum(context_lengths[seqs], 0, dtype=torch.int32, out=cu_q[1:])
+        max_q, max_k = int(group_new.max()), int(group_lengths.max())
+        if torch.equal(group_new, group_lengths):  # fresh prompts only: their own k/v
+            keys, values, cu_k = kh[tokens], vh[tokens], cu_q
+        else:  # every sequence's [0, L) rows, gathered through its block table (this step's included)
+            keys, values, cu_k = _gather_past(cache, block_tables[seqs], group_lengths, device)
+        window_left = -1 if sliding_window is None or max_k <= sliding_window else sliding_window - 1
+        out = _flash_varlen(qh[tokens], keys, values, cu_q, cu_k, max_q, max_k, scale, window_left)
+        outs.append((tokens, out))
+
+    if len(outs) == 1:  # one group holds every token
+        return outs[0][1].reshape(num_tokens, num_heads * head_dim)
+    (dec_tokens, dec_out), (other_tokens, other_out) = outs
+    if (isinstance(dec_tokens, slice) and isinstance(other_tokens, slice) and dec_tokens.start == 0
+            and dec_tokens.stop == other_tokens.start):  # decode rows first (the executor's order)
+        return torch.cat((dec_out, other_out)).view(num_tokens, num_heads * head_dim)
+    out = qh.new_empty(num_tokens, num_heads, head_dim)
+    out[dec_tokens] = dec_out
+    out[other_tokens] = other_out
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                  alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
+                  layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None, sliding_window=None,
+                  rotary_dim=0, rotary_is_neox=True):
+    def on_reference():
+        return REFERENCE_OPS["gpt_attention"](
+            q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+            alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, layer_idx=layer_idx,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, tokens_per_block=tokens_per_block,
+            scale=scale, sliding_window=sliding_window, rotary_dim=rotary_dim, rotary_is_neox=rotary_is_neox)
+
+    if not _kernel_covers(num_heads, num_kv_heads, head_dim):
+        return on_reference()
+    num_tokens, batch = q.shape[0], block_tables.shape[0]
+    # q, k, v are column slices of the packed QKV projection: head views, no copies.
+    qh = q.view(num_tokens, num_heads, head_dim)
+    kh = k.view(num_tokens, num_kv_heads, head_dim)
+    vh = v.view(num_tokens, num_kv_heads, head_dim)
+    cache = kv_cache_pool[layer_idx]
+    softmax_scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+
+    if num_tokens == batch:  # every sequence has >= 1 new token, so this is one each: decode
+        # One launch rotates q/k (decode positions are sequence_lengths - 1, as the runtime
+        # feeds them), writes the new K/V rows and attends.
+        out = kernels.decode_attention(qh, cache, block_tables, sequence_lengths, softmax_scale, alibi_slopes,
+                                       sliding_window or 0, kh, vh, rotary_cos_sin, rotary_is_neox)
+        return out.view(num_tokens, num_heads * head_dim)
+
+    # Mixed steps (decode rows beside prompts or prompt chunks over a cached past) and prompt
+    # steps: the host lengths say which rows are which without a sync.
+    if (host_sequence_lengths is not None and alibi_slopes is None and _varlen_ready(q)
+            and (sliding_window is None
+                 or (sliding_window > 0 and (int(host_sequence_lengths.max()) <= sliding_window
+                                             or "window_size_left" in _flash_schema())))):
+        return _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengths, position_ids,
+                           rotary_cos_sin, rotary_is_neox, host_context_lengths, host_sequence_lengths,
+                           softmax_scale, sliding_window)
+
+    new = host_context_lengths.tolist()
+    fresh = (host_sequence_lengths is not None and host_sequence_lengths.tolist() == new
+             and alibi_slopes is None and (sliding_window is None or max(new) <= sliding_window))
+    if not fresh:  # some prompt continues a cached past: the reference reads it from the cache
+        return on_reference()
+    if rotary_cos_sin is not None:
+        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
+    cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
+    torch.cumsum(context_lengths, 0, out=cu_seqlens[1:])
+    kernels.paged_kv_write_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
+    gqa = num_heads != num_kv_heads
+    if len(set(new)) == 1:  # prompts of one length: one batched call
+        n = new[0]
+
+        def heads(t):
+            return t.view(batch, n, t.shape[1], head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(heads(qh), heads(kh), heads(vh), is_causal=True, scale=softmax_scale,
+                                           enable_gqa=gqa)
+        return o.transpose(1, 2).reshape(num_tokens, num_heads * head_dim)
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    start = 0
+    for n in new:  # each prompt attends to itself only: causal SDPA on its rows
+        rows = slice(start, start + n)
+        o = F.scaled_dot_product_attention(qh[rows].transpose(0, 1), kh[rows].transpose(0, 1),
+                                           vh[rows].transpose(0, 1), is_causal=True, scale=softmax_scale,
+                                           enable_gqa=gqa)
+        out[rows] = o.transpose(0, 1)
+        start += n
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+# ---- linear layers of one row (batch-1 decode steps): the compiled GEMV --------------------
+# Measured on an H200 (benchmarks/bench_gemv.py): for one row it beats cuBLAS, alone or after a
+# separate norm or activation kernel, except for wide layers with a short k (a small model's
+# LM head), where cuBLAS spreads the work better; with 2 or more rows cuBLAS wins.
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a linear layer (weight [n, k]) on x runs as the compiled GEMV."""
+    n, k = weight.shape
+    return x.dim() == 2 and x.shape[0] == 1 and (k >= 2048 or n <= 16384) and kernels.gemv_supported(x, weight)
+
+
+def linear(x, weight, bias=None):
+    if use_gemv(x, weight):
+        return kernels.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+CUDA_OPS = {
+    "rms_norm": rms_norm,
+    "fused_add_rms_norm": fused_add_rms_norm,
+    "silu_and_mul": silu_and_mul,
+    "gelu_and_mul": gelu_and_mul,
+    "rms_norm_linear": rms_norm_linear,
+    "add_rms_norm_linear": add_rms_norm_linear,
+    "silu_and_mul_linear": silu_and_mul_linear,
+    "gpt_attention": gpt_attention,
+    "linear": linear,
+}
