@@ -8,19 +8,18 @@ honest. They refuse, with one `EngineError` naming the offending field:
 
 - a graph that is not exactly the structure `Network.to_dict` writes;
 - a name (network, tensor, layer, input, output, weight, dim range) outside `NAME_PATTERN`;
-- an op outside the closed set the runtime implements (`reference_ops.REFERENCE_OPS` and
-  `constant`), an attribute key the op does not take, an attribute value that is not a
-  plain JSON scalar or a flat list of numbers, an `implementation` that is not one of
-  `IMPLEMENTATION_NAMES`, an unknown dtype, a layer input that no input or
-  earlier layer defines, a tensor made twice;
+- an op outside the closed set the runtime implements (`ops.OPS`), an attribute key the op
+  does not take, an attribute value that is not a plain JSON scalar or a flat list of
+  numbers, an `implementation` that is not one of `IMPLEMENTATION_NAMES`, an unknown dtype,
+  a layer input that no input or earlier layer defines, a tensor made twice;
 - a configuration (the engine's copy, and config.json beside it) of the wrong shape or
   types, and one that disagrees with the graph where the runtime relies on both agreeing
   (KV-cache pool layout, vocabulary, position tables, limits), so that a lie in a config
   cannot reach a kernel as an out-of-range index.
 
 The attributes each op takes are not listed by hand: they are the keyword-only parameters
-of the op's reference implementation (`op_signatures()`), which is what `Session` calls
-with a layer's attrs. The checks are linear in the size of the graph (milliseconds for an
+of the op's reference (`op_signatures()`), which is what `Session` calls with a layer's
+attrs. The checks are linear in the size of the graph (milliseconds for an
 8B network).
 """
 from __future__ import annotations
@@ -33,7 +32,6 @@ import math
 import re
 from typing import Any, NamedTuple, Optional
 
-from . import functional
 from ._utils import _STR_TO_TORCH
 from .build_config import BuildConfig
 from .errors import EngineError
@@ -41,7 +39,7 @@ from .kv_cache_layout import KVCacheLayout, blocks_for_tokens
 from .models import MODEL_MAP  # noqa: F401  (registers the known architectures)
 from .models.modeling_utils import PretrainedConfig
 from .network import JSON_FORMAT, JSON_VERSION, Network, net_guard
-from .reference_ops import REFERENCE_OPS
+from .ops import IMPLEMENTATIONS, OPS
 
 # Letters, digits and `_ . : / - [ ]`: every name the builder makes (module paths such as
 # transformer/layers/0/attention/gpt_attention_12, weights such as
@@ -57,10 +55,9 @@ INPUT_KEYS = ("name", "dtype", "shape", "dim_range")
 SPEC_KEYS = ("dtype", "shape")
 LAYER_KEYS = ("name", "op", "inputs", "outputs", "attrs")
 IMPLEMENTATION_ATTR = "implementation"
-# Every implementation name an engine may record in attrs["implementation"] (the runtime's
-# op_impls registers functions under these names); any other is refused at load.
-REFERENCE, CUDA = "reference", "cuda"
-IMPLEMENTATION_NAMES = frozenset({REFERENCE, CUDA})
+# Every implementation name an engine may record in attrs["implementation"] (ops register
+# their implementations under these names); any other is refused at load.
+IMPLEMENTATION_NAMES = frozenset(IMPLEMENTATIONS)
 
 
 class OpSignature(NamedTuple):
@@ -75,17 +72,20 @@ class OpSignature(NamedTuple):
 @functools.cache
 def op_signatures() -> dict[str, OpSignature]:
     """op -> OpSignature for every op the runtime runs, derived from the op definitions:
-    a layer's attrs are passed to `REFERENCE_OPS[op]` as keywords and its inputs as
+    a layer's attrs are passed to the op's reference as keywords and its inputs as
     positional arguments, so the keyword-only parameters are the attributes and the others
     the inputs. A reference that is a torch builtin (no inspectable signature) takes no
-    attributes, and as many inputs as its `functional.py` op has parameters."""
+    attributes, and as many inputs as the op's graph function has parameters."""
 
     table = {"constant": OpSignature(frozenset({"weight"}), frozenset({"weight"}), 0, 0)}
-    for op, fn in REFERENCE_OPS.items():
+    for op, definition in OPS.items():
+        fn = definition.reference
+        if fn is None:
+            continue
         try:
             params = list(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError):
-            n = len(inspect.signature(getattr(functional, op)).parameters)
+            n = len(definition.signature.parameters)
             table[op] = OpSignature(frozenset(), frozenset(), n, n)
             continue
         keyword = [p for p in params if p.kind is p.KEYWORD_ONLY]
@@ -461,7 +461,7 @@ def check_shapes(network, where: str) -> None:
     """Refuse an engine whose recorded tensor shapes are not what its ops make of their inputs.
 
     Every layer is replayed, in a scratch network, through its op's own definition in
-    `functional` (the shape rules and argument checks the builder ran), on the shapes the
+    `ops` (the shape rules and argument checks the builder ran), on the shapes the
     replay itself inferred for its inputs. An attribute or shape the file changed (a view to
     another size, an eps that is a string, a weight of another shape) then fails here, naming
     the layer, instead of inside a kernel. Errors of any type raised by the replay are the
@@ -491,7 +491,7 @@ def check_shapes(network, where: str) -> None:
             attrs = {k: v for k, v in layer.attrs.items() if k != IMPLEMENTATION_ATTR}
             try:
                 args = [None if n is None else handles[n] for n in layer.inputs]
-                out = _replay(getattr(functional, layer.op), args, attrs)
+                out = _replay(OPS[layer.op], args, attrs)
             except Exception as e:  # noqa: BLE001 - see the docstring
                 raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}) does not hold together: "
                                   f"{' '.join(str(e).split())[:200]}; do not use this engine, rebuild it") from None

@@ -22,9 +22,8 @@ from . import functional as F
 # Where TensorRT-LLM users import it from when they port a pass: functional's decorator.
 from .functional import record_signature as record_signature
 from .network import Layer, Network, Tensor, current_net, net_guard
+from .ops import OPS, signature_of
 
-# Ops that do something besides producing their outputs: never removed as dead.
-SIDE_EFFECT_OPS = {"gpt_attention"}
 # The attr in which the builder records a timed kernel choice (timing_cache.py): no argument of the op.
 IMPLEMENTATION_ATTR = "implementation"
 
@@ -49,7 +48,7 @@ class FLayerInfo:
     @classmethod
     def of(cls, layer: Layer) -> Optional["FLayerInfo"]:
         """The layer's FLayerInfo; None when its op is no recorded functional op."""
-        signature = F.OP_SIGNATURES.get(layer.op)
+        signature = signature_of(layer.op)
         return None if signature is None else cls(layer, _call_arguments(layer, signature))
 
     @property
@@ -287,7 +286,8 @@ class RemoveDeadLayers(PatternRewriter):
 
     def match(self, layer: Layer) -> bool:
         net = layer.network
-        return layer.op not in SIDE_EFFECT_OPS and not any(
+        op = OPS.get(layer.op)  # an op of one's own (record_signature) has no side effects here
+        return not (op is not None and op.side_effects) and not any(
             net.consumers(out) or out in net.outputs or out in net.debug_outputs for out in layer.outputs)
 
     def rewrite(self, layer: Layer) -> None:

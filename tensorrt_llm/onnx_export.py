@@ -126,7 +126,7 @@ class _Graph:
         return x if from_dtype == to_dtype else self.op("Cast", x, to=ONNX_DTYPES[to_dtype])
 
 
-# ---- converters: ONNX_OPS[op](g, *inputs, **attrs) mirrors REFERENCE_OPS ----------------------
+# ---- converters: ONNX_OPS[op](g, *inputs, **attrs) mirrors the op's reference (tensorrt_llm/ops) ---
 
 
 def _float32_math(fn):

@@ -1,4 +1,4 @@
-"""`ReferenceExecutor`: runs a Network layer by layer with REFERENCE_OPS (ground truth).
+"""`ReferenceExecutor`: runs a Network layer by layer with each op's reference (ground truth).
 
 The layer list is turned into a flat plan once; each run checks the feed against the
 network's inputs, then calls one op per layer and drops intermediates after their last use.
@@ -11,7 +11,7 @@ import torch
 
 from ._utils import str_dtype_to_torch
 from .network import Network
-from .reference_ops import REFERENCE_OPS
+from .ops import references
 
 
 class ReferenceExecutor:
@@ -19,7 +19,7 @@ class ReferenceExecutor:
     def __init__(self, network: Network, device="cpu", ops: Optional[dict[str, Callable]] = None):
         self.network = network
         self.device = torch.device(device)
-        ops = REFERENCE_OPS if ops is None else ops
+        ops = references() if ops is None else ops
         self._inputs = [(t.name, str_dtype_to_torch(t.dtype), t.shape, network.dim_range(t.name))
                         for t in network.inputs]
         self._results = network.outputs + [n for n in network.debug_outputs if n not in network.outputs]

@@ -1,8 +1,9 @@
 """Timing cache and kernel choice.
 
-Where an op has several implementations on the build device (runtime/op_impls.py), the
-builder times each one on that device at the layer's `opt` shapes and records the fastest
-in the layer's attrs as `implementation`, which the Session then runs. The timings live in
+Where an op has several implementations on the build device (those registered with the op
+in tensorrt_llm/ops that run there), the builder times each one on that device at the
+layer's `opt` shapes and records the fastest in the layer's attrs as `implementation`, which
+the Session then runs. The timings live in
 a TimingCache, a JSON file that later builds (trtllm-build --input_timing_cache) reuse
 instead of timing again:
 
@@ -25,12 +26,9 @@ import torch
 from ._utils import str_dtype_to_torch
 from .errors import TrtLlmError
 from .network import Layer, Network
-from .runtime.op_impls import implementations
+from .ops import OPS, implementations
 
 TIMING_CACHE_VERSION = 1
-# gpt_attention is never timed: it writes the KV cache (a side effect on its input) and its
-# paths depend on runtime metadata (block tables, lengths) that random inputs cannot stand for.
-UNTIMED_OPS = {"gpt_attention"}
 WARMUP_RUNS = 3
 TIMED_RUNS = 20
 
@@ -149,7 +147,9 @@ def choose_implementations(network: Network, device, cache: TimingCache) -> dict
     memo: dict[str, int] = {}
     for layer in network.layers:
         candidates = table.get(layer.op, {})
-        if len(candidates) < 2 or layer.op in UNTIMED_OPS:
+        # An op with side effects (gpt_attention writes the KV cache) is never timed: its paths
+        # depend on runtime metadata (block tables, lengths) that random inputs cannot stand for.
+        if len(candidates) < 2 or OPS[layer.op].side_effects:
             continue
         attrs = {k: v for k, v in layer.attrs.items() if k != "implementation"}
         shapes = opt_shapes(network, layer, memo)

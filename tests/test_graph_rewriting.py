@@ -18,6 +18,7 @@ from tensorrt_llm.graph_rewriting import (
 )
 from tensorrt_llm.models import LLaMAForCausalLM, PretrainedConfig
 from tensorrt_llm.network import Tensor
+from tensorrt_llm.ops import op as op_registry
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 H, I = 8, 12
@@ -324,7 +325,7 @@ def test_every_recorded_op_is_in_the_flayer_info_check():
 
 
 def test_a_user_op_recorded_with_record_signature_has_flayer_info(monkeypatch):
-    monkeypatch.setattr(functional, "OP_SIGNATURES", dict(functional.OP_SIGNATURES))
+    monkeypatch.setattr(op_registry, "OP_SIGNATURES", dict(op_registry.OP_SIGNATURES))
 
     def scaled_tanh(x, *, scale: float):
         return default_net().add_layer("scaled_tanh", [x.name], [(x.dtype, x.shape)], {"scale": scale}).get_output(0)

@@ -16,8 +16,8 @@ from tensorrt_llm import Network, default_net, net_guard
 from tensorrt_llm import functional as F
 from tensorrt_llm.graph_rewriting import optimize
 from tensorrt_llm.onnx_export import CUSTOM_DOMAIN, CUSTOM_OPS, EXTERNAL_DATA_THRESHOLD, ONNX_OPS
+from tensorrt_llm.ops import references
 from tensorrt_llm.reference_executor import ReferenceExecutor
-from tensorrt_llm.reference_ops import REFERENCE_OPS
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_TOKENS = ("n", (1, 4, 32))
@@ -119,12 +119,12 @@ def assert_matches(got: dict, expected: dict, atol=1e-5):
 
 
 def test_every_reference_op_has_a_mapping():
-    assert set(ONNX_OPS) == set(REFERENCE_OPS)
+    assert set(ONNX_OPS) == set(references())
 
 
 def test_cases_cover_every_standard_op():
     covered = {layer.op for name in CASES for layer in build_case(name).layers}
-    assert set(REFERENCE_OPS) - CUSTOM_OPS <= covered
+    assert set(references()) - CUSTOM_OPS <= covered
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from tensorrt_llm.functional import rope_cos_sin_cache, rope_inv_freq
-from tensorrt_llm.reference_ops import REFERENCE_OPS
+from tensorrt_llm.ops import references
 
-gpt_attention = REFERENCE_OPS["gpt_attention"]
+REFERENCES = references()
+gpt_attention = REFERENCES["gpt_attention"]
 
 
 def dense_attention(q, k, v, scale, slopes=None, window=None):
@@ -214,7 +215,7 @@ def test_rotary_embedding_matches_complex_rotation(is_neox, rotary_dim):
     x = torch.randn(5, heads * d)
     positions = torch.tensor([0, 7, 3, 100, 2047], dtype=torch.int32)
     cache = rope_cos_sin_cache(2048, rotary_dim, theta=10000.0)
-    out = REFERENCE_OPS["rotary_embedding"](x, positions, cache, num_heads=heads, head_dim=d, rotary_dim=rotary_dim,
+    out = REFERENCES["rotary_embedding"](x, positions, cache, num_heads=heads, head_dim=d, rotary_dim=rotary_dim,
                                             is_neox=is_neox)
     ref = rope_complex(x.view(5, heads, d), positions, rope_inv_freq(rotary_dim), rotary_dim, is_neox)
     torch.testing.assert_close(out.double(), ref.flatten(1), atol=1e-5, rtol=1e-5)
@@ -226,7 +227,7 @@ def test_rotary_embedding_on_strided_view_and_bf16():
     q = qkv[:, :32]  # a view with row stride 96, like a split of a fused qkv
     positions = torch.arange(4, dtype=torch.int32)
     cache = rope_cos_sin_cache(16, 16)
-    out = REFERENCE_OPS["rotary_embedding"](q, positions, cache, num_heads=2, head_dim=16, rotary_dim=16, is_neox=True)
+    out = REFERENCES["rotary_embedding"](q, positions, cache, num_heads=2, head_dim=16, rotary_dim=16, is_neox=True)
     ref = rope_complex(q.view(4, 2, 16), positions, rope_inv_freq(16), 16, True)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), ref.flatten(1), atol=2e-2, rtol=2e-2)
@@ -288,27 +289,52 @@ def test_norms_compute_in_float32_and_return_input_dtype(dtype):
     torch.manual_seed(0)
     x = (torch.randn(3, 64) * 30).to(dtype)
     w = torch.randn(64).to(dtype)
-    out = REFERENCE_OPS["rms_norm"](x, w, eps=1e-6)
+    out = REFERENCES["rms_norm"](x, w, eps=1e-6)
     xf = x.double()
     ref = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
     assert out.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
-    normed, total = REFERENCE_OPS["fused_add_rms_norm"](x, x, w, eps=1e-6)
+    normed, total = REFERENCES["fused_add_rms_norm"](x, x, w, eps=1e-6)
     torch.testing.assert_close(total, x + x)
-    torch.testing.assert_close(normed, REFERENCE_OPS["rms_norm"](x + x, w, eps=1e-6))
-    sm = REFERENCE_OPS["softmax"](x, dim=-1)
+    torch.testing.assert_close(normed, REFERENCES["rms_norm"](x + x, w, eps=1e-6))
+    sm = REFERENCES["softmax"](x, dim=-1)
     assert sm.dtype == dtype
     torch.testing.assert_close(sm.double(), xf.softmax(-1), atol=tol, rtol=tol)
 
 
 def test_gated_activations():
     x = torch.randn(2, 3, 8)
-    torch.testing.assert_close(REFERENCE_OPS["silu_and_mul"](x), torch.nn.functional.silu(x[..., :4]) * x[..., 4:])
-    torch.testing.assert_close(REFERENCE_OPS["gelu_and_mul"](x, approximate="tanh"),
+    torch.testing.assert_close(REFERENCES["silu_and_mul"](x), torch.nn.functional.silu(x[..., :4]) * x[..., 4:])
+    torch.testing.assert_close(REFERENCES["gelu_and_mul"](x, approximate="tanh"),
                                torch.nn.functional.gelu(x[..., :4], approximate="tanh") * x[..., 4:])
 
 
 def test_allreduce_is_identity_without_process_group():
     x = torch.randn(3)
-    assert REFERENCE_OPS["allreduce"](x) is x
+    assert REFERENCES["allreduce"](x) is x
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_norm_and_gated_activations_mean_what_transformers_computes(dtype):
+    """The one meaning of rms_norm, fused_add_rms_norm, silu_and_mul and gelu_and_mul: transformers'
+    order of rounding (LlamaRMSNorm: normalise in float32, round, scale; LlamaMLP: act(gate) * up
+    in the dtype), bit for bit in half precision."""
+    pytest.importorskip("transformers")
+    from transformers.activations import ACT2FN
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(5, 96, generator=gen) * 3).to(dtype)
+    residual = torch.randn(5, 96, generator=gen).to(dtype)
+    hf_norm = LlamaRMSNorm(96, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        hf_norm.weight.copy_(1 + 0.1 * torch.randn(96, generator=gen))
+        w = hf_norm.weight.detach()
+        assert torch.equal(REFERENCES["rms_norm"](x, w, eps=1e-5), hf_norm(x))
+        normed, total = REFERENCES["fused_add_rms_norm"](x, residual, w, eps=1e-5)
+        assert torch.equal(total, x + residual) and torch.equal(normed, hf_norm(x + residual))
+        gate, up = x[:, :48], x[:, 48:]
+        assert torch.equal(REFERENCES["silu_and_mul"](x), ACT2FN["silu"](gate) * up)
+        assert torch.equal(REFERENCES["gelu_and_mul"](x, approximate="tanh"), ACT2FN["gelu_pytorch_tanh"](gate) * up)
+        assert torch.equal(REFERENCES["gelu_and_mul"](x, approximate="none"), ACT2FN["gelu"](gate) * up)

@@ -12,7 +12,7 @@ from tensorrt_llm.commands.build import main as trtllm_build
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import save_checkpoint
-from tensorrt_llm.reference_ops import REFERENCE_OPS
+from tensorrt_llm.ops import references
 from tensorrt_llm.runtime.session import lower
 from tensorrt_llm.timing_cache import TimingCache, TimingCacheError
 
@@ -102,7 +102,7 @@ def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monk
     def slow(*args, **kwargs):
         calls.append(1)
         time.sleep(0.002)
-        return REFERENCE_OPS[op](*args, **kwargs)
+        return references()[op](*args, **kwargs)
 
     def with_slow(device):
         table = real(device)
@@ -129,7 +129,7 @@ def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monk
     # lower() runs the recorded implementation and never passes `implementation` on.
     layer = layers_of(second, op)[0]
     layer.attrs["implementation"] = "slow"
-    source, plan = lower(second.network, dict(REFERENCE_OPS), with_slow(torch.device("cpu")))
+    source, plan = lower(second.network, references(), with_slow(torch.device("cpu")))
     assert "implementation" not in source
     assert any(v is slow for v in plan.__globals__.values())
 

@@ -1,4 +1,4 @@
-"""Compiled kernels (tensorrt_llm.bindings) as torch.library custom ops, with their references.
+"""The compiled kernels (tensorrt_llm.bindings) as torch.library custom ops, one by name.
 
     from tensorrt_llm import kernels
     out = kernels.rms_norm(x, weight, 1e-6)                 # torch.ops.trtllm.rms_norm
@@ -10,11 +10,13 @@
     y = kernels.gemv(x, w); y, summed = kernels.rms_norm_gemv(x, norm_w, w, None, 1e-6, residual)
     y = kernels.silu_and_mul_gemv(x, w)   # a linear layer of 1..4 rows with its input's op fused
 
-CPU tensors run the PyTorch references (kernels.reference); CUDA tensors run the compiled
-kernels. `build_info()` says what the compiled module holds.
+CPU tensors run the references (the op's, in tensorrt_llm.ops, or kernels.reference for the
+kernels that compute no op of their own); CUDA tensors run the compiled kernels.
+`build_info()` says what the compiled module holds.
 """
+from ..ops.launch import bindings_available, build_info, cuda_kernels_available, get_bindings
+from ..ops.rotary import rope_cos_sin_cache
 from . import reference
-from ._bindings import bindings_available, build_info, cuda_kernels_available, get_bindings
 from .ops import (
     decode_attention,
     gelu_and_mul,
@@ -28,7 +30,6 @@ from .ops import (
     silu_and_mul_gemv,
     top_k_top_p_sample,
 )
-from .reference import rope_cos_sin_cache
 
 __all__ = [
     "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul", "gemv",

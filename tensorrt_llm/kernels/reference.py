@@ -1,8 +1,10 @@
-"""Plain PyTorch meaning of every compiled kernel.
+"""Plain PyTorch oracles of the kernels that compute no op of their own: the in-place rotary
+embedding, the paged K/V write, decode attention (parts of gpt_attention's CUDA
+implementation) and top-k/top-p sampling (the sampler's).
 
-These run on the CPU (they are the CPU implementation of the `trtllm::` ops), on CUDA tensors
-when the compiled kernels are missing, and in the tests that check the kernels. Math is done
-in float32 and rounded once to the tensor's dtype, as the kernels do.
+They are the CPU implementation of those `trtllm::` ops, and what the kernels' tests compare
+against. A kernel that computes an op (rms_norm, the gated activations, the GEMV) has the op's
+reference, in tensorrt_llm/ops, as its meaning.
 """
 from __future__ import annotations
 
@@ -11,41 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x * rsqrt(mean(x^2, -1) + eps) * weight, in float32, rounded to x.dtype."""
-    xf = x.float()
-    inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (xf * inv * weight.float()).to(x.dtype)
-
-
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual); the sum is rounded to the dtype before the norm."""
-    s = x + residual
-    return rms_norm(s, weight, eps), s
-
-
-def rope_cos_sin_cache_local(max_positions: int, rotary_dim: int, theta: float = 10000.0) -> torch.Tensor:
-    """float32 [max_positions, rotary_dim]: row p = cat(cos(p * inv_freq), sin(p * inv_freq)).
-
-    inv_freq[i] = theta ** (-2i / rotary_dim); angles are formed in float64.
-    """
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"rope_cos_sin_cache: rotary_dim must be even and > 0, got {rotary_dim}")
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
-
-
-try:  # the graph library's table (with the llama3 / linear scalings) is the one to use
-    from tensorrt_llm.functional import rope_cos_sin_cache  # noqa: F401
-except ImportError:  # functional.py not there (or broken): the unscaled table
-    def rope_cos_sin_cache(max_positions: int, rotary_dim: int, theta: float = 10000.0,
-                           scaling: Optional[dict] = None) -> torch.Tensor:
-        if scaling is not None:
-            raise NotImplementedError("rope scaling needs tensorrt_llm.functional.rope_cos_sin_cache")
-        return rope_cos_sin_cache_local(max_positions, rotary_dim, theta)
+from ..ops.rotary import rotary_embedding_reference
 
 
 def _check_positions(positions: torch.Tensor, max_positions: int) -> None:
@@ -59,40 +27,17 @@ def _check_positions(positions: torch.Tensor, max_positions: int) -> None:
 
 def rotary_embedding_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                       cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
-    """Rotate the first rotary_dim dims of every head of q [T, Hq, D] and k [T, KV, D], in place.
-
-    NeoX pairs (x[j], x[j + r/2]); GPT-J pairs (x[2j], x[2j + 1]). Out-of-range positions raise
-    here (the CUDA kernel, which cannot raise without a sync, leaves those tokens unchanged).
-    """
-    rot = cos_sin_cache.shape[1]
-    half = rot // 2
+    """The rotary_embedding op's reference (tensorrt_llm.ops.rotary), in place on q [T, Hq, D]
+    and k [T, KV, D]: the form of the kernel. Out-of-range positions raise here (the CUDA
+    kernel, which cannot raise without a sync, leaves those tokens unchanged)."""
     _check_positions(positions, cos_sin_cache.shape[0])
-    table = cos_sin_cache.to(q.device)[positions.long()]          # [T, rot]
-    cos = table[:, None, :half]
-    sin = table[:, None, half:]
+    table = cos_sin_cache.to(q.device)
     for x in (q, k):
-        part = x[..., :rot].float()
-        if is_neox:
-            x1, x2 = part[..., :half], part[..., half:]
-            rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        else:
-            x1, x2 = part[..., 0::2], part[..., 1::2]
-            rotated = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-        x[..., :rot].copy_(rotated.to(x.dtype))
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(x[..., :I]) * x[..., I:] for x [..., 2I]."""
-    inter = x.shape[-1] // 2
-    xf = x.float()
-    return (F.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)
-
-
-def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """gelu(x[..., :I], approximate) * x[..., I:] for x [..., 2I]; approximate is "none" or "tanh"."""
-    inter = x.shape[-1] // 2
-    xf = x.float()
-    return (F.gelu(xf[..., :inter], approximate=approximate) * xf[..., inter:]).to(x.dtype)
+        tokens, heads, head_dim = x.shape
+        rotated = rotary_embedding_reference(x.reshape(tokens, heads * head_dim), positions.to(q.device), table,
+                                             num_heads=heads, head_dim=head_dim, rotary_dim=table.shape[1],
+                                             is_neox=is_neox)
+        x.copy_(rotated.view(tokens, heads, head_dim))
 
 
 def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -233,23 +178,3 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hl,lhd->hd", probs, values).to(q.dtype)
     return out
-
-
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x @ weight.T + bias (the plain linear layer the fused GEMV ops end with)."""
-    return F.linear(x, weight, bias)
-
-
-def rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
-                  bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    return gemv(rms_norm(x, norm_weight, eps), weight, bias)
-
-
-def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
-                      bias: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    normed, s = fused_add_rms_norm(x, residual, norm_weight, eps)
-    return gemv(normed, weight, bias), s
-
-
-def silu_and_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    return gemv(silu_and_mul(x), weight, bias)

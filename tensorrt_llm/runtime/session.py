@@ -18,7 +18,7 @@ import torch
 
 from .._utils import str_dtype_to_torch
 from ..network import Network
-from .op_impls import implementations, ops_for_device
+from ..ops import default_implementations, implementations
 
 
 class Session:
@@ -26,7 +26,7 @@ class Session:
     def __init__(self, network: Network, device="cpu", ops: Optional[dict[str, Callable]] = None):
         self.network = network
         self.device = torch.device(device)
-        self.ops = ops if ops is not None else ops_for_device(self.device)
+        self.ops = ops if ops is not None else default_implementations(self.device)
         self._input_specs = {t.name: t for t in network.inputs}
         # Explicit `ops` are run as given; the builder's recorded choices apply to the defaults.
         impls = implementations(self.device) if ops is None else None

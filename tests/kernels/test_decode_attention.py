@@ -50,7 +50,7 @@ def test_reference_equals_dense_attention_over_gathered_rows():
 def test_split_merge_leaves_its_counters_zero_and_repeats_exactly():
     # Long sequences split across blocks; the last block of each (sequence, KV head) merges
     # the partials and resets its counter, so back-to-back launches agree bit for bit.
-    from tensorrt_llm.kernels.ops import _counters
+    from tensorrt_llm.ops.attention_cuda import _counters
     gen = torch.Generator().manual_seed(1)
     q, cache, tables, lengths = make_inputs(3, 32, 8, 128, 32, 2100, torch.bfloat16, "cuda", gen)
     first = kernels.decode_attention(q, cache, tables, lengths, 0.1)

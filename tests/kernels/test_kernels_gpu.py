@@ -11,7 +11,9 @@ import torch
 
 from tensorrt_llm import kernels
 from tensorrt_llm.kernels import reference
-from tensorrt_llm.kernels._bindings import stream_of, tensor_arg
+from tensorrt_llm.ops.activation import gelu_and_mul_reference, silu_and_mul_reference
+from tensorrt_llm.ops.launch import stream_of, tensor_arg
+from tensorrt_llm.ops.norm import fused_add_rms_norm_reference, rms_norm_reference
 
 from .utils import DTYPES, assert_close, make_paged_metadata
 
@@ -72,11 +74,11 @@ def test_rms_norm(gen, dtype, hidden, residual, layout):
     if residual:
         r = rand(gen, T, hidden, dtype=dtype)
         out, summed = kernels.rms_norm(_layout(x, layout), w.to(DEVICE), eps, residual=_layout(r, layout))
-        ref_out, ref_sum = reference.fused_add_rms_norm(x, r, w, eps)
+        ref_out, ref_sum = fused_add_rms_norm_reference(x, r, w, eps=eps)
         assert torch.equal(summed.cpu(), ref_sum), gen[1]  # one correctly rounded add: bit-exact
     else:
         out = kernels.rms_norm(_layout(x, layout), w.to(DEVICE), eps)
-        ref_out = reference.rms_norm(x, w, eps)
+        ref_out = rms_norm_reference(x, w, eps=eps)
     assert out.shape == x.shape and out.dtype == dtype and out.device.type == DEVICE.type
     assert_close(out, ref_out, dtype, gen[1])
 
@@ -84,7 +86,7 @@ def test_rms_norm(gen, dtype, hidden, residual, layout):
 def test_rms_norm_3d_and_empty(gen):
     x = rand(gen, 3, 13, 257, dtype=torch.bfloat16)
     w = rand(gen, 257, dtype=torch.bfloat16)
-    assert_close(kernels.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6), reference.rms_norm(x, w, 1e-6),
+    assert_close(kernels.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6), rms_norm_reference(x, w, eps=1e-6),
                  torch.bfloat16, gen[1])
     empty = torch.empty(0, 257, dtype=torch.bfloat16, device=DEVICE)
     assert kernels.rms_norm(empty, w.to(DEVICE), 1e-6).shape == (0, 257)
@@ -146,10 +148,10 @@ def test_rotary_out_of_range_positions_leave_tokens_unchanged(gen):
 def test_act_and_mul(gen, dtype, inter, op):
     x = rand(gen, 37, 2 * inter, dtype=dtype, scale=2.0)
     if op == "silu":
-        out, ref = kernels.silu_and_mul(x.to(DEVICE)), reference.silu_and_mul(x)
+        out, ref = kernels.silu_and_mul(x.to(DEVICE)), silu_and_mul_reference(x)
     else:
         approx = op.split("_")[1]
-        out, ref = kernels.gelu_and_mul(x.to(DEVICE), approx), reference.gelu_and_mul(x, approx)
+        out, ref = kernels.gelu_and_mul(x.to(DEVICE), approx), gelu_and_mul_reference(x, approximate=approx)
     assert out.shape == (37, inter) and out.dtype == dtype
     assert_close(out, ref, dtype, gen[1])
 
@@ -160,8 +162,8 @@ def test_act_and_mul_strided_and_3d(gen, dtype):
     wide = torch.zeros(2, 19, 2 * 333 + 5, dtype=dtype, device=DEVICE)
     wide[..., 1:1 + 2 * 333] = x.to(DEVICE)
     view = wide[..., 1:1 + 2 * 333]
-    assert_close(kernels.silu_and_mul(view), reference.silu_and_mul(x), dtype, gen[1])
-    assert_close(kernels.gelu_and_mul(view, "tanh"), reference.gelu_and_mul(x, "tanh"), dtype, gen[1])
+    assert_close(kernels.silu_and_mul(view), silu_and_mul_reference(x), dtype, gen[1])
+    assert_close(kernels.gelu_and_mul(view, "tanh"), gelu_and_mul_reference(x, approximate="tanh"), dtype, gen[1])
 
 
 # ---- paged kv write ----
@@ -255,7 +257,7 @@ def test_errors_name_devices_dtypes_and_shapes():
         with pytest.raises(ValueError, match="different devices"):
             kernels.rms_norm(x, w.to("cuda:1"))
     # the process and the CUDA context are fine afterwards
-    assert_close(kernels.rms_norm(x, w), reference.rms_norm(x.cpu(), w.cpu(), 1e-6), torch.float16)
+    assert_close(kernels.rms_norm(x, w), rms_norm_reference(x.cpu(), w.cpu(), eps=1e-6), torch.float16)
     torch.cuda.synchronize()
 
 
@@ -269,7 +271,7 @@ def test_runs_on_the_current_stream(gen):
     with torch.cuda.stream(side):
         out = kernels.silu_and_mul(x_dev)
     side.synchronize()
-    assert_close(out, reference.silu_and_mul(x), torch.float16, gen[1])
+    assert_close(out, silu_and_mul_reference(x), torch.float16, gen[1])
 
 
 def test_cuda_graph_capture_and_replay(gen):
@@ -295,9 +297,9 @@ def test_cuda_graph_capture_and_replay(gen):
         static_r.copy_(r)
         graph.replay()
         torch.cuda.synchronize()
-        ref_normed, ref_sum = reference.fused_add_rms_norm(x, r, w.cpu(), 1e-6)
+        ref_normed, ref_sum = fused_add_rms_norm_reference(x, r, w.cpu(), eps=1e-6)
         assert torch.equal(s.cpu(), ref_sum), gen[1]
-        assert_close(y, reference.silu_and_mul(ref_normed), torch.bfloat16, gen[1])
+        assert_close(y, silu_and_mul_reference(ref_normed), torch.bfloat16, gen[1])
 
 
 def test_torch_compile_fullgraph(gen):
@@ -309,6 +311,6 @@ def test_torch_compile_fullgraph(gen):
     x, r = rand(gen, 37, 1000, dtype=torch.float16), rand(gen, 37, 1000, dtype=torch.float16)
     w = rand(gen, 1000, dtype=torch.float16)
     y, s = f(x.to(DEVICE), w.to(DEVICE), r.to(DEVICE))
-    ref_normed, ref_sum = reference.fused_add_rms_norm(x, r, w, 1e-6)
+    ref_normed, ref_sum = fused_add_rms_norm_reference(x, r, w, eps=1e-6)
     assert torch.equal(s.cpu(), ref_sum)
-    assert_close(y, reference.gelu_and_mul(ref_normed, "tanh"), torch.float16, gen[1])
+    assert_close(y, gelu_and_mul_reference(ref_normed, approximate="tanh"), torch.float16, gen[1])

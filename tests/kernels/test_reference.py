@@ -1,11 +1,12 @@
-"""The references (the CPU implementation of the trtllm:: ops) against independent formulas."""
+"""The CPU implementation of the trtllm:: ops (the op references, and the oracles of kernels.reference)
+against independent formulas."""
 import math
 
 import pytest
 import torch
 
 from tensorrt_llm import kernels
-from tensorrt_llm.kernels import reference
+from tensorrt_llm.ops.norm import rms_norm_reference
 
 from .utils import DTYPES, assert_close, make_paged_metadata
 
@@ -41,7 +42,7 @@ def test_fused_add_rms_norm_returns_norm_of_rounded_sum(dtype):
     w = torch.rand(40, generator=g).to(dtype)
     out, summed = kernels.rms_norm(x, w, 1e-6, residual=res)
     assert torch.equal(summed, x + res)
-    assert torch.equal(out, reference.rms_norm(x + res, w, 1e-6))
+    assert torch.equal(out, rms_norm_reference(x + res, w, eps=1e-6))
 
 
 # ---- rotary ----

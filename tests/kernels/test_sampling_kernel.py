@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tensorrt_llm import kernels
-from tensorrt_llm.kernels import checks, reference
-from tensorrt_llm.kernels._bindings import tensor_arg
+from tensorrt_llm.kernels import reference
+from tensorrt_llm.ops.launch import tensor_arg
 from tensorrt_llm.runtime.sampling import SamplingConfig, choose, make_generator, sampling_distribution
 
 TEMPERATURES = [0.0, 0.7, 1.3]
@@ -138,20 +138,6 @@ def test_op_on_the_cpu_is_the_reference():
     assert tokens.dtype == torch.int32 and tokens.shape == (len(GRID),)
     assert torch.equal(tokens, reference.top_k_top_p_sample(logits, *params, uniform))
     torch.library.opcheck(torch.ops.trtllm.top_k_top_p_sample.default, (logits, *params, uniform))
-
-
-def test_op_argument_errors():
-    logits = torch.randn(3, 10)
-    t, k, p = row_params([(1.0, 0, 1.0)] * 3)
-    u = torch.rand(3)
-    with pytest.raises(TypeError, match="top_k_top_p_sample: top_k must be one of {int32}, got int64"):
-        kernels.top_k_top_p_sample(logits, t, k.long(), p, u)
-    with pytest.raises(ValueError, match=r"top_k_top_p_sample: uniform \(float32 \[2\] on cpu\) must be \[3\]"):
-        kernels.top_k_top_p_sample(logits, t, k, p, u[:2])
-    with pytest.raises(ValueError, match="must be \\[batch, vocab_size\\]"):
-        kernels.top_k_top_p_sample(logits[0], t, k, p, u)
-    with pytest.raises(ValueError, match=f"must have 1..{checks.SAMPLING_MAX_VOCAB} tokens per row"):
-        kernels.top_k_top_p_sample(torch.empty(3, 0), t, k, p, u)
 
 
 def test_compiled_module_checks_arguments_before_any_launch():

@@ -1,4 +1,6 @@
-"""Bad arguments raise Python exceptions naming the tensors, in Python and in the compiled module.
+"""Bad arguments of a kernel raise Python exceptions naming the tensors, in the compiled module
+(each binding entry's argument spec, checked before any launch). On the Python side an op's
+arguments are checked once, by its shape rule (tests/test_functional.py).
 
 Runs on the CPU: the C++ checks come before any CUDA call, so fake device numbers and pointers
 are never dereferenced.
@@ -7,8 +9,7 @@ import pytest
 import torch
 
 from tensorrt_llm import kernels
-from tensorrt_llm.kernels import checks
-from tensorrt_llm.kernels._bindings import tensor_arg
+from tensorrt_llm.ops.launch import tensor_arg
 from tensorrt_llm.version import __version__
 
 
@@ -23,63 +24,6 @@ def b():
 def on(device: int, t: torch.Tensor) -> tuple:
     """t's argument tuple, claiming it lives on CUDA device `device` (never dereferenced here)."""
     return tensor_arg(t)[:4] + (device,)
-
-
-# ---- Python-side checks ----
-
-def test_python_rms_norm_errors():
-    x = torch.randn(4, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"rms_norm: weight has shape \[9\] but x has shape \[4, 8\]"):
-        kernels.rms_norm(x, torch.ones(9, dtype=torch.float16))
-    with pytest.raises(TypeError, match="rms_norm: weight is float32 but x is float16"):
-        kernels.rms_norm(x, torch.ones(8))
-    with pytest.raises(ValueError, match=r"rms_norm: residual has shape \[4, 7\]"):
-        kernels.rms_norm(x, torch.ones(8, dtype=torch.float16), 1e-6, torch.ones(4, 7, dtype=torch.float16))
-    with pytest.raises(TypeError, match=r"rms_norm: x must be one of \{float32, float16, bfloat16\}, got int32"):
-        kernels.rms_norm(torch.ones(2, 2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
-
-
-def test_python_device_mismatch_is_named():
-    x = torch.randn(4, 8)
-    w = torch.ones(8, device="meta")
-    with pytest.raises(ValueError, match=r"rms_norm: weight \(float32 \[8\] on meta\) and x \(float32 \[4, 8\] "
-                                         r"on cpu\) are on different devices"):
-        checks.rms_norm(x, w)
-
-
-def test_python_rotary_errors():
-    q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
-    cache = kernels.rope_cos_sin_cache(10, 8)
-    with pytest.raises(ValueError, match="token counts differ"):
-        kernels.rotary_embedding_(q, torch.randn(4, 1, 8), torch.arange(3), cache)
-    with pytest.raises(TypeError, match="positions must be one of {int32, int64}, got float32"):
-        kernels.rotary_embedding_(q, k, torch.zeros(3), cache)
-    with pytest.raises(ValueError, match=r"needs an even rotary_dim <= head_dim 8"):
-        kernels.rotary_embedding_(q, k, torch.arange(3), kernels.rope_cos_sin_cache(10, 10))
-    with pytest.raises(TypeError, match="cos_sin_cache must be one of {float32}, got float16"):
-        kernels.rotary_embedding_(q, k, torch.arange(3), cache.half())
-    with pytest.raises(ValueError, match="q must be contiguous in its last dimension"):
-        kernels.rotary_embedding_(torch.randn(3, 8, 2).transpose(1, 2), k, torch.arange(3), cache)
-
-
-def test_python_act_and_paged_errors():
-    with pytest.raises(ValueError, match=r"silu_and_mul: x must be \[..., 2 \* intermediate\]"):
-        kernels.silu_and_mul(torch.randn(2, 7))
-    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'erf'"):
-        kernels.gelu_and_mul(torch.randn(2, 8), "erf")
-    key = torch.randn(3, 2, 4)
-    tables = torch.zeros(2, 1, dtype=torch.int32)
-    cu = torch.tensor([0, 1, 3], dtype=torch.int32)
-    past = torch.zeros(2, dtype=torch.int32)
-    cache = torch.zeros(4, 2, 2, 4, 4)
-    with pytest.raises(ValueError, match=r"kv_cache \[4, 2, 3, 4, 4\] must be \[num_blocks, 2, 2"):
-        kernels.paged_kv_write_(key, key, torch.zeros(4, 2, 3, 4, 4), tables, cu, past)
-    with pytest.raises(TypeError, match="block_tables must be one of {int32}, got int64"):
-        kernels.paged_kv_write_(key, key, cache, tables.long(), cu, past)
-    with pytest.raises(ValueError, match=r"cu_seqlens has shape \[2\], expected \[3\]"):
-        kernels.paged_kv_write_(key, key, cache, tables, cu[:2], past)
-    with pytest.raises(TypeError, match="kv_cache is float16 but key is float32"):
-        kernels.paged_kv_write_(key, key, cache.half(), tables, cu, past)
 
 
 # ---- C++ checks in the compiled module ----

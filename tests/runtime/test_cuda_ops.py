@@ -1,9 +1,9 @@
-"""cuda_ops helpers that run on any device: the paged-cache gather of the mixed step, against
+"""gpt_attention's CUDA helpers that run on any device: the paged-cache gather of the mixed step, against
 a per-position reference on random data."""
 import pytest
 import torch
 
-from tensorrt_llm.runtime.cuda_ops import _gather_past
+from tensorrt_llm.ops.attention_cuda import _gather_past
 
 
 @pytest.mark.parametrize("tpb, lengths", [(4, [5, 8, 1, 12]),   # ends inside and at block boundaries

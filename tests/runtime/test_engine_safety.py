@@ -20,7 +20,7 @@ from tensorrt_llm.errors import ConfigError, EngineError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.modeling_utils import save_checkpoint
 from tensorrt_llm.network import Network
-from tensorrt_llm.reference_ops import REFERENCE_OPS
+from tensorrt_llm.ops import references
 from tensorrt_llm.runtime import ModelRunner, Session
 
 from ..models.llama_utils import engine_from_hf, random_hf_llama
@@ -208,9 +208,9 @@ def test_lowering_alone_never_writes_an_attribute_key_into_the_source(built, tmp
 
     def custom(*args, **kwargs):  # takes any keyword, as a custom op may
         seen.update(kwargs)
-        return REFERENCE_OPS["rms_norm_linear"](*args, eps=kwargs["eps"])
+        return references()["rms_norm_linear"](*args, eps=kwargs["eps"])
 
-    session = Session(network, "cpu", ops=dict(REFERENCE_OPS, rms_norm_linear=custom))
+    session = Session(network, "cpu", ops=dict(references(), rms_norm_linear=custom))
     assert payload not in session.source and "system" not in session.source and "open" not in session.source
     assert not marker.exists()
     runner = ModelRunner(engine, torch.device("cpu"))
@@ -248,9 +248,9 @@ def test_a_missing_attribute_and_a_wrong_input_count_are_refused(engine_dir, tmp
         Engine.from_dir(engine_dir)
 
 
-def test_op_attributes_are_derived_from_the_reference_ops():
+def test_op_attributes_are_derived_from_the_op_references():
     sigs = op_signatures()
-    assert set(sigs) == set(REFERENCE_OPS) | {"constant"}
+    assert set(sigs) == set(references()) | {"constant"}
     assert sigs["rms_norm"].attrs == {"eps"} and sigs["add"].attrs == frozenset()
     assert sigs["add"].min_inputs == sigs["add"].max_inputs == 2
     assert "layer_idx" in sigs["gpt_attention"].required_attrs

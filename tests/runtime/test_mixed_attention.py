@@ -1,4 +1,4 @@
-"""cuda_ops.gpt_attention on mixed steps (in-flight batching) against reference_ops.gpt_attention.
+"""gpt_attention's CUDA implementation on mixed steps (in-flight batching) against its reference.
 
 A mixed step packs decode rows (one new token over a cached past) beside prompts and prompt
 chunks (several new tokens, maybe over a cached past: chunked prefill). The CUDA op runs the
@@ -15,8 +15,10 @@ import os
 import pytest
 import torch
 
-from tensorrt_llm import kernels, reference_ops
-from tensorrt_llm.runtime import cuda_ops
+from tensorrt_llm import kernels
+from tensorrt_llm.ops import attention_cuda
+from tensorrt_llm.ops.attention import gpt_attention_reference
+from tensorrt_llm.ops.attention_cuda import gpt_attention_cuda
 
 from ..kernels.utils import assert_close
 
@@ -103,10 +105,10 @@ def attend(op, step, num_heads, num_kv_heads, head_dim, tpb, cos_sin=None, rotar
 
 @pytest.fixture
 def fast_path_only(monkeypatch):
-    """cuda_ops.gpt_attention must not fall back to the reference in these tests."""
+    """gpt_attention's CUDA implementation must not fall back to the reference in these tests."""
     def reference_taken(*args, **kwargs):
-        raise AssertionError("cuda_ops.gpt_attention took the reference path")
-    monkeypatch.setitem(cuda_ops.REFERENCE_OPS, "gpt_attention", reference_taken)
+        raise AssertionError("gpt_attention_cuda took the reference path")
+    monkeypatch.setattr(attention_cuda, "gpt_attention_reference", reference_taken)
 
 
 def check(specs, num_heads, num_kv_heads, head_dim, tpb, dtype, rotary="none", sliding_window=None, seed=None):
@@ -118,8 +120,8 @@ def check(specs, num_heads, num_kv_heads, head_dim, tpb, dtype, rotary="none", s
     cos_sin = None if rotary == "none" else kernels.rope_cos_sin_cache(max_position + 8, rotary_dim, 10000.0).to(DEVICE)
     kw = dict(cos_sin=cos_sin, rotary_dim=rotary_dim if cos_sin is not None else 0,
               is_neox=not rotary.startswith("gptj"), sliding_window=sliding_window)
-    out, pool = attend(cuda_ops.gpt_attention, step, num_heads, num_kv_heads, head_dim, tpb, **kw)
-    ref, ref_pool = attend(reference_ops.gpt_attention, step, num_heads, num_kv_heads, head_dim, tpb, **kw)
+    out, pool = attend(gpt_attention_cuda, step, num_heads, num_kv_heads, head_dim, tpb, **kw)
+    ref, ref_pool = attend(gpt_attention_reference, step, num_heads, num_kv_heads, head_dim, tpb, **kw)
     msg = f"seed={seed} specs={specs}"
     assert out.shape == ref.shape == (step["qkv"].shape[0], num_heads * head_dim)
     assert torch.isfinite(out).all(), msg
@@ -226,13 +228,13 @@ def bench(decode_rows=200, chunks=2, chunk=512, past=1024):
                          (f"{decode_rows} decode rows alone (decode path)", decode_specs),
                          (f"{chunks} chunks alone", chunk_specs)):
         step = make_step(specs, heads, kv_heads, head_dim, tpb, torch.bfloat16, gen)
-        out, pool = attend(cuda_ops.gpt_attention, step, heads, kv_heads, head_dim, tpb, **kw)
-        ref, ref_pool = attend(reference_ops.gpt_attention, step, heads, kv_heads, head_dim, tpb, **kw)
+        out, pool = attend(gpt_attention_cuda, step, heads, kv_heads, head_dim, tpb, **kw)
+        ref, ref_pool = attend(gpt_attention_reference, step, heads, kv_heads, head_dim, tpb, **kw)
         err = (out.float() - ref.float()).abs().max().item()
         cache_err = (pool.float() - ref_pool.float()).abs().max().item()
         print(f"{label}: max |new - reference| output {err:.4g}, cache {cache_err:.4g}")
         # on the same buffers: rotating q/k again in place and rewriting the same cache rows cost the same
-        for name, op, iters in (("new", cuda_ops.gpt_attention, 50), ("reference", reference_ops.gpt_attention, 5)):
+        for name, op, iters in (("new", gpt_attention_cuda, 50), ("reference", gpt_attention_reference, 5)):
             def one_step(op=op):
                 attend(op, step, heads, kv_heads, head_dim, tpb, copy=False, **kw)
             wall = _time_ms(one_step, iters)

@@ -1,109 +1,87 @@
-"""`REFERENCE_OPS`: the meaning of every graph op in plain PyTorch.
+"""gpt_attention: causal attention over a paged KV cache, which it fills (docs/architecture.md).
 
-`REFERENCE_OPS[op](*inputs, **attrs)` returns a tensor, or a tuple with one tensor per
-layer output. They run on CPU and CUDA in float32/float16/bfloat16; norms, softmax and
-rotary embedding compute in float32 and return the input dtype. They are also the CPU
-runtime, so the hot ones (attention, rotary, norms, linear, embedding) avoid needless
-copies. `constant` layers have no entry: executors read `network.weights` directly.
+Its reference reads the cache through the block tables in plain PyTorch (softmax in float32);
+it is also the CPU runtime, so the decode path avoids needless copies. The CUDA implementation
+(paged decode-attention kernel, varlen flash attention) is in attention_cuda.py.
 """
 from __future__ import annotations
 
 import builtins
 import math
-from typing import Callable
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ._utils import keep_freed_host_memory, str_dtype_to_torch
-
-# These ops are the CPU runtime: their large temporaries must not page-fault on every call.
-keep_freed_host_memory()
-
-
-def embedding(ids, weight):
-    return weight.index_select(0, ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+from .._utils import is_floating
+from ..network import Tensor, shapes_compatible
+from .op import REFERENCE, add_layer, check_int, check_same_dtype, check_shape, define
+from .rotary import rotary_embedding_reference
 
 
-def matmul(a, b, *, transa=False, transb=False):
-    return torch.matmul(a.mT if transa else a, b.mT if transb else b)
-
-
-def linear(x, weight, bias=None):
-    return F.linear(x, weight, bias)
-
-
-def rms_norm(x, weight=None, *, eps):
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, x.shape[-1:], weight, eps)
-    # Half precision: normalise in float32, round, then scale (Hugging Face's order).
-    xf = x.float()
-    out = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return out if weight is None else out * weight
-
-
-def fused_add_rms_norm(x, residual, weight=None, *, eps):
-    total = x + residual
-    return rms_norm(total, weight, eps=eps), total
-
-
-def layer_norm(x, weight=None, bias=None, *, eps):
-    h = x.shape[-1:]
-    w = None if weight is None else weight.float()
-    b = None if bias is None else bias.float()
-    return F.layer_norm(x.float(), h, w, b, eps).to(x.dtype)
-
-
-def softmax(x, *, dim):
-    return torch.softmax(x, dim, dtype=torch.float32).to(x.dtype)
-
-
-def silu_and_mul(x):
-    half = x.shape[-1] // 2
-    return F.silu(x[..., :half]) * x[..., half:]
-
-
-def gelu_and_mul(x, *, approximate="none"):
-    half = x.shape[-1] // 2
-    return F.gelu(x[..., :half], approximate=approximate) * x[..., half:]
-
-
-# A norm or gated activation and the linear reading it: the unfused ops composed, so the
-# fused graph gives the unfused graph's numbers bit for bit.
-
-
-def rms_norm_linear(x, norm_weight, weight, bias=None, *, eps):
-    return linear(rms_norm(x, norm_weight, eps=eps), weight, bias)
-
-
-def add_rms_norm_linear(x, residual, norm_weight, weight, bias=None, *, eps):
-    normed, total = fused_add_rms_norm(x, residual, norm_weight, eps=eps)
-    return linear(normed, weight, bias), total
-
-
-def silu_and_mul_linear(x, weight, bias=None):
-    return linear(silu_and_mul(x), weight, bias)
-
-
-def rotary_embedding(x, position_ids, cos_sin_cache, *, num_heads, head_dim, rotary_dim, is_neox):
-    """Rotate each head's first rotary_dim dims by its token's position (in float32)."""
-    num_tokens = x.shape[0]
-    heads = x.reshape(num_tokens, num_heads, head_dim)
-    cos, sin = cos_sin_cache.index_select(0, position_ids).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, r/2]
-    rot = heads[..., :rotary_dim].float()
-    if is_neox:  # halves
-        x1, x2 = rot.chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:  # interleaved pairs
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    out = out.to(x.dtype)
-    if rotary_dim < head_dim:
-        out = torch.cat((out, heads[..., rotary_dim:]), dim=-1)
-    return out.view(num_tokens, num_heads * head_dim)
-
-
-# ---- paged attention ---------------------------------------------------------------------
+@define(side_effects=True)
+def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_tables: Tensor,
+                  sequence_lengths: Tensor, context_lengths: Tensor, host_context_lengths: Tensor,
+                  alibi_slopes: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+                  rotary_cos_sin: Optional[Tensor] = None, host_sequence_lengths: Optional[Tensor] = None, *,
+                  layer_idx: int, num_heads: int, num_kv_heads: int,
+                  head_dim: int, tokens_per_block: int, scale: Optional[float] = None,
+                  sliding_window: Optional[int] = None, rotary_dim: int = 0, rotary_is_neox: bool = True) -> Tensor:
+    """Causal attention over a paged KV cache; writes this step's K/V into
+    kv_cache_pool[layer_idx] first (see docs/architecture.md). With `rotary_cos_sin` (and
+    `position_ids`), q and k are first rotated as `rotary_embedding` would (the fused form
+    the builder's fuse_rope_attention pass makes, so a kernel can rotate in the same pass).
+    `host_sequence_lengths` (CPU) lets an implementation see, without a device sync, which
+    sequences have no cached past (a prompt's first step)."""
+    op = "gpt_attention"
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{op}: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    dtype = check_same_dtype(op, q, k, v, kv_cache_pool)
+    num_tokens = q.shape[0] if q.ndim == 2 else -1
+    check_shape(op, q, (num_tokens, num_heads * head_dim), "q")
+    check_shape(op, k, (num_tokens, num_kv_heads * head_dim), "k")
+    check_shape(op, v, (num_tokens, num_kv_heads * head_dim), "v")
+    pool = kv_cache_pool.shape
+    if len(pool) != 6 or not shapes_compatible(pool[2:], (2, num_kv_heads, tokens_per_block, head_dim)):
+        raise ValueError(f"{op}: kv_cache_pool must be [num_layers, num_blocks, 2, {num_kv_heads}, "
+                         f"{tokens_per_block}, {head_dim}], got {list(pool)}")
+    if pool[0] != -1 and not 0 <= layer_idx < pool[0]:
+        raise ValueError(f"{op}: layer_idx {layer_idx} out of range for a pool of {pool[0]} layers")
+    for t, rank in ((block_tables, 2), (sequence_lengths, 1), (context_lengths, 1), (host_context_lengths, 1)):
+        if t.dtype != "int32" or t.ndim != rank:
+            raise ValueError(f"{op}: {t.name} must be int32 of rank {rank}, got {t.dtype} {list(t.shape)}")
+    batch = block_tables.shape[:1]
+    for t in (sequence_lengths, context_lengths, host_context_lengths):
+        check_shape(op, t, batch, t.name)
+    if alibi_slopes is not None:
+        if not is_floating(alibi_slopes.dtype):
+            raise ValueError(f"{op}: alibi_slopes must be floating, got {alibi_slopes.dtype}")
+        check_shape(op, alibi_slopes, (num_heads,), "alibi_slopes")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"{op}: sliding_window must be >= 1, got {sliding_window}")
+    inputs = [q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+              alibi_slopes]
+    rotary = {}
+    if (position_ids is None) != (rotary_cos_sin is None):
+        raise ValueError(f"{op}: position_ids and rotary_cos_sin are given together or not at all")
+    if rotary_cos_sin is not None:
+        check_int(op, position_ids, "position_ids")
+        check_shape(op, position_ids, (num_tokens,), "position_ids")
+        if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"{op}: rotary_dim must be even and in (0, {head_dim}], got {rotary_dim}")
+        check_shape(op, rotary_cos_sin, (-1, rotary_dim), "rotary_cos_sin")
+        rotary = dict(rotary_dim=int(rotary_dim), rotary_is_neox=bool(rotary_is_neox))
+    inputs += [position_ids, rotary_cos_sin]
+    if host_sequence_lengths is not None:
+        if host_sequence_lengths.dtype != "int32" or host_sequence_lengths.ndim != 1:
+            raise ValueError(f"{op}: host_sequence_lengths must be int32 of rank 1, got "
+                             f"{host_sequence_lengths.dtype} {list(host_sequence_lengths.shape)}")
+        check_shape(op, host_sequence_lengths, batch, "host_sequence_lengths")
+        inputs.append(host_sequence_lengths)
+    return add_layer(op, inputs, [(dtype, (num_tokens, num_heads * head_dim))], layer_idx=int(layer_idx),
+                     num_heads=int(num_heads), num_kv_heads=int(num_kv_heads), head_dim=int(head_dim),
+                     tokens_per_block=int(tokens_per_block), scale=None if scale is None else float(scale),
+                     sliding_window=None if sliding_window is None else int(sliding_window), **rotary)
 
 
 def _write_kv(cache, k, v, block_tables, sequence_lengths, context_lengths, tokens_per_block, decode):
@@ -219,20 +197,21 @@ def _rotate_q_and_k(q, k, position_ids, cos_sin, num_heads, num_kv_heads, head_d
                 and q.dtype == k.dtype and q.device == k.device
                 and k.data_ptr() == q.data_ptr() + q_cols * q.element_size())
     if not adjacent:
-        return (rotary_embedding(q, position_ids, cos_sin, num_heads=num_heads, head_dim=head_dim,
-                                 rotary_dim=rotary_dim, is_neox=is_neox),
-                rotary_embedding(k, position_ids, cos_sin, num_heads=num_kv_heads, head_dim=head_dim,
-                                 rotary_dim=rotary_dim, is_neox=is_neox))
+        return (rotary_embedding_reference(q, position_ids, cos_sin, num_heads=num_heads, head_dim=head_dim,
+                                           rotary_dim=rotary_dim, is_neox=is_neox),
+                rotary_embedding_reference(k, position_ids, cos_sin, num_heads=num_kv_heads, head_dim=head_dim,
+                                           rotary_dim=rotary_dim, is_neox=is_neox))
     qk = q.as_strided((q.shape[0], q_cols + k.shape[1]), q.stride())
-    rotated = rotary_embedding(qk, position_ids, cos_sin, num_heads=num_heads + num_kv_heads, head_dim=head_dim,
-                               rotary_dim=rotary_dim, is_neox=is_neox)
+    rotated = rotary_embedding_reference(qk, position_ids, cos_sin, num_heads=num_heads + num_kv_heads,
+                                         head_dim=head_dim, rotary_dim=rotary_dim, is_neox=is_neox)
     return rotated[:, :q_cols], rotated[:, q_cols:]
 
 
-def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                  alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
-                  layer_idx, num_heads, num_kv_heads,
-                  head_dim, tokens_per_block, scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+@gpt_attention.implementation(REFERENCE)
+def gpt_attention_reference(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
+                            host_context_lengths, alibi_slopes=None, position_ids=None, rotary_cos_sin=None,
+                            host_sequence_lengths=None, *, layer_idx, num_heads, num_kv_heads, head_dim,
+                            tokens_per_block, scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     if rotary_cos_sin is not None:
         q, k = _rotate_q_and_k(q, k, position_ids, rotary_cos_sin, num_heads, num_kv_heads, head_dim, rotary_dim,
                                rotary_is_neox)
@@ -274,81 +253,3 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
         outs.append(out.view(n, num_heads * head_dim))
         start += n
     return torch.cat(outs) if outs else q.new_empty(0, num_heads * head_dim)
-
-
-# ---- shape manipulation -------------------------------------------------------------------
-
-
-def concat(*xs, dim):
-    return torch.cat(xs, dim)
-
-
-def split(x, *, sizes, dim):
-    return tuple(torch.split(x, sizes, dim))
-
-
-def slice_(x, *, dim, start, end=None):
-    return x[(builtins.slice(None),) * dim + (builtins.slice(start, end),)]
-
-
-def view(x, *, shape):
-    return x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(shape)])
-
-
-def squeeze(x, *, dim):
-    if x.shape[dim] != 1:
-        raise ValueError(f"squeeze: dim {dim} of {list(x.shape)} is not 1")
-    return x.squeeze(dim)
-
-
-def allreduce(x):
-    """Sum over the default process group once torch.distributed runs with > 1 ranks."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return x
-    out = x.clone()
-    dist.all_reduce(out)
-    return out
-
-
-REFERENCE_OPS: dict[str, Callable] = {
-    "embedding": embedding,
-    "matmul": matmul,
-    "linear": linear,
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "div": torch.div,
-    "pow": lambda x, *, exponent: torch.pow(x, exponent),
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "softmax": softmax,
-    "layer_norm": layer_norm,
-    "rms_norm": rms_norm,
-    "fused_add_rms_norm": fused_add_rms_norm,
-    "silu_and_mul": silu_and_mul,
-    "gelu_and_mul": gelu_and_mul,
-    "rms_norm_linear": rms_norm_linear,
-    "add_rms_norm_linear": add_rms_norm_linear,
-    "silu_and_mul_linear": silu_and_mul_linear,
-    "rotary_embedding": rotary_embedding,
-    "gpt_attention": gpt_attention,
-    "concat": concat,
-    "split": split,
-    "slice": slice_,
-    "view": view,
-    "transpose": lambda x, *, dim0, dim1: x.transpose(dim0, dim1),
-    "permute": lambda x, *, dims: x.permute(dims),
-    "unsqueeze": lambda x, *, dim: x.unsqueeze(dim),
-    "squeeze": squeeze,
-    "gather": lambda x, index, *, dim: torch.gather(x, dim, index.long()),
-    "index_select": lambda x, index, *, dim: torch.index_select(x, dim, index),
-    "cast": lambda x, *, dtype: x.to(str_dtype_to_torch(dtype)),
-    "where": torch.where,
-    "argmax": lambda x, *, dim, keepdim=False: torch.argmax(x, dim, keepdim),
-    "allreduce": allreduce,
-}

@@ -1,4 +1,15 @@
-"""Loading tensorrt_llm.bindings lazily, so that `import tensorrt_llm` never needs it."""
+"""Calling the compiled kernels (`tensorrt_llm.bindings`) with torch tensors.
+
+    launch("silu_and_mul", out, x)
+
+calls the binding entry `silu_and_mul` with each torch.Tensor as the tuple the binding takes,
+`(data_ptr, dtype_code, shape, strides, device)` (strides in elements, device -1 for host
+memory), None and plain values as they are, and the current CUDA stream of the first tensor's
+device as `stream`. The binding checks every argument (cpp/bindings: each entry's argument
+spec) before anything reaches the GPU; nothing is checked again here.
+
+The module is loaded lazily, so that `import tensorrt_llm` never needs it.
+"""
 from __future__ import annotations
 
 import functools
@@ -51,17 +62,41 @@ _TORCH_DTYPE_NAMES = {
 }
 
 
+def dtype_code(dtype: torch.dtype) -> Optional[int]:
+    """The binding's code for a torch dtype; None for a dtype no kernel takes."""
+    name = _TORCH_DTYPE_NAMES.get(dtype)
+    return None if name is None else get_bindings().DTYPES[name]
+
+
 def tensor_arg(t: torch.Tensor) -> tuple:
     """The (data_ptr, dtype_code, shape, strides, device) tuple the bindings take for a tensor."""
-    name = _TORCH_DTYPE_NAMES.get(t.dtype)
-    if name is None:
+    code = dtype_code(t.dtype)
+    if code is None:
         raise TypeError(f"tensorrt_llm kernels do not take {t.dtype} tensors")
     device = t.device.index if t.device.type == "cuda" else -1
     if t.device.type == "cuda" and device is None:
         device = torch.cuda.current_device()
-    return (t.data_ptr(), get_bindings().DTYPES[name], tuple(t.shape), tuple(t.stride()), device)
+    return (t.data_ptr(), code, tuple(t.shape), tuple(t.stride()), device)
 
 
 def stream_of(t: torch.Tensor) -> int:
     """The raw handle of the current CUDA stream of t's device."""
     return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def launch(kernel: str, *args, **kwargs) -> None:
+    """Call binding entry `kernel`: tensors as tensor tuples, on the current stream of the
+    first tensor's device (see the module's docstring)."""
+    first = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+    args = [tensor_arg(a) if isinstance(a, torch.Tensor) else a for a in args]
+    kwargs = {k: tensor_arg(a) if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
+    getattr(get_bindings(), kernel)(*args, stream=stream_of(first), **kwargs)
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """t viewed as [rows, last] with a unit last stride (copied only when no such view exists):
+    the layout of the row-wise kernels (norms, gated activations)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    if t2.shape[-1] > 1 and t2.stride(-1) != 1:
+        t2 = t2.contiguous()
+    return t2

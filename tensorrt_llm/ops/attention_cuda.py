@@ -1,7 +1,5 @@
-"""Graph ops on a GPU through the compiled kernels (tensorrt_llm.kernels), same signatures
-as reference_ops. Shapes the kernels do not cover go to the reference, on the GPU.
-
-gpt_attention's paths:
+"""gpt_attention's CUDA implementation. Shapes the kernels do not cover go to the reference,
+on the GPU. Its paths:
 - decode (one new token per sequence, known from shapes alone so it can be captured in a
   CUDA graph): rotate q/k in place, write K/V into the paged cache, one decode-attention
   kernel that reads each K/V row once per query-head group;
@@ -18,62 +16,94 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from ..reference_ops import REFERENCE_OPS
+from .attention import gpt_attention, gpt_attention_reference
+from .launch import cuda_kernels_available, get_bindings, launch
+from .op import CUDA
+from .rotary import rotary_embedding_cuda_
+
+# ---- the kernels ---------------------------------------------------------------------------------
 
 
-def rms_norm(x, weight=None, *, eps):
-    if weight is None:
-        return REFERENCE_OPS["rms_norm"](x, weight, eps=eps)
-    return kernels.rms_norm(x, weight, eps)
+def paged_kv_write_cuda_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                         cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
+    """Scatter key/value [T, KV, D] into kv_cache [num_blocks, 2, KV, tpb, D] through block_tables:
+    token t of sequence b (cu_seqlens[b] <= t < cu_seqlens[b+1]) goes to position
+    p = past_lengths[b] + t - cu_seqlens[b], block block_tables[b, p // tpb], slot p % tpb. Bad
+    block ids or positions are skipped (never written out of bounds): checking them would sync."""
+    launch("paged_kv_write", key, value, kv_cache, block_tables.contiguous(), cu_seqlens.contiguous(),
+           past_lengths.contiguous())
 
 
-def fused_add_rms_norm(x, residual, weight=None, *, eps):
-    if weight is None:
-        return REFERENCE_OPS["fused_add_rms_norm"](x, residual, weight, eps=eps)
-    return kernels.rms_norm(x, weight, eps, residual)
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def silu_and_mul(x):
-    return kernels.silu_and_mul(x)
+def _decode_splits(batch: int, kv_heads: int, max_positions: int, multiprocessors: int,
+                   tokens_per_block: int, max_chunk_blocks: int) -> tuple[int, int]:
+    """(num_splits, split_size). The kernel's blocks (KV head x sequence x split) share each
+    sequence's actual length evenly, so splits only add blocks: enough for about one block per
+    multiprocessor when batch x KV heads is small, none when it already fills the GPU (each
+    block has a fixed cost, and a split costs a merge); never chunks under 64 positions, and
+    never more block ids per chunk than a block stages (max_chunk_blocks, the binding's
+    DECODE_ATTENTION_MAX_CHUNK_BLOCKS, which counts the 2 ids a chunk may straddle). Depends
+    on shapes only, so graphs can capture it."""
+    blocks = max(1, batch * kv_heads)
+    splits = max(1, min(-(-multiprocessors // blocks), -(-max_positions // 64)))
+    splits = max(splits, -(-max_positions // ((max_chunk_blocks - 2) * tokens_per_block)))
+    split = -(-max_positions // splits)
+    return -(-max_positions // split), split
 
 
-def gelu_and_mul(x, *, approximate="none"):
-    return kernels.gelu_and_mul(x, approximate)
+_counters: dict[torch.device, list[torch.Tensor]] = {}
 
 
-# ---- norm / activation + linear ----------------------------------------------------------
-# One row (a batch-1 decode step): one compiled GEMV launch computes the norm or activation
-# into shared memory and streams the weights (see use_gemv below). Otherwise the norm or
-# activation kernel, then cuBLAS through F.linear.
-
-def rms_norm_linear(x, norm_weight, weight, bias=None, *, eps):
-    if use_gemv(x, weight):
-        return kernels.rms_norm_gemv(x, norm_weight, weight, bias, eps)
-    return F.linear(kernels.rms_norm(x, norm_weight, eps), weight, bias)
-
-
-def add_rms_norm_linear(x, residual, norm_weight, weight, bias=None, *, eps):
-    if use_gemv(x, weight) and residual.stride(-1) == 1:
-        return kernels.rms_norm_gemv(x, norm_weight, weight, bias, eps, residual=residual)
-    normed, total = kernels.rms_norm(x, norm_weight, eps, residual)
-    return F.linear(normed, weight, bias), total
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """n zeroed int32 counters on `device` for the splits' last-block merge; every launch leaves
+    them zero, so one buffer serves all launches on the device (launches run in stream order).
+    A larger request adds a larger buffer; the old ones stay alive for the CUDA graphs that
+    captured them."""
+    buffers = _counters.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < n:
+        buffers.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
-def silu_and_mul_linear(x, weight, bias=None):
-    if use_gemv(x, weight):
-        return kernels.silu_and_mul_gemv(x, weight, bias)
-    return F.linear(kernels.silu_and_mul(x), weight, bias)
+def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                          sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
+                          sliding_window: int = 0, k_new: Optional[torch.Tensor] = None,
+                          v_new: Optional[torch.Tensor] = None, rotary_cos_sin: Optional[torch.Tensor] = None,
+                          is_neox: bool = True) -> torch.Tensor:
+    """Attention of one query token per sequence, q [B, H, D] at position sequence_lengths[b] - 1,
+    over its cached K/V in kv_cache [num_blocks, 2, KV, tpb, D]; -> [B, H, D]. With k_new/v_new
+    ([B, KV, D]) the same launch writes them at position L - 1 first, after rotating k and q by
+    rotary_cos_sin when given (the caller's q/k stay unrotated)."""
+    batch, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    max_positions = block_tables.shape[1] * kv_cache.shape[3]
+    num_splits, split_size = _decode_splits(batch, kv_cache.shape[2], max_positions,
+                                            _multiprocessors(q.device.index), kv_cache.shape[3],
+                                            get_bindings().DECODE_ATTENTION_MAX_CHUNK_BLOCKS)
+    workspace = counters = None
+    if num_splits > 1:
+        workspace = torch.empty(batch * num_heads * num_splits * (head_dim + 2), dtype=torch.float32,
+                                device=q.device)
+        counters = _split_counters(q.device, batch * kv_cache.shape[2])
+
+    launch("decode_attention", out, q, kv_cache, block_tables, sequence_lengths, alibi_slopes, workspace, counters,
+           num_splits, split_size, float(scale), int(sliding_window), k_new, v_new, rotary_cos_sin, bool(is_neox))
+    return out
 
 
-# ---- gpt_attention -----------------------------------------------------------------------
+# ---- gpt_attention ------------------------------------------------------------------------------
 
 def _kernel_covers(num_heads, num_kv_heads, head_dim) -> bool:
-    return (kernels.cuda_kernels_available() and head_dim in (64, 128, 256)
+    return (cuda_kernels_available() and head_dim in (64, 128, 256)
             and num_heads // num_kv_heads <= 8)
 
 
@@ -171,10 +201,10 @@ def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengt
     device = qh.device
     tpb = cache.shape[3]
     if rotary_cos_sin is not None:
-        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
+        rotary_embedding_cuda_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
     cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=device)
     torch.cumsum(context_lengths, 0, dtype=torch.int32, out=cu_seqlens[1:])
-    kernels.paged_kv_write_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
+    paged_kv_write_cuda_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
 
     # Host bookkeeping (CPU tensors, no sync): which sequences are decode rows.
     new = host_new.to(torch.int64)
@@ -201,7 +231,7 @@ def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengt
     outs = []
     if groups[0] is not None:  # decode rows: the cache already holds their K/V rows
         seqs, tokens, _ = groups[0]
-        out = kernels.decode_attention(qh[tokens], cache, block_tables[seqs].contiguous(),
+        out = decode_attention_cuda(qh[tokens], cache, block_tables[seqs].contiguous(),
                                        sequence_lengths[seqs].contiguous(), scale, None, sliding_window or 0)
         outs.append((tokens, out))
     if groups[1] is not None:
@@ -231,12 +261,13 @@ def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengt
     return out.view(num_tokens, num_heads * head_dim)
 
 
-def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                  alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
-                  layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None, sliding_window=None,
-                  rotary_dim=0, rotary_is_neox=True):
+@gpt_attention.implementation(CUDA)
+def gpt_attention_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                       alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
+                       layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
+                       sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     def on_reference():
-        return REFERENCE_OPS["gpt_attention"](
+        return gpt_attention_reference(
             q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
             alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, layer_idx=layer_idx,
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, tokens_per_block=tokens_per_block,
@@ -255,7 +286,7 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
     if num_tokens == batch:  # every sequence has >= 1 new token, so this is one each: decode
         # One launch rotates q/k (decode positions are sequence_lengths - 1, as the runtime
         # feeds them), writes the new K/V rows and attends.
-        out = kernels.decode_attention(qh, cache, block_tables, sequence_lengths, softmax_scale, alibi_slopes,
+        out = decode_attention_cuda(qh, cache, block_tables, sequence_lengths, softmax_scale, alibi_slopes,
                                        sliding_window or 0, kh, vh, rotary_cos_sin, rotary_is_neox)
         return out.view(num_tokens, num_heads * head_dim)
 
@@ -275,10 +306,10 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
     if not fresh:  # some prompt continues a cached past: the reference reads it from the cache
         return on_reference()
     if rotary_cos_sin is not None:
-        kernels.rotary_embedding_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
+        rotary_embedding_cuda_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
     cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
     torch.cumsum(context_lengths, 0, out=cu_seqlens[1:])
-    kernels.paged_kv_write_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
+    paged_kv_write_cuda_(kh, vh, cache, block_tables, cu_seqlens, sequence_lengths - context_lengths)
     gqa = num_heads != num_kv_heads
     if len(set(new)) == 1:  # prompts of one length: one batched call
         n = new[0]
@@ -298,33 +329,3 @@ def gpt_attention(q, k, v, kv_cache_pool, block_tables, sequence_lengths, contex
         out[rows] = o.transpose(0, 1)
         start += n
     return out.view(num_tokens, num_heads * head_dim)
-
-
-# ---- linear layers of one row (batch-1 decode steps): the compiled GEMV --------------------
-# Measured on an H200 (benchmarks/bench_gemv.py): for one row it beats cuBLAS, alone or after a
-# separate norm or activation kernel, except for wide layers with a short k (a small model's
-# LM head), where cuBLAS spreads the work better; with 2 or more rows cuBLAS wins.
-
-def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a linear layer (weight [n, k]) on x runs as the compiled GEMV."""
-    n, k = weight.shape
-    return x.dim() == 2 and x.shape[0] == 1 and (k >= 2048 or n <= 16384) and kernels.gemv_supported(x, weight)
-
-
-def linear(x, weight, bias=None):
-    if use_gemv(x, weight):
-        return kernels.gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-CUDA_OPS = {
-    "rms_norm": rms_norm,
-    "fused_add_rms_norm": fused_add_rms_norm,
-    "silu_and_mul": silu_and_mul,
-    "gelu_and_mul": gelu_and_mul,
-    "rms_norm_linear": rms_norm_linear,
-    "add_rms_norm_linear": add_rms_norm_linear,
-    "silu_and_mul_linear": silu_and_mul_linear,
-    "gpt_attention": gpt_attention,
-    "linear": linear,
-}

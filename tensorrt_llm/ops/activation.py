@@ -1,0 +1,130 @@
+"""Activations: relu, gelu, gelu_tanh, silu, sigmoid, tanh, softmax, and the gated ones
+silu_and_mul and gelu_and_mul (an MLP's act(gate) * up, made by the fuse_gate_up pass).
+
+The gated ones mean what transformers computes (LlamaMLP: `act_fn(gate_proj(x)) * up_proj(x)`):
+the activation in x's dtype (rounded), then the product in x's dtype (rounded again). Their
+CUDA kernel computes both in float32 and rounds once, so it may differ from the reference by
+a unit in the last place of the dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._utils import is_floating
+from ..network import Tensor
+from .launch import launch, rows
+from .op import CUDA, REFERENCE, Shape, add_layer, define, norm_dim
+
+
+def _unary(op: str, x: Tensor) -> Tensor:
+    if not is_floating(x.dtype):
+        raise ValueError(f"{op}: needs a floating input, got {x.dtype}")
+    return add_layer(op, [x], [(x.dtype, x.shape)])
+
+
+@define
+def relu(x: Tensor) -> Tensor:
+    return _unary("relu", x)
+
+
+@define
+def gelu(x: Tensor) -> Tensor:
+    return _unary("gelu", x)
+
+
+@define
+def gelu_tanh(x: Tensor) -> Tensor:
+    return _unary("gelu_tanh", x)
+
+
+@define
+def silu(x: Tensor) -> Tensor:
+    return _unary("silu", x)
+
+
+@define
+def sigmoid(x: Tensor) -> Tensor:
+    return _unary("sigmoid", x)
+
+
+@define
+def tanh(x: Tensor) -> Tensor:
+    return _unary("tanh", x)
+
+
+relu.implementation(REFERENCE)(F.relu)
+gelu.implementation(REFERENCE)(F.gelu)
+gelu_tanh.implementation(REFERENCE)(lambda x: F.gelu(x, approximate="tanh"))
+silu.implementation(REFERENCE)(F.silu)
+sigmoid.implementation(REFERENCE)(torch.sigmoid)
+tanh.implementation(REFERENCE)(torch.tanh)
+
+
+@define
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    dim = norm_dim("softmax", dim, x.ndim)
+    if not is_floating(x.dtype):
+        raise ValueError(f"softmax: needs a floating input, got {x.dtype}")
+    return add_layer("softmax", [x], [(x.dtype, x.shape)], dim=dim)
+
+
+@softmax.implementation(REFERENCE)
+def softmax_reference(x, *, dim):
+    return torch.softmax(x, dim, dtype=torch.float32).to(x.dtype)
+
+
+# ---- gated activations: act(x[..., :I]) * x[..., I:] -------------------------------------------
+
+
+def gated_shape(op: str, x_shape: Shape) -> Shape:
+    """[..., 2I] -> [..., I]."""
+    last = x_shape[-1]
+    if last != -1 and last % 2:
+        raise ValueError(f"{op}: last dim must be even ([..., 2I]), got {list(x_shape)}")
+    return tuple(x_shape[:-1]) + ((last // 2) if last != -1 else -1,)
+
+
+def _act_and_mul_cuda(kernel: str, x: torch.Tensor, *extra) -> torch.Tensor:
+    inter = x.shape[-1] // 2
+    out = torch.empty((*x.shape[:-1], inter), dtype=x.dtype, device=x.device)
+    if out.numel():
+        launch(kernel, out.view(-1, inter), rows(x), *extra)
+    return out
+
+
+@define
+def silu_and_mul(x: Tensor) -> Tensor:
+    """silu(x[..., :I]) * x[..., I:] for x [..., 2I]."""
+    return add_layer("silu_and_mul", [x], [(x.dtype, gated_shape("silu_and_mul", x.shape))])
+
+
+@silu_and_mul.implementation(REFERENCE)
+def silu_and_mul_reference(x):
+    half = x.shape[-1] // 2
+    return F.silu(x[..., :half]) * x[..., half:]
+
+
+@silu_and_mul.implementation(CUDA)
+def silu_and_mul_cuda(x):
+    return _act_and_mul_cuda("silu_and_mul", x)
+
+
+@define
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    """gelu(x[..., :I], approximate) * x[..., I:] for x [..., 2I]."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return add_layer("gelu_and_mul", [x], [(x.dtype, gated_shape("gelu_and_mul", x.shape))],
+                     approximate=approximate)
+
+
+@gelu_and_mul.implementation(REFERENCE)
+def gelu_and_mul_reference(x, *, approximate="none"):
+    half = x.shape[-1] // 2
+    return F.gelu(x[..., :half], approximate=approximate) * x[..., half:]
+
+
+@gelu_and_mul.implementation(CUDA)
+def gelu_and_mul_cuda(x, *, approximate="none"):
+    return _act_and_mul_cuda("gelu_and_mul", x, approximate)

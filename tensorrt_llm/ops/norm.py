@@ -1,0 +1,104 @@
+"""Normalisations over the last dim: layer_norm, rms_norm and fused_add_rms_norm (a residual
+add and the rms_norm of the sum, made by the fuse_add_rms_norm pass).
+
+rms_norm means what transformers computes (LlamaRMSNorm): the mean square and the
+normalisation in float32, the normalised value rounded to x's dtype, then scaled by the
+weight in that dtype (rounded again). The CUDA kernel scales in float32 and rounds once, so it
+may differ from the reference by a unit in the last place of the dtype. The residual sum of
+fused_add_rms_norm is one add in x's dtype everywhere: bit-exact.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..network import Tensor, shapes_compatible
+from .launch import launch, rows
+from .op import CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
+
+
+def check_norm_params(op: str, x: Tensor, *params: Optional[Tensor]) -> None:
+    check_same_dtype(op, x, *params)
+    for p in params:
+        if p is not None:
+            check_shape(op, p, x.shape[-1:], p.name)
+
+
+def residual_sum_shape(op: str, x: Tensor, residual: Tensor) -> Shape:
+    """x + residual without broadcasting (fused kernels add row by row)."""
+    if not shapes_compatible(x.shape, residual.shape):
+        raise ValueError(f"{op}: x {list(x.shape)} and residual {list(residual.shape)} differ")
+    return broadcast(op, x.shape, residual.shape)
+
+
+@define
+def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """Normalises over the last dim; statistics in float32."""
+    check_norm_params("layer_norm", x, weight, bias)
+    return add_layer("layer_norm", [x, weight, bias], [(x.dtype, x.shape)], eps=float(eps))
+
+
+@layer_norm.implementation(REFERENCE)
+def layer_norm_reference(x, weight=None, bias=None, *, eps):
+    h = x.shape[-1:]
+    w = None if weight is None else weight.float()
+    b = None if bias is None else bias.float()
+    return F.layer_norm(x.float(), h, w, b, eps).to(x.dtype)
+
+
+@define
+def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim; statistics in float32."""
+    check_norm_params("rms_norm", x, weight)
+    return add_layer("rms_norm", [x, weight], [(x.dtype, x.shape)], eps=float(eps))
+
+
+@rms_norm.implementation(REFERENCE)
+def rms_norm_reference(x, weight=None, *, eps):
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    # Half precision: normalise in float32, round, then scale (transformers' order).
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return out if weight is None else out * weight
+
+
+@rms_norm.implementation(CUDA)
+def rms_norm_cuda(x, weight=None, *, eps):
+    if weight is None:  # the kernel takes a weight
+        return rms_norm_reference(x, weight, eps=eps)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        launch("rms_norm", out.view(-1, x.shape[-1]), rows(x), weight, float(eps))
+    return out
+
+
+@define
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6):
+    """(rms_norm(x + residual) * weight, x + residual)."""
+    check_norm_params("fused_add_rms_norm", x, weight)
+    check_same_dtype("fused_add_rms_norm", x, residual)
+    shape = residual_sum_shape("fused_add_rms_norm", x, residual)
+    return add_layer("fused_add_rms_norm", [x, residual, weight], [(x.dtype, shape), (x.dtype, shape)],
+                     eps=float(eps))
+
+
+@fused_add_rms_norm.implementation(REFERENCE)
+def fused_add_rms_norm_reference(x, residual, weight=None, *, eps):
+    total = x + residual
+    return rms_norm_reference(total, weight, eps=eps), total
+
+
+@fused_add_rms_norm.implementation(CUDA)
+def fused_add_rms_norm_cuda(x, residual, weight=None, *, eps):
+    if weight is None:
+        return fused_add_rms_norm_reference(x, residual, weight, eps=eps)
+    hidden = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        launch("rms_norm", out.view(-1, hidden), rows(x), weight, float(eps), residual=rows(residual),
+               residual_out=total.view(-1, hidden))
+    return out, total
