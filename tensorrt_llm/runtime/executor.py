@@ -21,6 +21,7 @@ than it needed, inside its own blocks. Requests whose sampling reads their token
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -59,6 +60,8 @@ class ExecutorStats:
     reused_blocks: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    gpu_wait_s: float = 0.0                   # host time spent waiting for launched steps' tokens:
+                                              # near zero means the host, not the GPU, sets the pace
 
 
 class Executor:
@@ -263,7 +266,9 @@ class Executor:
         if not launched.requests:
             return []
         if launched.event is not None:
+            t = time.perf_counter()
             launched.event.synchronize()
+            self.stats.gpu_wait_s += time.perf_counter() - t
         host = {k: v.tolist() for k, v in launched.host.items()}
         updated = []
         for i, r in enumerate(launched.requests):
