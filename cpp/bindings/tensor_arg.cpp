@@ -118,7 +118,7 @@ void checkSameShape(TensorArg const& a, TensorArg const& b) {
     }
 }
 
-void checkDtype(TensorArg const& t, std::initializer_list<DType> allowed) {
+void checkDtype(TensorArg const& t, std::vector<DType> const& allowed) {
     for (DType d : allowed) {
         if (t.dtype == d) return;
     }

@@ -1,5 +1,5 @@
 // TensorArg: what the bindings receive for a tensor, and the checks run on it before any
-// kernel launch. Python passes each tensor as a tuple
+// kernel launch (entry.h says which, for each argument of each kernel). Python passes each tensor as a tuple
 //   (data_ptr: int, dtype_code: int, shape: sequence[int], strides: sequence[int], device: int)
 // with strides in elements and device -1 for host memory.
 #pragma once
@@ -9,7 +9,6 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -40,7 +39,7 @@ TensorArg toTensorArg(pybind11::handle obj, char const* name);
 void checkDim(TensorArg const& t, int dim);
 void checkShape(TensorArg const& t, std::vector<int64_t> const& expected);
 void checkSameShape(TensorArg const& a, TensorArg const& b);
-void checkDtype(TensorArg const& t, std::initializer_list<DType> allowed);
+void checkDtype(TensorArg const& t, std::vector<DType> const& allowed);
 void checkSameDtype(TensorArg const& a, TensorArg const& b);
 void checkLastDimContiguous(TensorArg const& t);
 void checkContiguous(TensorArg const& t);

@@ -261,18 +261,18 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
 
 
 # ---- gemv: the linear, rms_norm_linear, add_rms_norm_linear and silu_and_mul_linear ops ---------
-# The compiled GEMV where it serves the shapes (linear.gemv_fits), else the op's reference.
+
+def _gemv_or(reference_fn: Callable, x, weight, bias, prologue="none", residual=None, norm_weight=None, eps=0.0):
+    """The compiled GEMV where it serves the shapes (linear.gemv_fits), else reference_fn()."""
+    if not (cuda_kernels_available() and linear.gemv_fits(x, weight, bias, norm_weight, residual)):
+        return reference_fn()
+    out, total = linear.gemv(x, weight, bias, prologue, residual, norm_weight, eps)
+    return out if residual is None else (out, total)
+
 
 @torch.library.custom_op("trtllm::gemv", mutates_args=())
 def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     return linear.linear_reference(x, weight, bias)
-
-
-@_gemv.register_kernel("cuda")
-def _(x, weight, bias):
-    if not (cuda_kernels_available() and linear.gemv_fits(x, weight, bias)):
-        return linear.linear_reference(x, weight, bias)
-    return linear.gemv(x, weight, bias)[0]
 
 
 @torch.library.custom_op("trtllm::rms_norm_gemv", mutates_args=())
@@ -281,26 +281,10 @@ def _rms_norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Ten
     return linear.rms_norm_linear_reference(x, norm_weight, weight, bias, eps=eps)
 
 
-@_rms_norm_gemv.register_kernel("cuda")
-def _(x, norm_weight, weight, bias, eps):
-    if not (cuda_kernels_available() and linear.gemv_fits(x, weight, bias, norm_weight)):
-        return linear.rms_norm_linear_reference(x, norm_weight, weight, bias, eps=eps)
-    return linear.gemv(x, weight, bias, "rms_norm", norm_weight=norm_weight, eps=eps)[0]
-
-
 @torch.library.custom_op("trtllm::add_rms_norm_gemv", mutates_args=())
 def _add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
                        bias: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return linear.add_rms_norm_linear_reference(x, residual, norm_weight, weight, bias, eps=eps)
-
-
-@_add_rms_norm_gemv.register_kernel("cuda")
-def _(x, residual, norm_weight, weight, bias, eps):
-    fits = (cuda_kernels_available() and linear.gemv_fits(x, weight, bias, norm_weight, residual)
-            and residual.stride(0) % (16 // x.element_size()) == 0)
-    if not fits:
-        return linear.add_rms_norm_linear_reference(x, residual, norm_weight, weight, bias, eps=eps)
-    return linear.gemv(x, weight, bias, "rms_norm", residual, norm_weight, eps)
 
 
 @torch.library.custom_op("trtllm::silu_and_mul_gemv", mutates_args=())
@@ -308,11 +292,26 @@ def _silu_and_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return linear.silu_and_mul_linear_reference(x, weight, bias)
 
 
+@_gemv.register_kernel("cuda")
+def _(x, weight, bias):
+    return _gemv_or(lambda: linear.linear_reference(x, weight, bias), x, weight, bias)
+
+
+@_rms_norm_gemv.register_kernel("cuda")
+def _(x, norm_weight, weight, bias, eps):
+    return _gemv_or(lambda: linear.rms_norm_linear_reference(x, norm_weight, weight, bias, eps=eps), x, weight, bias,
+                    "rms_norm", norm_weight=norm_weight, eps=eps)
+
+
+@_add_rms_norm_gemv.register_kernel("cuda")
+def _(x, residual, norm_weight, weight, bias, eps):
+    return _gemv_or(lambda: linear.add_rms_norm_linear_reference(x, residual, norm_weight, weight, bias, eps=eps), x,
+                    weight, bias, "rms_norm", residual, norm_weight, eps)
+
+
 @_silu_and_mul_gemv.register_kernel("cuda")
 def _(x, weight, bias):
-    if not (cuda_kernels_available() and linear.gemv_fits(x, weight, bias)):
-        return linear.silu_and_mul_linear_reference(x, weight, bias)
-    return linear.gemv(x, weight, bias, "silu_and_mul")[0]
+    return _gemv_or(lambda: linear.silu_and_mul_linear_reference(x, weight, bias), x, weight, bias, "silu_and_mul")
 
 
 @_gemv.register_fake

@@ -14,51 +14,24 @@ import torch.nn.functional as F
 from .._utils import is_floating
 from ..network import Tensor
 from .launch import launch, rows
-from .op import CUDA, REFERENCE, Shape, add_layer, define, norm_dim
+from .op import CUDA, REFERENCE, Op, Shape, add_layer, define, norm_dim
 
 
-def _unary(op: str, x: Tensor) -> Tensor:
-    if not is_floating(x.dtype):
-        raise ValueError(f"{op}: needs a floating input, got {x.dtype}")
-    return add_layer(op, [x], [(x.dtype, x.shape)])
+def _pointwise(name: str, reference) -> Op:
+    """An op `name(x)` applying `reference` to each element of a floating x."""
+    def graph_fn(x: Tensor) -> Tensor:
+        if not is_floating(x.dtype):
+            raise ValueError(f"{name}: needs a floating input, got {x.dtype}")
+        return add_layer(name, [x], [(x.dtype, x.shape)])
+    return define(graph_fn, name=name, reference=reference)
 
 
-@define
-def relu(x: Tensor) -> Tensor:
-    return _unary("relu", x)
-
-
-@define
-def gelu(x: Tensor) -> Tensor:
-    return _unary("gelu", x)
-
-
-@define
-def gelu_tanh(x: Tensor) -> Tensor:
-    return _unary("gelu_tanh", x)
-
-
-@define
-def silu(x: Tensor) -> Tensor:
-    return _unary("silu", x)
-
-
-@define
-def sigmoid(x: Tensor) -> Tensor:
-    return _unary("sigmoid", x)
-
-
-@define
-def tanh(x: Tensor) -> Tensor:
-    return _unary("tanh", x)
-
-
-relu.implementation(REFERENCE)(F.relu)
-gelu.implementation(REFERENCE)(F.gelu)
-gelu_tanh.implementation(REFERENCE)(lambda x: F.gelu(x, approximate="tanh"))
-silu.implementation(REFERENCE)(F.silu)
-sigmoid.implementation(REFERENCE)(torch.sigmoid)
-tanh.implementation(REFERENCE)(torch.tanh)
+relu = _pointwise("relu", F.relu)
+gelu = _pointwise("gelu", F.gelu)
+gelu_tanh = _pointwise("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"))
+silu = _pointwise("silu", F.silu)
+sigmoid = _pointwise("sigmoid", torch.sigmoid)
+tanh = _pointwise("tanh", torch.tanh)
 
 
 @define

@@ -5,42 +5,26 @@ from __future__ import annotations
 import torch
 
 from ..network import Tensor
-from .op import REFERENCE, add_layer, broadcast, check_same_dtype, define
+from .op import REFERENCE, Op, add_layer, broadcast, check_same_dtype, define
 from .tensor import as_tensor
 
 
-def _binary(op: str, a, b) -> Tensor:
-    if not isinstance(a, Tensor):
-        a = as_tensor(a, b)
-    b = as_tensor(b, a)
-    dtype = check_same_dtype(op, a, b)
-    return add_layer(op, [a, b], [(dtype, broadcast(op, a.shape, b.shape))])
+def _broadcasting(name: str, reference) -> Op:
+    """An op `name(a, b)` applying `reference` to a and b broadcast together; a Python or numpy
+    value on either side becomes a constant in the other's dtype."""
+    def graph_fn(a, b) -> Tensor:
+        if not isinstance(a, Tensor):
+            a = as_tensor(a, b)
+        b = as_tensor(b, a)
+        dtype = check_same_dtype(name, a, b)
+        return add_layer(name, [a, b], [(dtype, broadcast(name, a.shape, b.shape))])
+    return define(graph_fn, name=name, reference=reference)
 
 
-@define
-def add(a, b) -> Tensor:
-    return _binary("add", a, b)
-
-
-@define
-def sub(a, b) -> Tensor:
-    return _binary("sub", a, b)
-
-
-@define
-def mul(a, b) -> Tensor:
-    return _binary("mul", a, b)
-
-
-@define
-def div(a, b) -> Tensor:
-    return _binary("div", a, b)
-
-
-add.implementation(REFERENCE)(torch.add)
-sub.implementation(REFERENCE)(torch.sub)
-mul.implementation(REFERENCE)(torch.mul)
-div.implementation(REFERENCE)(torch.div)
+add = _broadcasting("add", torch.add)
+sub = _broadcasting("sub", torch.sub)
+mul = _broadcasting("mul", torch.mul)
+div = _broadcasting("div", torch.div)
 
 
 @define

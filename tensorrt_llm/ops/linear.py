@@ -60,16 +60,21 @@ def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and get_bindings().gemv_supports(x.shape[0], weight.shape[1], code))
 
 
-def gemv_fits(x: torch.Tensor, weight: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
-    """gemv_supported, and the other operands (bias, norm weight, residual) on 16-byte packs."""
-    return gemv_supported(x, weight) and all(
-        t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1) for t in others)
+def gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+              norm_weight: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None) -> bool:
+    """gemv_supported, and the other operands on 16-byte packs (a residual's rows too)."""
+    per_pack = 16 // x.element_size()
+    return (gemv_supported(x, weight)
+            and all(t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1) for t in (bias, norm_weight, residual))
+            and (residual is None or residual.stride(0) % per_pack == 0))
 
 
-def use_gemv(x: torch.Tensor, weight: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
+def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+             norm_weight: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None) -> bool:
     """Whether a linear layer (weight [n, k]) on x runs as the compiled GEMV: one row."""
     n, k = weight.shape
-    return x.dim() == 2 and x.shape[0] == 1 and (k >= 2048 or n <= 16384) and gemv_fits(x, weight, *others)
+    return (x.dim() == 2 and x.shape[0] == 1 and (k >= 2048 or n <= 16384)
+            and gemv_fits(x, weight, bias, norm_weight, residual))
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, prologue: str = "none",
@@ -167,7 +172,7 @@ def add_rms_norm_linear_reference(x, residual, norm_weight, weight, bias=None, *
 
 @add_rms_norm_linear.implementation(CUDA)
 def add_rms_norm_linear_cuda(x, residual, norm_weight, weight, bias=None, *, eps):
-    if use_gemv(x, weight, bias, norm_weight, residual) and residual.stride(0) % (16 // x.element_size()) == 0:
+    if use_gemv(x, weight, bias, norm_weight, residual):
         return gemv(x, weight, bias, "rms_norm", residual, norm_weight, eps)
     normed, total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=eps)
     return F.linear(normed, weight, bias), total

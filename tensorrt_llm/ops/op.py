@@ -122,15 +122,21 @@ class Op:
 OPS: dict[str, Op] = {}
 
 
-def define(graph_fn: Optional[Callable] = None, *, side_effects: bool = False):
+def define(graph_fn: Optional[Callable] = None, *, side_effects: bool = False, name: Optional[str] = None,
+           reference: Optional[Callable] = None):
     """Decorator (`@define` or `@define(side_effects=True)`): make the graph function an `Op`
-    and enter it in OPS."""
+    and enter it in OPS. A function that makes ops of a kind gives each its `name` and
+    `reference` here."""
     def make(fn: Callable) -> Op:
+        if name is not None:
+            fn.__name__ = fn.__qualname__ = name
         if fn.__name__ in OPS:
             raise ValueError(f"op {fn.__name__!r} is defined twice")
         op = Op(fn, side_effects=side_effects)
         OPS[op.name] = op
         OP_SIGNATURES[op.name] = op.signature
+        if reference is not None:
+            op.implementation(REFERENCE)(reference)
         return op
     return make if graph_fn is None else make(graph_fn)
 

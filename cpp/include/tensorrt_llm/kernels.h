@@ -1,9 +1,9 @@
 // Kernel entry points of tensorrt_llm.bindings.
 //
 // Plain C++ (no CUDA or pybind11 headers) so that the bindings can be compiled by the host
-// compiler and the CPU-only build can provide the same symbols. Every launcher takes raw
-// device pointers, sizes and strides in elements, and the CUDA stream as an opaque pointer.
-// The arguments are validated by the caller (bindings/validate.cpp) before a launcher runs.
+// compiler. Every launcher takes raw device pointers, sizes and strides in elements, and the
+// CUDA stream as an opaque pointer. Its arguments are checked by its binding entry
+// (cpp/bindings/entry.h) before it runs.
 #pragma once
 
 #include <cstdint>
