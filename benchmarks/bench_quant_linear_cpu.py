@@ -23,7 +23,10 @@ import time
 
 import torch
 
+from tensorrt_llm._utils import keep_freed_host_memory
 from tensorrt_llm.quantization.cpu import (
+    CpuInt8Pack,
+    CpuInt8SplitPack,
     int4_weight_only_linear,
     int8_weight_only_linear,
     pack_int4_for_cpu,
@@ -35,7 +38,12 @@ HIDDEN, INTER, VOCAB, LAYERS, KV = 576, 1536, 49152, 30, 192
 # (name, out_features, in_features) as the engine runs them (QKV and gate/up fused)
 SHAPES = [("qkv", HIDDEN + 2 * KV, HIDDEN), ("o_proj", HIDDEN, HIDDEN), ("gate_up", 2 * INTER, HIDDEN),
           ("down", HIDDEN, INTER), ("lm_head", VOCAB, HIDDEN)]
-FORMATS = ["f32", "int8", "int4 g32", "int4 g64", "int4 g128"]
+# int8: per channel (_weight_int8pack_mm); int8 g32: group-wise, GGUF Q8_0's layout (two INT4 halves)
+FORMATS = ["f32", "int8", "int8 g32", "int4 g32", "int4 g64", "int4 g128"]
+# (layers, LM head) of the decode-step measurement; the last is SmolLM2's GGUF as it is
+# (Q4_1 layers, the Q8_0 tied embedding as LM head)
+MODEL_FORMATS = [("f32", "f32"), ("int8", "int8"), ("int4 g32", "int4 g32"), ("int4 g64", "int4 g64"),
+                 ("int4 g32", "int8"), ("int4 g32", "int8 g32")]
 
 
 def make(fmt: str, n: int, k: int):
@@ -48,17 +56,33 @@ def make(fmt: str, n: int, k: int):
     group = int(fmt.split("g")[1])
     if k % group:
         return None
+    if fmt.startswith("int8"):
+        scales = (torch.rand(n, k // group) * 0.01).half()
+        return pack_int8_for_cpu(Int8Weight(torch.randint(-127, 128, (n, k), dtype=torch.int8), scales, group))
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
     scales = torch.rand(n, k // group, dtype=torch.float32).half() * 0.01
     return pack_int4_for_cpu(Int4Weight(pack_int4(codes), scales, -8 * scales, group))
 
 
-def call(fmt: str, x: torch.Tensor, w) -> torch.Tensor:
-    if fmt == "f32":
+def call(x: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, torch.Tensor):
         return torch.nn.functional.linear(x, w)
-    if fmt == "int8":
+    if isinstance(w, (CpuInt8Pack, CpuInt8SplitPack)):
         return int8_weight_only_linear(x, w)
     return int4_weight_only_linear(x, w)
+
+
+def in_features(w) -> int:
+    if isinstance(w, torch.Tensor):
+        return w.shape[1]
+    if isinstance(w, CpuInt8SplitPack):
+        return w.halves.in_features
+    return w.qweight.shape[1] if isinstance(w, CpuInt8Pack) else w.in_features
+
+def weight_bytes(w) -> int:
+    if isinstance(w, torch.Tensor):
+        return w.numel() * w.element_size()
+    return sum(weight_bytes(v) for v in vars(w).values() if isinstance(v, torch.Tensor) or hasattr(v, "__dict__"))
 
 
 def timed(fn, min_time: float, repeats: int) -> float:
@@ -88,6 +112,7 @@ def main() -> None:
     ap.add_argument("--skip_model", action="store_true", help="only the per-shape table")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_host_memory()  # as the engine does: outputs over 128 KiB are not mmap'ed afresh each call
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}, load average {os.getloadavg()[0]:.2f} "
@@ -106,7 +131,7 @@ def main() -> None:
                 if w is None:
                     cells.append("n/a")
                     continue
-                t = timed(lambda: call(fmt, x, w), args.min_time, args.repeats) * 1e6
+                t = timed(lambda: call(x, w), args.min_time, args.repeats) * 1e6
                 base = base or t
                 cells.append(f"{t:.0f}" + ("" if fmt == "f32" else f" ({base / t:.2f}x)"))
             print(f"| {name} | {n} x {k} | " + " | ".join(cells) + " |")
@@ -114,39 +139,37 @@ def main() -> None:
         if args.skip_model:
             continue
         print(f"\n## a decode step's linears ({LAYERS} layers of distinct weights + LM head), {rows} row(s)")
-        print("| format | weight MB | ms per step | speed-up | projected engine tok/s |")
-        print("| --- | --- | --- | --- | --- |")
+        print("| layers | LM head | weight MB | ms per step | speed-up | projected engine tok/s |")
+        print("| --- | --- | --- | --- | --- | --- |")
         f32_ms = None
-        for fmt in FORMATS:
+        for layer_fmt, head_fmt in MODEL_FORMATS:
             layer_shapes = [(n, k) for _, n, k in SHAPES[:-1]]
-            if fmt.startswith("int4") and any(k % int(fmt.split("g")[1]) for _, k in layer_shapes):
-                print(f"| {fmt} | - | n/a (in_features {HIDDEN} is not a multiple of the group) | | |")
+            if any(make(layer_fmt, 16, k) is None for _, k in layer_shapes):
+                print(f"| {layer_fmt} | {head_fmt} | - | n/a: in_features {HIDDEN} is not a multiple of the group "
+                      "| | |")
                 continue
-            weights = [make(fmt, n, k) for _ in range(LAYERS) for n, k in layer_shapes]
-            weights.append(make(fmt, VOCAB, HIDDEN))
+            weights = [make(layer_fmt, n, k) for _ in range(LAYERS) for n, k in layer_shapes]
+            weights.append(make(head_fmt, VOCAB, HIDDEN))
+            nbytes = sum(weight_bytes(w) for w in weights)
             xs = {k: torch.randn(rows, k) for k in (HIDDEN, INTER)}
-            nbytes = sum(sum(t.numel() * t.element_size() for t in vars(w).values() if isinstance(t, torch.Tensor))
-                         if not isinstance(w, torch.Tensor) else w.numel() * w.element_size() for w in weights)
-
-            calls = [(xs[w.shape[1] if isinstance(w, torch.Tensor) else
-                         (w.qweight.shape[1] if hasattr(w, "qweight") else w.in_features)], w) for w in weights]
+            calls = [(xs[in_features(w)], w) for w in weights]
             del weights
 
-            def step(calls=calls, fmt=fmt):
+            def step(calls=calls):
                 for x, w in calls:
-                    call(fmt, x, w)
+                    call(x, w)
 
             ms = timed(step, args.min_time * 4, args.repeats) * 1e3
             del calls
             f32_ms = f32_ms or ms
-            rest = max(args.engine_f32_ms - f32_ms, 0.0)
-            projected = 1000 / (rest + ms)
-            print(f"| {fmt} | {nbytes / 2 ** 20:.0f} | {ms:.2f} | {f32_ms / ms:.2f}x | {projected:.1f} "
-                  f"({projected * args.engine_f32_ms / 1000:.2f}x) |")
-        print(f"load average now {os.getloadavg()[0]:.2f}")
-        print(f"\nprojection: the float32 engine's {args.engine_f32_ms:.1f} ms per step minus its linears "
-              f"({f32_ms:.1f} ms here) is kept as the non-linear part of every step")
-
+            rest = args.engine_f32_ms - f32_ms
+            projected = f"{1000 / (rest + ms):.1f} ({args.engine_f32_ms / (rest + ms):.2f}x)" if rest > 0 else "-"
+            print(f"| {layer_fmt} | {head_fmt} | {nbytes / 2 ** 20:.0f} | {ms:.2f} | {f32_ms / ms:.2f}x "
+                  f"| {projected} |")
+        print(f"\nload average now {os.getloadavg()[0]:.2f}. Projection: the float32 engine's "
+              f"{args.engine_f32_ms:.1f} ms per step (--engine_f32_ms) minus its linears ({f32_ms:.1f} ms here) "
+              "is kept as every format's non-linear time ('-': the linears alone took longer here than that "
+              "whole step, so the figures are not comparable)")
 
 if __name__ == "__main__":
     main()

@@ -6,10 +6,17 @@
   zero' = zeros + 8 * scale because it computes (code - 8) * scale + zero'.
   Constraints (torch 2.13): G in 32, 64, 128, 256 (our INT4 groups are 32/64/128), K % G == 0,
   N % 16 == 0 (other N are padded with zero rows here and the output cut back).
-- INT8: `torch.ops.aten._weight_int8pack_mm` (int8 [N, K] weight, one scale per row).
-  Group-wise INT8 (GGUF Q8_0 / Q6_K) has no such kernel: `pack_int8_for_cpu` requantizes it
-  to one scale per row (scale = the row's largest |w| / 127, codes round(w / scale)); that
-  adds at most half a per-row step per weight, and is the one lossy step of these paths.
+- INT8, per channel: `torch.ops.aten._weight_int8pack_mm` (int8 [N, K] weight, one scale
+  per row).
+- INT8, group-wise with G in 32, 64, 128 (GGUF Q8_0): no INT8 kernel takes group scales, so
+  each code q (-128..127) is split into two 4-bit codes, q + 128 = 16 * h + l, and one INT4
+  kernel call runs on the [2N, K] weight [h; l] with scales [16 * s; s] and zeros'
+  [0; 8 * s]: (h - 8) * 16s + (l - 8) * s + 8s = s * q, so the two halves of the output add up
+  to x @ W^T with the weight exact (bfloat16 s aside: 16s and 8s round as s does).
+- INT8, group-wise with G = 16 (GGUF Q6_K), below the INT4 kernel's smallest group:
+  requantized at load to one scale per row (scale = the row's largest |w| / 127, codes
+  round(w / scale)); that adds at most half a per-row step per weight, the one lossy step of
+  these paths.
 
 Both kernels are vectorized (AVX512 / AVX2) only for bfloat16 activations; with float32 or
 float16 ones they take a scalar path that is slower than float32 `F.linear`. So activations
@@ -52,29 +59,48 @@ class CpuInt8Pack:
     scales: torch.Tensor    # bfloat16 [N]
 
 
-def pack_int4_for_cpu(w: Int4Weight) -> CpuInt4Pack:
-    n, k = w.shape
-    if w.group_size not in _INT4_CPU_GROUP_SIZES or k % w.group_size:
-        raise ValueError(f"the CPU INT4 kernel needs a group size of {_INT4_CPU_GROUP_SIZES} dividing "
-                         f"in_features; got group {w.group_size}, in_features {k}")
-    codes = unpack_int4(w.qweight.cpu()).to(torch.int32)
-    scales, zeros = w.scales.cpu().float(), w.zeros.cpu().float()
+@dataclass
+class CpuInt8SplitPack:
+    """A group-wise INT8 weight as one INT4 pack of 2N rows (high and low nibbles of q + 128)."""
+    halves: CpuInt4Pack
+    out_features: int
+
+
+def _int4_pack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+               perm: torch.Tensor | None) -> CpuInt4Pack:
+    """codes int32 [N, K] (0..15), float32 scales and kernel zeros [N, K / G] -> CpuInt4Pack."""
+    n, k = codes.shape
     pad = (-n) % _N_MULTIPLE
     if pad:
         codes = torch.cat([codes, codes.new_zeros(pad, k)])
         scales = torch.cat([scales, scales.new_zeros(pad, scales.shape[1])])
         zeros = torch.cat([zeros, zeros.new_zeros(pad, zeros.shape[1])])
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
-    table = torch.stack([scales, zeros + 8 * scales], dim=-1).transpose(0, 1)  # [K / G, N, 2]
-    return CpuInt4Pack(packed, table.to(ACT_DTYPE).contiguous(), w.group_size, n, k,
-                       None if w.perm is None else w.perm.cpu().long())
+    table = torch.stack([scales, zeros], dim=-1).transpose(0, 1)  # [K / G, N, 2]
+    return CpuInt4Pack(packed, table.to(ACT_DTYPE).contiguous(), group_size, n, k,
+                       None if perm is None else perm.cpu().long())
 
 
-def pack_int8_for_cpu(w: Int8Weight) -> CpuInt8Pack:
-    """Per-channel INT8 as it is; group-wise INT8 requantized to one scale per row (lossy,
-    see the module docstring)."""
+def pack_int4_for_cpu(w: Int4Weight) -> CpuInt4Pack:
+    n, k = w.shape
+    if w.group_size not in _INT4_CPU_GROUP_SIZES or k % w.group_size:
+        raise ValueError(f"the CPU INT4 kernel needs a group size of {_INT4_CPU_GROUP_SIZES} dividing "
+                         f"in_features; got group {w.group_size}, in_features {k}")
+    scales, zeros = w.scales.cpu().float(), w.zeros.cpu().float()
+    return _int4_pack(unpack_int4(w.qweight.cpu()).to(torch.int32), scales, zeros + 8 * scales, w.group_size, w.perm)
+
+
+def pack_int8_for_cpu(w: Int8Weight) -> CpuInt8Pack | CpuInt8SplitPack:
+    """Per-channel INT8 as it is; group-wise INT8 split into two INT4 halves (exact), or for
+    G = 16 requantized to one scale per row (lossy); see the module docstring."""
     if w.group_size is None:
         return CpuInt8Pack(w.qweight.cpu().contiguous(), w.scales.cpu().to(ACT_DTYPE))
+    if w.group_size in _INT4_CPU_GROUP_SIZES:
+        u = w.qweight.cpu().to(torch.int32) + 128
+        s = w.scales.cpu().float()
+        codes = torch.cat([u >> 4, u & 15])
+        halves = _int4_pack(codes, torch.cat([16 * s, s]), torch.cat([torch.zeros_like(s), 8 * s]), w.group_size, None)
+        return CpuInt8SplitPack(halves, w.shape[0])
     deq = w.qweight.cpu().float() * _per_input(w.scales.cpu(), w.group_size)
     scale = deq.abs().amax(dim=1) / 127
     scale_bf16 = scale.to(ACT_DTYPE)
@@ -107,14 +133,21 @@ def int4_weight_only_linear(x: torch.Tensor, w: Int4Weight | CpuInt4Pack,
     return y.reshape(*x.shape[:-1], w.out_features)
 
 
-def int8_weight_only_linear(x: torch.Tensor, w: Int8Weight | CpuInt8Pack,
+def int8_weight_only_linear(x: torch.Tensor, w: Int8Weight | CpuInt8Pack | CpuInt8SplitPack,
                             bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W^T (+ bias) with an INT8 weight, on the CPU; x [..., K] of any float dtype. Pass
-    a CpuInt8Pack (pack_int8_for_cpu, once) on hot paths."""
+    the pack_int8_for_cpu result (made once) on hot paths."""
     if isinstance(w, Int8Weight):
         w = pack_int8_for_cpu(w)
-    n, k = w.qweight.shape
-    y = torch.ops.aten._weight_int8pack_mm(_rows(x, k).contiguous(), w.qweight, w.scales).to(x.dtype)
+    if isinstance(w, CpuInt8SplitPack):
+        h = w.halves
+        y2 = torch.ops.aten._weight_int4pack_mm_for_cpu(_rows(x, h.in_features).contiguous(), h.packed,
+                                                        h.group_size, h.scales_and_zeros)
+        n = w.out_features
+        y = (y2[:, :n].float() + y2[:, n:2 * n].float()).to(x.dtype)
+    else:
+        n, k = w.qweight.shape
+        y = torch.ops.aten._weight_int8pack_mm(_rows(x, k).contiguous(), w.qweight, w.scales).to(x.dtype)
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y.reshape(*x.shape[:-1], n)

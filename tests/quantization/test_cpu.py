@@ -11,6 +11,8 @@ import torch
 
 from tensorrt_llm.quantization.cpu import (
     ACT_DTYPE,
+    CpuInt8Pack,
+    CpuInt8SplitPack,
     int4_weight_only_linear,
     int8_weight_only_linear,
     pack_int4_for_cpu,
@@ -102,13 +104,31 @@ def test_int8_linear_matches_the_reference(n, k, rows):
     close(int8_weight_only_linear(x, pack_int8_for_cpu(w), bias), quantized_linear_reference(x, w, bias))
 
 
-def test_group_wise_int8_is_requantized_per_row_within_half_a_step():
-    # GGUF Q8_0-like: one float16 scale per 32 inputs
-    q = torch.randint(-127, 128, (64, 256), dtype=torch.int8)
-    scales = (torch.rand(64, 8) * 0.01 + 1e-4).half()
-    w = Int8Weight(q, scales, 32)
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("n", [64, 40])
+def test_group_wise_int8_runs_as_two_exact_int4_halves(group, n):
+    # GGUF Q8_0-like: one float16 scale per group, codes over the whole int8 range
+    q = torch.randint(-128, 128, (n, 256), dtype=torch.int8)
+    scales = (torch.rand(n, 256 // group) * 0.01 + 1e-4).half()
+    w = Int8Weight(q, scales, group)
     pack = pack_int8_for_cpu(w)
-    assert pack.scales.shape == (64,) and pack.qweight.dtype == torch.int8
+    assert isinstance(pack, CpuInt8SplitPack) and pack.out_features == n
+    x = torch.randn(3, 256)
+    y = int8_weight_only_linear(x, pack)
+    close(y, quantized_linear_reference(x, w))
+    # the weight is exact but for the bfloat16 scale: emulate that, the error is the outputs' rounding
+    emu = x.bfloat16().float() @ (q.float() * scales.float().bfloat16().float().repeat_interleave(group, 1)).t()
+    assert (y - emu).abs().max() <= 2.0 ** -7 * emu.abs().max()
+    assert torch.equal(int8_weight_only_linear(x, w), y)
+
+
+def test_group_16_int8_is_requantized_per_row_within_half_a_step():
+    # GGUF Q6_K-like: group 16, below the INT4 kernel's smallest group
+    q = torch.randint(-32, 32, (64, 256), dtype=torch.int8)
+    scales = torch.rand(64, 16) * 0.01 + 1e-4
+    w = Int8Weight(q, scales, 16)
+    pack = pack_int8_for_cpu(w)
+    assert isinstance(pack, CpuInt8Pack) and pack.scales.shape == (64,)
     requantized = pack.qweight.float() * pack.scales.float()[:, None]
     step = pack.scales.float()[:, None]
     assert bool(((requantized - dequantize(w)).abs() <= step / 2 * 1.01).all())
