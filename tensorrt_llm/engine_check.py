@@ -39,7 +39,7 @@ from .kv_cache_layout import KVCacheLayout, blocks_for_tokens
 from .models import MODEL_MAP  # noqa: F401  (registers the known architectures)
 from .models.modeling_utils import PretrainedConfig
 from .network import JSON_FORMAT, JSON_VERSION, Network, net_guard
-from .ops import IMPLEMENTATIONS, OPS
+from .ops import IMPLEMENTATION_ATTR, IMPLEMENTATIONS, OPS
 
 # Letters, digits and `_ . : / - [ ]`: every name the builder makes (module paths such as
 # transformer/layers/0/attention/gpt_attention_12, weights such as
@@ -54,7 +54,6 @@ GRAPH_KEYS = ("format", "version", "name", "inputs", "tensors", "layers", "outpu
 INPUT_KEYS = ("name", "dtype", "shape", "dim_range")
 SPEC_KEYS = ("dtype", "shape")
 LAYER_KEYS = ("name", "op", "inputs", "outputs", "attrs")
-IMPLEMENTATION_ATTR = "implementation"
 # Every implementation name an engine may record in attrs["implementation"] (ops register
 # their implementations under these names); any other is refused at load.
 IMPLEMENTATION_NAMES = frozenset(IMPLEMENTATIONS)

@@ -12,7 +12,6 @@ reports before the pass runs), and dead-layer removal is `RemoveDeadLayers`.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -22,11 +21,7 @@ from . import functional as F
 # Where TensorRT-LLM users import it from when they port a pass: functional's decorator.
 from .functional import record_signature as record_signature
 from .network import Layer, Network, Tensor, current_net, net_guard
-from .ops import OPS, signature_of
-
-# The attr in which the builder records a timed kernel choice (timing_cache.py): no argument of the op.
-IMPLEMENTATION_ATTR = "implementation"
-
+from .ops import IMPLEMENTATION_ATTR, OPS, call_arguments, signature_of
 
 # ---- FLayerInfo -------------------------------------------------------------------------------
 
@@ -49,7 +44,7 @@ class FLayerInfo:
     def of(cls, layer: Layer) -> Optional["FLayerInfo"]:
         """The layer's FLayerInfo; None when its op is no recorded functional op."""
         signature = signature_of(layer.op)
-        return None if signature is None else cls(layer, _call_arguments(layer, signature))
+        return None if signature is None else cls(layer, call_arguments(layer, signature))
 
     @property
     def layer_type(self) -> str:
@@ -106,50 +101,6 @@ class FLayerInfo:
 
     def __repr__(self) -> str:
         return f"FLayerInfo({self.layer_type!r}, layer={self.layer_name!r}, args={list(self.signature)})"
-
-
-def _call_arguments(layer: Layer, signature: inspect.Signature) -> dict[str, Any]:
-    """The arguments of the call that made `layer`: an attr gives the parameter of its name,
-    the inputs fill the other positional parameters in order (a `Sequence[Tensor]` one takes
-    them all, as concat does), and the rest keep their defaults."""
-    net = layer.network
-    attrs = {k: v for k, v in layer.attrs.items() if k != IMPLEMENTATION_ATTR}
-    if layer.op == "constant":  # its attr names the weight; the call took the data and the name
-        return {"value": net.weights[attrs["weight"]], "name": attrs["weight"]}
-    inputs = layer.get_inputs()
-    args, used = {}, 0
-    for name, takes, default in _parameters(layer.op, signature):
-        if name in attrs:
-            args[name] = attrs.pop(name)
-        elif takes == "all":
-            args[name], used = inputs[used:], len(inputs)
-        elif takes == "input" and used < len(inputs):
-            args[name] = inputs[used]
-            used += 1
-        elif default is not inspect.Parameter.empty:
-            args[name] = default
-        else:
-            raise ValueError(f"layer {layer.name!r} ({layer.op}) gives no argument {name!r}")
-    if attrs or used < len(inputs):
-        raise ValueError(f"layer {layer.name!r} ({layer.op}): attrs {sorted(attrs)} and "
-                         f"{len(inputs) - used} input(s) are no arguments of the op")
-    return args
-
-
-# op -> (its signature, (name, what may give it, default) per parameter): read once per op.
-_PARAMETERS: dict[str, tuple[inspect.Signature, tuple[tuple[str, str, Any], ...]]] = {}
-
-
-def _parameters(op: str, signature: inspect.Signature) -> tuple[tuple[str, str, Any], ...]:
-    """Per parameter: its name, what gives it besides an attr of that name ("all": every
-    input, "input": the next input, "attr": nothing), and its default."""
-    cached = _PARAMETERS.get(op)
-    if cached is None or cached[0] is not signature:
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        cached = _PARAMETERS[op] = (signature, tuple(
-            (p.name, "all" if p.annotation == "Sequence[Tensor]" else "input" if p.kind in positional else "attr",
-             p.default) for p in signature.parameters.values()))
-    return cached[1]
 
 
 class FLayerInfoMemo:

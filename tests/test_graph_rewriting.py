@@ -318,10 +318,23 @@ def test_flayer_info_remakes_every_layer_of_a_network_loaded_from_json(make):
         assert [(t.dtype, t.shape) for t in again.get_outputs()] == [(t.dtype, t.shape) for t in layer.get_outputs()]
 
 
-def test_every_recorded_op_is_in_the_flayer_info_check():
-    """An op added to functional.py joins every_op_network, so that its layers are checked to
-    keep every argument as an input or an attr of the same name."""
-    assert {layer.op for layer in every_op_network().layers} == set(functional.OP_SIGNATURES)
+def test_an_op_refuses_a_layer_its_call_cannot_be_read_back_from(monkeypatch):
+    """Every op checks, on each call, that the layer it made keeps every argument as an input or
+    an attr of the same name (Op.__call__), so FLayerInfo reads the layers of any op, also one
+    added later; every_op_network checks the round trip of today's ops."""
+    monkeypatch.setattr(op_registry, "OPS", dict(op_registry.OPS))
+    monkeypatch.setattr(op_registry, "OP_SIGNATURES", dict(op_registry.OP_SIGNATURES))
+
+    @op_registry.define
+    def scaled(x, scale: float):
+        return default_net().add_layer("scaled", [x.name], [(x.dtype, x.shape)], {"factor": scale}).get_output(0)
+
+    assert {layer.op for layer in every_op_network().layers} <= set(functional.OP_SIGNATURES)
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [3])
+        with pytest.raises(ValueError, match="gives no argument 'scale'"):
+            scaled(x, 2.0)
 
 
 def test_a_user_op_recorded_with_record_signature_has_flayer_info(monkeypatch):

@@ -13,11 +13,13 @@ from ..network import Tensor
 from . import activation, attention, attention_cuda, elementwise, linear, norm, rotary, tensor  # noqa: F401
 from .op import (
     CUDA,
+    IMPLEMENTATION_ATTR,
     IMPLEMENTATIONS,
     OP_SIGNATURES,
     OPS,
     REFERENCE,
     Op,
+    call_arguments,
     default_implementations,
     define,
     implementations,
@@ -28,7 +30,8 @@ from .op import (
 from .rotary import rope_cos_sin_cache, rope_inv_freq
 
 __all__ = [
-    "CUDA", "IMPLEMENTATIONS", "OPS", "OP_SIGNATURES", "REFERENCE", "Op", "default_implementations", "define",
+    "CUDA", "IMPLEMENTATION_ATTR", "IMPLEMENTATIONS", "OPS", "OP_SIGNATURES", "REFERENCE", "Op", "call_arguments",
+    "default_implementations", "define",
     "implementations", "record_signature", "references", "rope_cos_sin_cache", "rope_inv_freq", "signature_of",
 ]
 

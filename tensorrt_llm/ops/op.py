@@ -22,11 +22,11 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..network import Tensor, default_net, shapes_compatible
+from ..network import Layer, Tensor, default_net, shapes_compatible
 
 Shape = tuple[int, ...]
 
@@ -68,6 +68,56 @@ def signature_of(op: str) -> Optional[inspect.Signature]:
     return OP_SIGNATURES.get(op)
 
 
+# The attr in which the builder records a timed implementation choice (timing_cache.py): no
+# argument of the op.
+IMPLEMENTATION_ATTR = "implementation"
+
+
+def call_arguments(layer: Layer, signature: inspect.Signature) -> dict[str, Any]:
+    """The arguments of the call that made `layer`: an attr gives the parameter of its name,
+    the inputs fill the other positional parameters in order (a `Sequence[Tensor]` one takes
+    them all, as concat does), and the rest keep their defaults. ValueError when the layer
+    holds what no parameter takes, or lacks what one needs."""
+    net = layer.network
+    attrs = {k: v for k, v in layer.attrs.items() if k != IMPLEMENTATION_ATTR}
+    if layer.op == "constant":  # its attr names the weight; the call took the data and the name
+        return {"value": net.weights[attrs["weight"]], "name": attrs["weight"]}
+    inputs = layer.get_inputs()
+    args, used = {}, 0
+    for name, takes, default in _parameters(layer.op, signature):
+        if name in attrs:
+            args[name] = attrs.pop(name)
+        elif takes == "all":
+            args[name], used = inputs[used:], len(inputs)
+        elif takes == "input" and used < len(inputs):
+            args[name] = inputs[used]
+            used += 1
+        elif default is not inspect.Parameter.empty:
+            args[name] = default
+        else:
+            raise ValueError(f"layer {layer.name!r} ({layer.op}) gives no argument {name!r}")
+    if attrs or used < len(inputs):
+        raise ValueError(f"layer {layer.name!r} ({layer.op}): attrs {sorted(attrs)} and "
+                         f"{len(inputs) - used} input(s) are no arguments of the op")
+    return args
+
+
+# op -> (its signature, (name, what may give it, default) per parameter): read once per op.
+_PARAMETERS: dict[str, tuple[inspect.Signature, tuple[tuple[str, str, Any], ...]]] = {}
+
+
+def _parameters(op: str, signature: inspect.Signature) -> tuple[tuple[str, str, Any], ...]:
+    """Per parameter: its name, what gives it besides an attr of that name ("all": every
+    input, "input": the next input, "attr": nothing), and its default."""
+    cached = _PARAMETERS.get(op)
+    if cached is None or cached[0] is not signature:
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        cached = _PARAMETERS[op] = (signature, tuple(
+            (p.name, "all" if p.annotation == "Sequence[Tensor]" else "input" if p.kind in positional else "attr",
+             p.default) for p in signature.parameters.values()))
+    return cached[1]
+
+
 # ---- the op ---------------------------------------------------------------------------------
 
 
@@ -86,7 +136,12 @@ class Op:
         self.impls: dict[str, Callable] = {}  # implementation name -> function
 
     def __call__(self, *args, **kwargs):
-        return self.graph_fn(*args, **kwargs)
+        out = self.graph_fn(*args, **kwargs)
+        # The call must be readable back from the layer it made (every argument an input or an
+        # attr of its name): graph rewriting and the engine checks rely on it.
+        first = out[0] if isinstance(out, tuple) else out
+        call_arguments(first.network.producer(first.name), self.signature)
+        return out
 
     def __get__(self, obj, objtype=None):  # a method when set on a class (Tensor's operators)
         return self if obj is None else types.MethodType(self, obj)
