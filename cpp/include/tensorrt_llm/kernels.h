@@ -12,7 +12,7 @@
 
 namespace tensorrt_llm {
 
-// Dtype codes shared with Python (tensorrt_llm/kernels/_bindings.py reads them from the
+// Dtype codes shared with Python (tensorrt_llm/ops/launch.py reads them from the
 // module's DTYPES dict, never hard-codes them).
 enum class DType : int {
     kFloat32 = 0,
