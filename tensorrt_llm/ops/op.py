@@ -6,13 +6,16 @@ An op is defined once, by decorating its graph function with `@define`:
   checks the arguments, infers each output's dtype and shape and appends one layer (op name =
   function name) to the default network. Every tensor argument becomes a layer input (in
   parameter order), every other argument an attr of the same name, so the call that made a
-  layer can be read back from it (graph_rewriting's `FLayerInfo`);
+  layer can be read back from it (`call_arguments`, which graph_rewriting's `FLayerInfo`
+  reads with; the op checks it on every call);
 - `@op.implementation(REFERENCE)` registers its reference: the meaning of the op in plain
   PyTorch, `reference(*inputs, **attrs)` with the attrs as keyword-only parameters. It runs
   on every device and is the CPU runtime;
 - `@op.implementation(CUDA)` registers a faster implementation for a GPU (usually the
-  compiled kernel, through `launch.launch`); it computes the same op, within the rounding
-  its kernel documents.
+  compiled kernel, through ops/launch.py's `launch`); it computes the same op, within the
+  rounding its kernel documents.
+
+Ops of one kind made by one function pass their `name` and `reference` to `define`.
 
 The runtime (`Session`) runs, for each layer, the implementation the builder recorded
 (`timing_cache`) or else the device's default: `implementations(device)`.
