@@ -13,9 +13,11 @@ the executor's own thread (engine_loop.py); `generate` blocks until all are done
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import queue
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
@@ -28,6 +30,41 @@ from .model_loader import detect_kind, local_path, resolve_engine
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
+
+
+class _Mailbox:
+    """Updates from the engine thread for the results of one event loop: the loop is woken
+    once per batch of updates (one step's worth, for every request it serves), not once per
+    update; each wake-up of a loop from another thread is a system call and a GIL hand-over."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._items: collections.deque = collections.deque()
+        self._scheduled = False
+
+    def post(self, target: asyncio.Queue, update: Update) -> None:
+        """From any thread."""
+        self._items.append((target, update))
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        """On the loop: hand out everything posted so far (later posts schedule another)."""
+        self._scheduled = False
+        while self._items:
+            target, update = self._items.popleft()
+            target.put_nowait(update)
+
+
+_mailboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox]" = weakref.WeakKeyDictionary()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    box = _mailboxes.get(loop)
+    if box is None:
+        box = _mailboxes[loop] = _Mailbox(loop)
+    return box
 
 
 @dataclass
@@ -84,14 +121,15 @@ class GenerationResult:
         except RuntimeError:
             loop = None
         self._loop = loop
+        self._mailbox = _mailbox(loop) if loop is not None else None
         self._queue = asyncio.Queue() if loop is not None else queue.SimpleQueue()
 
     # -- from the engine thread ------------------------------------------------------------
 
     def _sink(self, update: Update) -> None:
-        if self._loop is not None:
+        if self._mailbox is not None:
             try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, update)
+                self._mailbox.post(self._queue, update)
             except RuntimeError:
                 # The consumer's event loop has closed (e.g. asyncio.run returned while a
                 # stop string's abort was on its way): nobody is left to tell, and the engine
@@ -106,12 +144,16 @@ class GenerationResult:
     def finished(self) -> bool:
         return self._open == 0
 
-    def _apply(self, update: Update) -> None:
+    def _apply(self, update: Update, new_diff: bool = True) -> None:
+        """Apply one update; the outputs' diffs are what it added (new_diff) or grow by it."""
+        if new_diff:
+            for o in self.output.outputs:
+                o.token_ids_diff, o.text_diff = [], ""
         i = self._index[update.request_id]
         out = self.output.outputs[i]
         if out.finish_reason is not None:
             return  # ended here (a stop string) before the engine heard of it
-        out.token_ids_diff = update.token_ids
+        out.token_ids_diff = out.token_ids_diff + update.token_ids
         out.token_ids.extend(update.token_ids)
         if update.log_probs:
             out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(update.log_probs)
@@ -131,7 +173,7 @@ class GenerationResult:
             done = update.finished or out.finish_reason is not None
             upto = len(out.text) if done else max(self._emitted[i], len(out.text) - self._stop_hold + 1)
             text_diff, self._emitted[i] = out.text[self._emitted[i]:upto], upto
-        out.text_diff = text_diff
+        out.text_diff += text_diff
         if update.finished and out.finish_reason is None:
             out.finish_reason = update.finish_reason
             if update.finish_reason == "stop" and out.token_ids:
@@ -209,6 +251,10 @@ class GenerationResult:
     async def _stream(self):
         while not self.finished:
             self._apply(await self._queue.get())
+            # A consumer that fell behind takes every update waiting at once: one output (one
+            # server event) for several tokens, so it catches up instead of falling further.
+            while not self._queue.empty() and not self.finished:
+                self._apply(self._queue.get_nowait(), new_diff=False)
             if self.streaming or self.finished:
                 yield self.output
 
