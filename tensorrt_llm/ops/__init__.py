@@ -10,8 +10,9 @@ registered here; `tensorrt_llm.functional` is every op by name, and `tensorrt_ll
 the compiled kernels as torch.library custom ops.
 """
 from ..network import Tensor
-from . import activation, attention, attention_cuda, elementwise, linear, norm, rotary, tensor  # noqa: F401
+from . import activation, attention, attention_cuda, elementwise, linear, norm, quantized_linear, rotary, tensor  # noqa: F401
 from .op import (
+    CPU,
     CUDA,
     IMPLEMENTATION_ATTR,
     IMPLEMENTATIONS,
@@ -30,7 +31,7 @@ from .op import (
 from .rotary import rope_cos_sin_cache, rope_inv_freq
 
 __all__ = [
-    "CUDA", "IMPLEMENTATION_ATTR", "IMPLEMENTATIONS", "OPS", "OP_SIGNATURES", "REFERENCE", "Op", "call_arguments",
+    "CPU", "CUDA", "IMPLEMENTATION_ATTR", "IMPLEMENTATIONS", "OPS", "OP_SIGNATURES", "REFERENCE", "Op", "call_arguments",
     "default_implementations", "define",
     "implementations", "record_signature", "references", "rope_cos_sin_cache", "rope_inv_freq", "signature_of",
 ]

@@ -13,7 +13,9 @@ An op is defined once, by decorating its graph function with `@define`:
   on every device and is the CPU runtime;
 - `@op.implementation(CUDA)` registers a faster implementation for a GPU (usually the
   compiled kernel, through ops/launch.py's `launch`); it computes the same op, within the
-  rounding its kernel documents.
+  rounding its kernel documents;
+- `@op.implementation(CPU)` likewise on the CPU, for an op with a faster path there than its
+  reference (weight_only_linear: torch's INT8 / INT4 CPU kernels).
 
 Ops of one kind made by one function pass their `name` and `reference` to `define`.
 
@@ -35,7 +37,7 @@ Shape = tuple[int, ...]
 
 # ---- implementation names -----------------------------------------------------------------
 
-REFERENCE, CUDA = "reference", "cuda"
+REFERENCE, CUDA, CPU = "reference", "cuda", "cpu"
 
 
 def _cuda_kernels_here(device: torch.device) -> bool:
@@ -49,6 +51,7 @@ def _cuda_kernels_here(device: torch.device) -> bool:
 # runs. An engine records one of these names per layer (engine_check refuses any other).
 IMPLEMENTATIONS: dict[str, Callable[[torch.device], bool]] = {
     CUDA: _cuda_kernels_here,
+    CPU: lambda device: device.type == "cpu",  # a faster CPU path than the reference (torch's own kernels)
     REFERENCE: lambda device: True,
 }
 

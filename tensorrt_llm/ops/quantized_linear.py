@@ -1,0 +1,140 @@
+"""Weight-only quantized linear: `weight_only_linear`, x @ W^T (+ bias) with an INT8 or INT4
+weight (tensorrt_llm/quantization/formats.py holds the layouts; W8A16 / W4A16).
+
+    weight_only_linear(x, qweight, scales, zeros, bias, weight_format="int8"|"int4", group_size=G)
+
+- INT8: qweight int8 [N, K], scales [N] (group_size 0: per output channel) or [N, K / G];
+  zeros None.
+- INT4: qweight uint8 [N, K / 2] (two codes a byte, even inputs in the low nibble), scales
+  and zeros [N, K / G] of one float dtype (W = code * scale + zero).
+
+x is float32 / float16 / bfloat16 [..., K]; the output has x's dtype and shape [..., N].
+
+Implementations:
+- reference: `quantized_linear_reference` (dequantize to float32, x @ W^T in float32, back to
+  x's dtype): the meaning of the op, on every device. On a GPU it is also what runs (no INT4 /
+  INT8 GPU kernel yet): correct, not fast.
+- cpu: torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` through
+  quantization/cpu.py, the weight packed once per weight tensor (at the first call) and kept
+  while that tensor lives. The kernels take bfloat16 activations, scales and zeros and round
+  the output to bfloat16: against the reference that is a relative error of a few 2^-9 per
+  output (cpu.py's docstring). INT8 group 16 (GGUF Q6_K) is requantized per row there.
+
+The fusions of graph_rewriting (gate/up, norm + linear, activation + linear) match `linear`
+layers only, so they never fire on this op.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+
+from ..network import Tensor
+from ..quantization import cpu as qcpu
+from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
+from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
+from .op import CPU, REFERENCE, add_layer, check_shape, define
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+WEIGHT_FORMATS = ("int8", "int4")
+
+
+def _weight(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], weight_format: str,
+            group_size: int):
+    """The formats.py weight of the op's tensors (validated there)."""
+    if weight_format == "int8":
+        return Int8Weight(qweight, scales, group_size or None)
+    return Int4Weight(qweight, scales, zeros, group_size)
+
+
+@define
+def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor] = None,
+                       bias: Optional[Tensor] = None, *, weight_format: str, group_size: int = 0) -> Tensor:
+    """x @ W^T + bias with W the INT8 / INT4 weight of qweight, scales (and zeros)."""
+    op = "weight_only_linear"
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"{op}: weight_format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"{op}: group_size must be an integer, got {group_size!r}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: x must be {' / '.join(FLOAT_DTYPES)}, got {x.dtype}")
+    if qweight.ndim != 2 or any(d < 1 for d in qweight.shape):
+        raise ValueError(f"{op}: qweight must be a static [out, in] matrix, got {list(qweight.shape)}")
+    if scales.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: scales must be {' / '.join(FLOAT_DTYPES)}, got {scales.dtype}")
+    n = qweight.shape[0]
+    if weight_format == "int8":
+        if qweight.dtype != "int8":
+            raise ValueError(f"{op}: an INT8 qweight is int8, got {qweight.dtype}")
+        k = qweight.shape[1]
+        if zeros is not None:
+            raise ValueError(f"{op}: INT8 weights are symmetric: no zeros")
+        if group_size == 0:
+            check_shape(op, scales, (n,), "scales (per output channel)")
+        else:
+            if group_size not in INT8_GROUP_SIZES or k % group_size:
+                raise ValueError(f"{op}: INT8 group size {group_size} is not one of "
+                                 f"{INT8_GROUP_SIZES} dividing in_features {k}")
+            check_shape(op, scales, (n, k // group_size), "scales")
+    else:
+        if qweight.dtype != "uint8":
+            raise ValueError(f"{op}: an INT4 qweight is uint8 (two codes a byte), got {qweight.dtype}")
+        k = 2 * qweight.shape[1]
+        if group_size not in INT4_GROUP_SIZES or k % group_size:
+            raise ValueError(f"{op}: INT4 group size {group_size} is not one of "
+                             f"{INT4_GROUP_SIZES} dividing in_features {k}")
+        check_shape(op, scales, (n, k // group_size), "scales")
+        if zeros is None or zeros.dtype != scales.dtype:
+            raise ValueError(f"{op}: INT4 needs zeros of the scales' dtype {scales.dtype}, got "
+                             f"{'none' if zeros is None else zeros.dtype}")
+        check_shape(op, zeros, (n, k // group_size), "zeros")
+    if x.ndim < 1 or x.shape[-1] not in (k, -1):
+        raise ValueError(f"{op}: input {list(x.shape)} does not match in_features {k}")
+    if bias is not None:
+        if bias.dtype != x.dtype:
+            raise ValueError(f"{op}: bias dtype {bias.dtype} is not x's {x.dtype}")
+        check_shape(op, bias, (n,), "bias")
+    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, tuple(x.shape[:-1]) + (n,))],
+                     weight_format=weight_format, group_size=int(group_size))
+
+
+@weight_only_linear.implementation(REFERENCE)
+def weight_only_linear_reference(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0):
+    return quantized_linear_reference(x, _weight(qweight, scales, zeros, weight_format, group_size), bias)
+
+
+# ---- CPU: torch's int8pack / int4pack kernels, each weight packed once ------------------------
+
+# id(qweight) -> (weakref to qweight, its data_ptr and version, the pack). A weight tensor of
+# an engine lives as long as its session; the entry goes with it.
+_PACKS: dict[int, tuple] = {}
+
+
+def _forget(key: int, packs: dict = _PACKS) -> None:
+    entry = packs.get(key)
+    if entry is not None and entry[0]() is None:  # not a newer tensor's entry under a reused id
+        del packs[key]
+
+
+def cpu_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], weight_format: str,
+             group_size: int):
+    """The CPU kernel's layout of this weight, made at the first call and reused while the
+    qweight tensor lives unchanged (a refit writes new tensors or bumps their version)."""
+    key = id(qweight)
+    stamp = (qweight.data_ptr(), qweight._version, scales.data_ptr(), scales._version)
+    entry = _PACKS.get(key)
+    if entry is not None and entry[0]() is qweight and entry[1] == stamp:
+        return entry[2]
+    w = _weight(qweight, scales, zeros, weight_format, group_size)
+    pack = qcpu.pack_int8_for_cpu(w) if weight_format == "int8" else qcpu.pack_int4_for_cpu(w)
+    _PACKS[key] = (weakref.ref(qweight, lambda _ref, key=key, forget=_forget: forget(key)), stamp, pack)
+    return pack
+
+
+@weight_only_linear.implementation(CPU)
+def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0):
+    pack = cpu_pack(qweight, scales, zeros, weight_format, group_size)
+    if weight_format == "int8":
+        return qcpu.int8_weight_only_linear(x, pack, bias)
+    return qcpu.int4_weight_only_linear(x, pack, bias)

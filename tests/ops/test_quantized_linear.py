@@ -1,0 +1,123 @@
+"""weight_only_linear: the shape rule, the reference (= quantized_linear_reference, the
+meaning), and the CPU implementation (torch's INT8 / INT4 kernels) against the reference on
+random data; the CPU runtime chooses the CPU implementation."""
+import pytest
+import torch
+
+from tensorrt_llm import functional as F
+from tensorrt_llm.network import Network, net_guard
+from tensorrt_llm.ops import CPU, OPS, implementations
+from tensorrt_llm.ops.quantized_linear import cpu_pack, weight_only_linear_cpu, weight_only_linear_reference
+from tensorrt_llm.quantization import dequantize, quantize_int4, quantize_int8, quantized_linear_reference
+from tensorrt_llm.runtime.session import Session
+
+OP = OPS["weight_only_linear"]
+
+
+def _weight(fmt, n, k, group, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    if fmt == "int8":
+        q = quantize_int8(w, group or None)
+        return q, (q.qweight, q.scales, None)
+    q = quantize_int4(w, group)
+    return q, (q.qweight, q.scales, q.zeros)
+
+
+CASES = [("int8", 0), ("int8", 32), ("int8", 16), ("int4", 32), ("int4", 64), ("int4", 128)]
+
+
+@pytest.mark.parametrize("fmt,group", CASES)
+def test_reference_is_the_formats_meaning(fmt, group):
+    q, (qw, s, z) = _weight(fmt, 40, 256, group)
+    x = torch.randn(3, 256)
+    bias = torch.randn(40)
+    got = weight_only_linear_reference(x, qw, s, z, bias, weight_format=fmt, group_size=group)
+    torch.testing.assert_close(got, quantized_linear_reference(x, q, bias), rtol=0, atol=0)
+    # and that is x @ W^T with the dequantized weight
+    torch.testing.assert_close(got, x @ dequantize(q).t() + bias, rtol=1e-5, atol=1e-5)
+
+
+# The CPU kernels round x, the scales and zeros to bfloat16 and the output to bfloat16 (8 bits
+# of mantissa): a relative error of a few 2^-9 per output, so 2% of the output's largest
+# magnitude bounds it with room (quantization/cpu.py). Group 16 INT8 is requantized per row.
+@pytest.mark.parametrize("fmt,group", CASES)
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("n", [40, 64])  # 40: not a multiple of 16 (padded in the pack)
+def test_cpu_matches_reference(fmt, group, rows, n):
+    q, (qw, s, z) = _weight(fmt, n, 256, group, seed=rows + n)
+    x = torch.randn(2, rows, 256)
+    bias = torch.randn(n)
+    want = weight_only_linear_reference(x, qw, s, z, bias, weight_format=fmt, group_size=group)
+    got = weight_only_linear_cpu(x, qw, s, z, bias, weight_format=fmt, group_size=group)
+    assert got.shape == want.shape == (2, rows, n) and got.dtype == torch.float32
+    tol = (0.03 if group == 16 else 0.02) * want.abs().max().item()
+    assert (got - want).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_keeps_half_activations(dtype):
+    _, (qw, s, z) = _weight("int4", 32, 128, 64)
+    x = torch.randn(3, 128, dtype=dtype)
+    got = weight_only_linear_cpu(x, qw, s, z, weight_format="int4", group_size=64)
+    want = weight_only_linear_reference(x.float(), qw, s, z, weight_format="int4", group_size=64)
+    assert got.dtype == dtype
+    assert (got.float() - want).abs().max() <= 0.03 * want.abs().max()
+
+
+def test_cpu_pack_is_made_once_per_weight_and_redone_after_an_edit():
+    _, (qw, s, z) = _weight("int4", 32, 128, 32)
+    first = cpu_pack(qw, s, z, "int4", 32)
+    assert cpu_pack(qw, s, z, "int4", 32) is first
+    qw.add_(0)  # an in-place write (a refit) bumps the version
+    assert cpu_pack(qw, s, z, "int4", 32) is not first
+
+
+def _network(fmt, group, n=48, k=128):
+    _, (qw, s, z) = _weight(fmt, n, k, group)
+    net = Network("q")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, k], {0: ("rows", (1, 4, 8))})
+        y = F.weight_only_linear(x, F.constant(qw, name="w"), F.constant(s, name="w_scale"),
+                                 None if z is None else F.constant(z, name="w_zero"),
+                                 weight_format=fmt, group_size=group)
+        net.mark_output(y, "y")
+    return net, (qw, s, z)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 0), ("int4", 32)])
+def test_the_cpu_runtime_chooses_the_cpu_implementation(fmt, group):
+    assert list(implementations("cpu")["weight_only_linear"])[0] == CPU
+    net, (qw, s, z) = _network(fmt, group)
+    session = Session(net, device="cpu")
+    x = torch.randn(5, 128)
+    y = session.run({"x": x})["y"]
+    assert torch.equal(y, weight_only_linear_cpu(x, qw, s, z, weight_format=fmt, group_size=group))
+
+
+def test_shape_rule():
+    net, _ = _network("int4", 32)
+    assert net.get_tensor("y").shape == (-1, 48) and net.get_tensor("y").dtype == "float32"
+    qw8 = torch.zeros(16, 64, dtype=torch.int8)
+    qw4 = torch.zeros(16, 32, dtype=torch.uint8)
+    s = torch.ones(16, 2)
+    bad = [
+        (dict(qweight=qw4, scales=torch.ones(16), weight_format="int8"), "int8"),
+        (dict(qweight=qw8, scales=torch.ones(16, 3), weight_format="int8", group_size=32), "scales"),
+        (dict(qweight=qw8, scales=torch.ones(16), zeros=torch.ones(16), weight_format="int8"), "zeros"),
+        (dict(qweight=qw4, scales=s, weight_format="int4", group_size=32), "zeros"),
+        (dict(qweight=qw4, scales=s, zeros=s.half(), weight_format="int4", group_size=32), "zeros"),
+        (dict(qweight=qw4, scales=torch.ones(16, 1), zeros=torch.ones(16, 1), weight_format="int4",
+              group_size=64), "x"),
+        (dict(qweight=qw4, scales=s, zeros=s, weight_format="int4", group_size=48), "group size"),
+        (dict(qweight=qw8, scales=torch.ones(16), weight_format="int2"), "weight_format"),
+    ]
+    for kwargs, what in bad:
+        n = Network("bad")
+        with net_guard(n):
+            k = 64
+            x = n.add_input("x", "float32", [2, 64 if what != "x" else 32])
+            args = {key: F.constant(v, name=key) if isinstance(v, torch.Tensor) else v for key, v in kwargs.items()}
+            with pytest.raises(ValueError, match="weight_only_linear"):
+                OP(x, **args)
+            del k
