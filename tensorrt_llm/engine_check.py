@@ -394,9 +394,13 @@ def check_config_matches_graph(pretrained: dict, build: dict, network, where: st
                             f"implies {layout.dtype_name} {list(want)}")
     vocab = pretrained["vocab_size"]
     tp = pretrained["mapping"]["tp_size"]
+    quantized = PretrainedConfig.from_dict(pretrained).quant_config.quantizes_weights
     for layer in network.layers:
         a = layer.attrs
-        if layer.op == "gpt_attention":
+        if layer.op == "weight_only_linear" and not quantized:
+            problems.append(f"layer {layer.name}: a weight-only quantized linear, but the config's "
+                            f"quantization section quantizes no weights")
+        elif layer.op == "gpt_attention":
             if not (_is_int(a["layer_idx"]) and 0 <= a["layer_idx"] < layout.num_layers):
                 problems.append(f"layer {layer.name}: layer_idx {a['layer_idx']} is outside the "
                                 f"{layout.num_layers} layers of the KV cache")

@@ -2,10 +2,21 @@
 
 ColumnLinear splits the output features across ranks (each rank computes its slice);
 RowLinear splits the input features and sums the partial results with an allreduce.
+
+`quantize_weight(layer)` makes a linear weight-only INT8 / INT4 (W8A16 / W4A16, the
+checkpoint's `quantization` section): its weight becomes the quantized codes (`weight`, int8
+[out, in] or uint8 [out, in / 2]) with `weight_scale` and, for INT4, `weight_zero` (float32:
+every loader's scales are exact in it), the checkpoint names of quantization/formats.py, and it
+runs as `weight_only_linear`.
 """
 from .. import functional as F
+from ..errors import ConfigError
 from ..module import Module
 from ..parameter import Parameter
+from ..quantization.mode import LayerQuant
+
+# The dtype of the scales and zeros of a quantized linear's parameters.
+QUANT_SCALE_DTYPE = "float32"
 
 
 class Linear(Module):
@@ -17,9 +28,35 @@ class Linear(Module):
         self.out_features = out_features
         self.weight = Parameter(shape=(out_features, in_features), dtype=dtype)
         self.bias = Parameter(shape=(out_features,), dtype=dtype) if bias else None
+        self.weight_format = None  # "int8" / "int4" once quantize_weight made it weight-only quantized
+        self.group_size = 0
+
+    def quantize_weight(self, layer: LayerQuant) -> None:
+        """Hold the weight as `layer` says it is quantized (INT8 or INT4 weight-only)."""
+        fmt, group = layer.weight_format, layer.group_size or 0
+        n, k = self.weight.shape
+        if fmt not in ("int8", "int4"):
+            raise ConfigError(f"{self.full_name}: {layer.quant_algo} weights are not supported by Linear "
+                              f"(weight-only INT8 / INT4 are)")
+        if group and k % group:
+            raise ConfigError(f"{self.full_name}: in_features {k} is not a multiple of the group size {group}")
+        self.weight = Parameter(shape=(n, k) if fmt == "int8" else (n, k // 2),
+                                dtype="int8" if fmt == "int8" else "uint8")
+        self.weight_scale = Parameter(shape=(n, k // group) if group else (n,), dtype=QUANT_SCALE_DTYPE)
+        if fmt == "int4":
+            self.weight_zero = Parameter(shape=(n, k // group), dtype=QUANT_SCALE_DTYPE)
+        self.weight_format, self.group_size = fmt, group
+
+    def matmul(self, x, bias=None):
+        """x @ W^T (+ bias): a linear, or a weight_only_linear when the weight is quantized."""
+        if self.weight_format is None:
+            return F.linear(x, self.weight.tensor, bias)
+        zeros = self.weight_zero.tensor if self.weight_format == "int4" else None
+        return F.weight_only_linear(x, self.weight.tensor, self.weight_scale.tensor, zeros, bias,
+                                    weight_format=self.weight_format, group_size=self.group_size)
 
     def forward(self, x):
-        return F.linear(x, self.weight.tensor, self.bias.tensor if self.bias is not None else None)
+        return self.matmul(x, self.bias.tensor if self.bias is not None else None)
 
 
 class ColumnLinear(Linear):
@@ -43,7 +80,7 @@ class RowLinear(Linear):
         self.bias = Parameter(shape=(out_features,), dtype=dtype) if bias else None
 
     def forward(self, x):
-        y = F.linear(x, self.weight.tensor)
+        y = self.matmul(x)
         if self.tp_size > 1:
             y = F.allreduce(y)
         if self.bias is not None:

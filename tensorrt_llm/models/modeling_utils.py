@@ -27,10 +27,16 @@ except ImportError:  # older safetensors
 from .._utils import read_json_object, str_dtype_to_torch
 from ..errors import CheckpointError, ConfigError
 from ..mapping import Mapping
+from ..quantization.mode import INT4_WEIGHT_ALGOS, INT8_WEIGHT_ALGOS, QuantConfig
 
 # Architecture names a checkpoint may declare. `tensorrt_llm/models/__init__.py` adds the
 # keys of its MODEL_MAP, so a config is rejected before a build looks for a missing class.
 KNOWN_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
+# Architectures whose linears take weight-only INT8 / INT4 weights (a `quantization` section).
+QUANTIZABLE_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
+WEIGHT_ONLY_ALGOS = INT8_WEIGHT_ALGOS | INT4_WEIGHT_ALGOS
+# Checkpoint tensors of quantized linears that stay as they are when weights are cast.
+QUANT_TENSOR_SUFFIXES = (".weight_scale", ".weight_zero")
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
 POSITION_EMBEDDING_TYPES = ("rope_gpt_neox", "rope_gptj", "learned_absolute", "alibi")
@@ -169,13 +175,37 @@ class PretrainedConfig:
         if self.lm_head_bias and self.share_embedding_table:
             raise ConfigError("PretrainedConfig: lm_head_bias needs an lm_head of its own "
                               "(share_embedding_table is set)")
-        if any(value is not None for value in self.quantization.values()):
-            raise ConfigError(f"PretrainedConfig: quantized checkpoints are not supported, "
-                              f"got quantization={self.quantization!r}")
+        self._validate_quantization()
         self._validate_mapping()
         clashes = set(self.extra) & {f.name for f in dataclasses.fields(self)}
         if clashes:
             raise ConfigError(f"PretrainedConfig: extra keys {sorted(clashes)} clash with fields")
+
+    def _validate_quantization(self):
+        """The `quantization` section: a QuantConfig section (quantization/mode.py) whose
+        weight algorithms are the weight-only INT8 / INT4 ones, for LLaMA-family models (the
+        linears that can run them); FP8 and a quantized KV cache are not supported yet."""
+        qc = self.quant_config
+        if not qc.quantizes_weights and not qc.quantizes_kv_cache:
+            return
+        if qc.quantizes_kv_cache:
+            raise ConfigError(f"PretrainedConfig: quantization.kv_cache_quant_algo "
+                              f"{qc.kv_cache_quant_algo.value} is not supported yet (the KV cache is in dtype)")
+        unsupported = sorted(a.value for a in qc.layer_algos() if a not in WEIGHT_ONLY_ALGOS)
+        if unsupported:
+            raise ConfigError(f"PretrainedConfig: quantization {', '.join(unsupported)} is not supported yet; "
+                              f"weight-only {', '.join(sorted(a.value for a in WEIGHT_ONLY_ALGOS))} are")
+        if self.architecture not in QUANTIZABLE_ARCHITECTURES:
+            raise ConfigError(f"PretrainedConfig: quantized checkpoints of {self.architecture} are not "
+                              f"supported (only {', '.join(sorted(QUANTIZABLE_ARCHITECTURES))})")
+
+    @property
+    def quant_config(self) -> QuantConfig:
+        """The `quantization` section as a QuantConfig (ConfigError when malformed)."""
+        try:
+            return QuantConfig.from_dict(self.quantization)
+        except ConfigError as e:
+            raise ConfigError(f"PretrainedConfig: {e}") from None
 
     def _validate_rotary_scaling(self):
         scaling = self.rotary_scaling
@@ -446,6 +476,8 @@ def load_checkpoint_weights(checkpoint_dir, rank: int = 0) -> dict[str, torch.Te
 
 
 def cast_weights(weights: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
-    """Cast floating weights to `dtype` (integer tensors are left alone)."""
+    """Cast floating weights to `dtype` (integer tensors, and the scales and zeros of
+    quantized linears, are left alone)."""
     target = str_dtype_to_torch(dtype)
-    return {k: (v.to(target) if v.is_floating_point() else v) for k, v in weights.items()}
+    return {k: (v.to(target) if v.is_floating_point() and not k.endswith(QUANT_TENSOR_SUFFIXES) else v)
+            for k, v in weights.items()}

@@ -94,7 +94,7 @@ def pack_int8_for_cpu(w: Int8Weight) -> CpuInt8Pack | CpuInt8SplitPack:
     """Per-channel INT8 as it is; group-wise INT8 split into two INT4 halves (exact), or for
     G = 16 requantized to one scale per row (lossy); see the module docstring."""
     if w.group_size is None:
-        return CpuInt8Pack(w.qweight.cpu().contiguous(), w.scales.cpu().to(ACT_DTYPE))
+        return CpuInt8Pack(_aligned(w.qweight.cpu()), _aligned(w.scales.cpu().to(ACT_DTYPE)))
     if w.group_size in _INT4_CPU_GROUP_SIZES:
         u = w.qweight.cpu().to(torch.int32) + 128
         s = w.scales.cpu().float()
@@ -109,10 +109,18 @@ def pack_int8_for_cpu(w: Int8Weight) -> CpuInt8Pack | CpuInt8SplitPack:
     return CpuInt8Pack(q, scale_bf16)
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t` contiguous at a 64-byte boundary (a copy if needed): `_weight_int8pack_mm` crashes
+    (SIGSEGV, torch 2.13) on an operand that is not, such as a tensor read from a
+    safetensors file at an odd offset, once it has more than one row."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 64 == 0 else t.clone()
+
+
 def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features; the weight takes {k}")
-    return x.reshape(-1, k).to(ACT_DTYPE)
+    return _aligned(x.reshape(-1, k).to(ACT_DTYPE))
 
 
 def int4_weight_only_linear(x: torch.Tensor, w: Int4Weight | CpuInt4Pack,
@@ -147,7 +155,7 @@ def int8_weight_only_linear(x: torch.Tensor, w: Int8Weight | CpuInt8Pack | CpuIn
         y = (y2[:, :n].float() + y2[:, n:2 * n].float()).to(x.dtype)
     else:
         n, k = w.qweight.shape
-        y = torch.ops.aten._weight_int8pack_mm(_rows(x, k).contiguous(), w.qweight, w.scales).to(x.dtype)
+        y = torch.ops.aten._weight_int8pack_mm(_rows(x, k), w.qweight, w.scales).to(x.dtype)
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y.reshape(*x.shape[:-1], n)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...layers import Attention, AttentionInputs, Embedding, GatedMLP, RmsNorm
-from ...layers.linear import ColumnLinear
+from ...layers.linear import ColumnLinear, Linear
 from ...module import Module, ModuleList
 from ..decoder import DecoderModelForCausalLM
 from ..modeling_utils import PretrainedConfig
@@ -52,3 +52,16 @@ class LLaMAForCausalLM(DecoderModelForCausalLM):
         if not config.share_embedding_table:
             self.lm_head = ColumnLinear(config.hidden_size, config.vocab_size_padded, False,
                                         config.dtype, config.mapping.tp_size)
+        quantize_linears(self, config)
+
+
+def quantize_linears(model, config: PretrainedConfig) -> None:
+    """Make each linear the checkpoint's `quantization` section quantizes (attention qkv and
+    dense, mlp gate / fc / proj, lm_head; exclude_modules and MIXED_PRECISION per module name)
+    weight-only INT8 / INT4. A tied LM head (share_embedding_table) reads the float embedding."""
+    qc = config.quant_config
+    if not qc.quantizes_weights:
+        return
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and (layer := qc.layer(name)) is not None:
+            module.quantize_weight(layer)
