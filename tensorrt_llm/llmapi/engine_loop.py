@@ -1,19 +1,20 @@
 """The executor on a thread of its own: requests come in from any thread or event loop,
 tokens go out to each request's consumer.
 
-One thread at a time steps the executor, holding the step lock: the loop thread, or a
-synchronous caller that `drive`s it until its own requests are done. `submit` and `abort`
-queue operations that the stepping thread applies between steps. After each step it hands every updated request's
-new tokens to that request's `sink` (a callable run on the loop thread; consumers put the
-update on their own queue, see llm.py). Detokenising and stop strings are the consumers'
-work, off this thread, so the GPU is fed without waiting for text.
+The loop thread does all of the engine's torch work: it loads the engine (`start`) and is the
+only thread that steps the executor. On a small CPU that matters: each thread that runs
+torch's CPU ops keeps an OpenMP team, and while two live teams share the cores libgomp
+throttles the second one's workers (a linear layer took 1.45x as long on 2 cores); callers
+only submit and wait. `submit` and `abort` queue operations that the loop thread applies
+between steps. After each step it hands every updated request's new tokens to that request's
+`sink` (a callable run on the loop thread; consumers put the update on their own queue, see
+llm.py). Detokenising and stop strings are the consumers' work, off this thread, so the GPU
+is fed without waiting for text.
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -37,17 +38,23 @@ class Update:
 
 class EngineLoop:
 
-    def __init__(self, executor: Executor):
-        self.executor = executor
+    def __init__(self, start: Callable[[], Executor]):
+        """Runs `start` (which loads the engine and returns its executor) on the new loop
+        thread and returns once it has; what `start` raises is raised here."""
+        self.executor: Optional[Executor] = None
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
         self._sinks: dict[int, tuple[Request, Callable[[Update], None], list[int]]] = {}
-        self._step_lock = threading.Lock()  # held by whoever steps the executor
-        self._callers = 0                    # callers waiting to drive
-        self._thread = threading.Thread(target=self._run, name="trtllm-engine", daemon=True)
         self.error: Optional[str] = None
+        self._start_error: Optional[BaseException] = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(start,), name="trtllm-engine", daemon=True)
         self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            error, self._start_error = self._start_error, None
+            raise error
 
     def submit(self, request: Request, sink: Callable[[Update], None]) -> None:
         """Queue a request; it is checked here, in the caller's thread (RequestError)."""
@@ -110,7 +117,7 @@ class EngineLoop:
             sink(update)
 
     def _iterate(self) -> bool:
-        """One iteration (the caller holds the step lock). False when there was no work."""
+        """One iteration. False when there was no work."""
         self.executor.driver = threading.get_ident()
         self._apply_ops()
         if not self.executor.has_work:
@@ -119,36 +126,18 @@ class EngineLoop:
             self._deliver(request)
         return True
 
-    def drive(self, done: Callable[[], bool], on_step: Callable[[], None] = lambda: None) -> None:
-        """Step the executor in the caller's thread until `done()`, the loop thread waiting
-        meanwhile. Synchronous callers use it: torch's CPU ops run fastest on the thread
-        that ran the model's earlier ops (on a small CPU, another thread's OpenMP team would
-        compete with this one's spinning workers)."""
-        self._callers += 1  # the loop thread stands back while a caller wants to drive
+    def _run(self, start: Callable[[], Executor]) -> None:
         try:
-            self._step_lock.acquire()
-        finally:
-            self._callers -= 1
-        with _released(self._step_lock):
-            try:
-                while not done() and not self._stop:
-                    if not self._iterate():
-                        self._wake.wait(0.01)
-                        self._wake.clear()
-                    on_step()
-            except Exception as e:
-                self._fail(e)
-                raise
-
-    def _run(self) -> None:
+            self.executor = start()
+        except BaseException as e:  # noqa: BLE001 - raised again in the constructor's thread
+            self._start_error = e
+            self._stop = True
+            self._started.set()
+            return
+        self._started.set()
         try:
             while not self._stop:
-                if self._callers:  # a lock is not fair: leave it to the waiting caller
-                    time.sleep(0.001)
-                    continue
-                with self._step_lock:
-                    busy = self._iterate()
-                if not busy:
+                if not self._iterate():
                     self._wake.wait(0.05)
                     self._wake.clear()
         except Exception as e:
@@ -167,12 +156,3 @@ class EngineLoop:
             sink(Update(request_id, [], [], [], True, "error" if self.error else "abort", self.error))
         self.executor.driver = None
         self._stop = True
-
-
-@contextlib.contextmanager
-def _released(lock: threading.Lock):
-    """Release a lock acquired before the block, when the block ends."""
-    try:
-        yield
-    finally:
-        lock.release()

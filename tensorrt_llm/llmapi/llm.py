@@ -208,11 +208,6 @@ class GenerationResult:
         out.finish_reason, out.stop_reason = "stop", s
         self._llm._loop.abort(self.requests[out.index].request_id)
 
-    def _settled(self) -> bool:
-        """Nothing more will come: ended here (stop strings) or every request ended in the
-        executor (its updates queued)."""
-        return self.finished or all(r.finished for r in self.requests)
-
     def _drain(self) -> None:
         """Apply the updates queued so far, without waiting (sync consumers), so that a stop
         string aborts its request while the caller drives the executor."""
@@ -230,8 +225,6 @@ class GenerationResult:
         """Wait until every completion is done (sync callers)."""
         if self._loop is not None:
             raise RuntimeError("this result belongs to an event loop: use `await result.aresult()`")
-        if timeout is None:
-            self._llm._loop.drive(self._settled, self._drain)
         while not self.finished:
             self._next_sync(timeout)
         return self.output
@@ -282,23 +275,31 @@ class LLM:
         # tokens per step than it was built for: for it, these two are runtime limits only.
         step_limits = dict(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
         build_limits = {} if detect_kind(local_path(model)) == "engine" else step_limits
-        resolved = resolve_engine(model, dtype=dtype, max_input_len=max_input_len, max_seq_len=max_seq_len,
-                                  cache_dir=cache_dir, progress=progress, **build_limits)
-        self.engine_dir = resolved.engine_dir
         device = _device(device) if device is not None else default_device()
-        self.runner = ModelRunner.from_dir(
-            resolved.engine_dir, device=device,
-            kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_memory_fraction,
-            max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
-            enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse,
-            **step_limits)
-        source = tokenizer if tokenizer is not None else resolved.tokenizer_source
-        if isinstance(source, (str, os.PathLike)):  # a folder or .gguf file; else a tokenizer object
-            self.tokenizer = load_tokenizer(source)
-        else:
-            self.tokenizer = source
-        self._loop = EngineLoop(self.runner.executor)
+        self.runner: Optional[ModelRunner] = None
         self._lock = threading.Lock()
+        resolved = None
+
+        def load():  # on the engine thread, which does all of the engine's torch work (engine_loop.py)
+            nonlocal resolved
+            resolved = resolve_engine(model, dtype=dtype, max_input_len=max_input_len, max_seq_len=max_seq_len,
+                                      cache_dir=cache_dir, progress=progress, **build_limits)
+            self.runner = ModelRunner.from_dir(
+                resolved.engine_dir, device=device,
+                kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_memory_fraction,
+                max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
+                enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse,
+                **step_limits)
+            return self.runner.executor
+        self._loop = EngineLoop(load)
+        self.engine_dir = resolved.engine_dir
+        source = tokenizer if tokenizer is not None else resolved.tokenizer_source
+        try:
+            # a folder or .gguf file; else a tokenizer object
+            self.tokenizer = load_tokenizer(source) if isinstance(source, (str, os.PathLike)) else source
+        except BaseException:
+            self.shutdown()
+            raise
 
     # -- requests --------------------------------------------------------------------------
 
@@ -348,18 +349,12 @@ class LLM:
         if use_tqdm and len(results) > 1:
             from tqdm import tqdm
             bar = tqdm(total=len(results), desc="Processed requests", unit="req")
-        shown = [0]
-
-        def progress():
-            for r in results:
-                r._drain()
-            done = sum(r.finished for r in results)
-            if bar is not None and done > shown[0]:
-                bar.update(done - shown[0])
-                shown[0] = done
-        self._loop.drive(lambda: all(r._settled() for r in results), progress)
         for r in results:
             r.result()
+            if bar is not None:  # apply what has arrived for the others, to count those done
+                for other in results:
+                    other._drain()
+                bar.update(sum(o.finished for o in results) - bar.n)
         if bar is not None:
             bar.close()
         return [r.output for r in results]
