@@ -11,6 +11,18 @@ tokenizer files.
 records (float32 if none), and float32 for GGUF, whose dequantised weights are exact only
 in float32.
 
+--use_weight_only writes a weight-only quantized checkpoint (the linears' weights INT8 or
+INT4, activations in --dtype; the config's `quantization` section says which):
+
+    python examples/llama/convert_checkpoint.py --model_dir hf_model --output_dir ckpt \
+        --use_weight_only --weight_only_precision int4 --group_size 64
+    python examples/llama/convert_checkpoint.py --gguf_file model.gguf --output_dir ckpt --use_weight_only
+
+A float source is quantized here (INT8 per output channel unless --group_size; INT4 in
+groups of --group_size, 128 by default); a GGUF file keeps its Q4_0 / Q4_1 / Q4_K blocks as
+INT4 and Q8_0 / Q6_K as INT8, exactly (--weight_only_precision does not apply), and
+dequantizes the rest. A tied LM head gets its own quantized copy (the embedding stays float).
+
 The checkpoint is written into a new folder beside --output_dir and renamed into place
 when complete: a failed conversion leaves an earlier --output_dir as it was. An error ends
 in one "error:" line (exit code 2); --debug shows its traceback.
@@ -23,7 +35,9 @@ from pathlib import Path
 from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.llama import convert
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, check_output_dir, write_checkpoint
+from tensorrt_llm.models.quantize import add_weight_only_arguments, quantize_checkpoint, weight_only_config
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
 PROG = "convert_checkpoint.py"
@@ -40,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto")
     parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks to write")
+    add_weight_only_arguments(parser)
     add_debug_argument(parser)
     args = parser.parse_args(argv)
     if args.model_dir is not None and not args.model_dir.is_dir():
@@ -50,6 +65,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--meta_ckpt_dir {args.meta_ckpt_dir} is not a folder")
     if args.tp_size < 1:
         parser.error("--tp_size must be >= 1")
+    given = [f for f in ("weight_only_precision", "group_size") if getattr(args, f) is not None]
+    if given and not args.use_weight_only:
+        parser.error(f"--{given[0]} needs --use_weight_only")
+    if args.use_weight_only and args.gguf_file is not None and given:
+        parser.error(f"--{given[0]} does not apply to a GGUF file: its blocks keep their own precision and group")
+    if args.use_weight_only and args.gguf_file is not None and args.tp_size != 1:
+        parser.error("--use_weight_only of a GGUF file writes one rank (--tp_size 1)")
+    args.weight_only_precision = args.weight_only_precision or "int8"
     return args
 
 
@@ -64,22 +87,36 @@ def main(argv=None):
         reader = convert.open_gguf(source)
         config = convert.config_from_gguf(source, dtype or "float32", mapping, reader=reader)
 
-        def rank_weights(rank):
-            return convert.load_weights_from_gguf(source, config, mapping.with_rank(rank),
-                                                  reader=reader)
+        if args.use_weight_only:
+            config, quantized = convert.load_weight_only_from_gguf(source, config, reader=reader)
+
+            def rank_weights(rank):
+                return quantized
+        else:
+            def rank_weights(rank):
+                return convert.load_weights_from_gguf(source, source_config, mapping.with_rank(rank),
+                                                      reader=reader)
     elif args.meta_ckpt_dir is not None:
         source = args.meta_ckpt_dir
         meta_ckpt = convert.MetaCheckpoint(source)
         config = meta_ckpt.config(dtype, mapping)
 
         def rank_weights(rank):
-            return meta_ckpt.rank_weights(config, mapping.with_rank(rank))
+            return meta_ckpt.rank_weights(source_config, mapping.with_rank(rank))
     else:
         source = args.model_dir
         config = convert.config_from_hf(source, dtype, mapping)
 
         def rank_weights(rank):
-            return convert.load_weights_from_hf(source, config, mapping.with_rank(rank))
+            return convert.load_weights_from_hf(source, source_config, mapping.with_rank(rank))
+
+    source_config = config  # what the loaders above read with (a tied head stays tied there)
+    if args.use_weight_only and args.gguf_file is None:
+        float_weights = rank_weights
+        config = weight_only_config(source_config, args.weight_only_precision, args.group_size)
+
+        def rank_weights(rank, config=config):
+            return quantize_checkpoint(LLaMAForCausalLM, config, float_weights(rank))
 
     stats = {"tensors": 0, "elements": 0, "bytes": 0}
 
@@ -97,6 +134,9 @@ def main(argv=None):
     print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, "
           f"hidden {config.hidden_size}, vocab {config.vocab_size}, dtype {config.dtype}, "
           f"tp_size {mapping.tp_size}")
+    if config.quant_config.quantizes_weights:
+        print(f"  quantization: {config.quant_config.quant_algo.value}"
+              + (f", group {config.quant_config.group_size}" if config.quant_config.group_size else ""))
     print(f"  {stats['tensors']} tensors, {stats['elements'] / 1e6:.1f}M elements, "
           f"{stats['bytes'] / 2**20:.1f} MiB over {mapping.world_size} rank file(s)")
     if tokenizer_files:

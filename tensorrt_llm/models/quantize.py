@@ -32,30 +32,47 @@ def weight_only_section(precision: str, group_size: int | None = None,
                        exclude_modules=exclude_modules).to_dict()
 
 
-def untie_lm_head(config: PretrainedConfig, weights: dict[str, torch.Tensor]) -> PretrainedConfig:
-    """A tied LM head that the section quantizes gets its own `lm_head.weight` (the embedding's
-    rows); returns the config to write (share_embedding_table False then)."""
-    if not config.share_embedding_table or config.quant_config.layer("lm_head") is None:
-        return config
-    if config.mapping.tp_size != 1:
-        return config  # the head would need the padded, split rows: left tied (float)
-    weights["lm_head.weight"] = weights["transformer.vocab_embedding.weight"].clone()
-    return dataclasses.replace(config, share_embedding_table=False)
+def weight_only_config(config: PretrainedConfig, precision: str, group_size: int | None = None,
+                       exclude_modules: list[str] | None = None) -> PretrainedConfig:
+    """`config` with a weight-only `quantization` section; a tied LM head the section
+    quantizes is untied (one rank only: a split head would need the padded rows)."""
+    config = dataclasses.replace(config, quantization=weight_only_section(precision, group_size, exclude_modules))
+    if (config.share_embedding_table and config.quant_config.layer("lm_head") is not None
+            and config.mapping.tp_size == 1):
+        config = dataclasses.replace(config, share_embedding_table=False)
+    return config
+
+
+def set_quantized(weights: dict[str, torch.Tensor], name: str, w) -> None:
+    """Put linear `name`'s quantized weight (formats.py) into `weights` as a quantized Linear
+    reads it: the codes as they are, scales and zeros float32 (exact from float16 / bfloat16)."""
+    weights.pop(f"{name}.weight", None)
+    for key, t in to_state_dict(w, name).items():
+        weights[key] = t if key.endswith(".weight") else t.to(getattr(torch, QUANT_SCALE_DTYPE)).contiguous()
 
 
 def quantize_checkpoint(model_cls, config: PretrainedConfig,
-                        weights: dict[str, torch.Tensor]) -> tuple[PretrainedConfig, dict[str, torch.Tensor]]:
-    """(config, weights) of one rank with every linear the config's `quantization` section
-    quantizes replaced by its quantized tensors; other weights are kept as they are."""
-    config = untie_lm_head(config, weights)
-    model = model_cls(config)
+                        weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One rank's weights with every linear the config's `quantization` section quantizes
+    replaced by its quantized tensors (weight_only_config's config; the weights as the float
+    converter wrote them, an untied head taking the embedding's rows)."""
     out = dict(weights)
+    if not config.share_embedding_table and "lm_head.weight" not in out:
+        out["lm_head.weight"] = out["transformer.vocab_embedding.weight"].clone()
+    model = model_cls(config)
     for name, module in model.named_modules():
-        if not (isinstance(module, Linear) and module.weight_format is not None):
-            continue
-        layer = config.quant_config.layer(name)
-        w = out.pop(f"{name}.weight")
-        tensors = to_state_dict(quantize(w.float(), layer), name)
-        for key, t in tensors.items():
-            out[key] = t if key.endswith(".weight") else t.to(getattr(torch, QUANT_SCALE_DTYPE))
-    return config, out
+        if isinstance(module, Linear) and module.weight_format is not None:
+            set_quantized(out, name, quantize(out[f"{name}.weight"].float(), config.quant_config.layer(name)))
+    return out
+
+
+def add_weight_only_arguments(parser) -> None:
+    """--use_weight_only, --weight_only_precision, --group_size of the converters."""
+    parser.add_argument("--use_weight_only", action="store_true",
+                        help="quantize the linear weights (weight-only; a GGUF file keeps its Q4_0 / Q4_1 / "
+                             "Q8_0 blocks as INT4 / INT8)")
+    parser.add_argument("--weight_only_precision", choices=list(PRECISIONS), default=None,
+                        help="with --use_weight_only (not for GGUF files): int8 (W8A16, per output channel "
+                             "unless --group_size) or int4 (W4A16, groups of --group_size, 128 by default)")
+    parser.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None,
+                        help="inputs per quantization group (--use_weight_only)")

