@@ -233,10 +233,15 @@ class KVCacheManager:
         `copy_blocks`) before attention writes the new tokens: non-empty only when the
         partially filled last block was shared."""
         have = self.num_tokens(seq_id)
+        blocks = self._blocks[seq_id]
+        if have <= new_total_tokens <= len(blocks) * self.tokens_per_block and not self._needs_copy(seq_id):
+            # The common case, a decode step inside its private last block: nothing to allocate
+            # or copy (the executor calls this for every running request every step).
+            self._num_tokens[seq_id] = new_total_tokens
+            return []
         if new_total_tokens < have:
             raise ValueError(f"sequence {seq_id!r} has {have} tokens; cannot shrink "
                              f"to {new_total_tokens}")
-        blocks = self._blocks[seq_id]
         new_blocks = -(-new_total_tokens // self.tokens_per_block)
         self._check_capacity(seq_id, self.blocks_needed(new_total_tokens, seq_id), new_blocks)
         copies = self.copy_on_write(seq_id) if new_total_tokens > have else []
