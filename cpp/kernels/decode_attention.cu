@@ -135,46 +135,77 @@ __device__ __forceinline__ T const* kRowOf(DecodeAttentionParams const& p, Chunk
            + static_cast<int64_t>(pos & c.tpbMask) * D;
 }
 
-// Stages what the block reads once (the group's query heads, rotated, into qS [group][D] as
-// float; the chunk's block ids into blockS) in one memory round trip, and, in the fused form,
+// Shared memory of a block, in this order: q [MAXG][D], k, v, cs [D] each, acc [parts][MAXG][D],
+// stat [parts][MAXG][2], then the chunk's block ids.
+template <int D, int MAXG>
+size_t sharedBytes(DecodeAttentionParams const& p, int parts) {
+    int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
+    return sizeof(float) * (MAXG * D + 3 * D + parts * MAXG * D + parts * MAXG * 2) + sizeof(int) * chunkBlocks;
+}
+
+struct Shared {
+    float* q;
+    float* k;
+    float* v;
+    float* cs;
+    float* acc;
+    float* stat;
+    int* blocks;
+};
+
+template <int D, int MAXG>
+__device__ __forceinline__ Shared carveShared(float* smem, int parts) {
+    Shared sh;
+    sh.q = smem;
+    sh.k = sh.q + MAXG * D;
+    sh.v = sh.k + D;
+    sh.cs = sh.v + D;
+    sh.acc = sh.cs + D;
+    sh.stat = sh.acc + parts * MAXG * D;
+    sh.blocks = reinterpret_cast<int*>(sh.stat + parts * MAXG * 2);
+    return sh;
+}
+
+// Stages what the block reads once (the group's query heads, rotated, into sh.q [group][D] as
+// float; the chunk's block ids into sh.blocks) in one memory round trip, and, in the fused form,
 // the owner block rotates and writes this step's K/V rows into the cache. Ends synchronised.
 template <typename T, int D>
-__device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group, float* qS,
-                           float* kS, float* vS, float* csS, int* blockS) {
+__device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group,
+                           Shared const& sh) {
     T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
-    for (int i = threadIdx.x; i < group * D; i += blockDim.x) qS[i] = toFloat(q[i]);
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) sh.q[i] = toFloat(q[i]);
     if (c.owner) {
         T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
         T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            kS[d] = toFloat(kIn[d]);
-            vS[d] = toFloat(vIn[d]);
+            sh.k[d] = toFloat(kIn[d]);
+            sh.v[d] = toFloat(vIn[d]);
         }
     }
     if (c.rotary) {
         float const* cs = p.cosSin + static_cast<int64_t>(c.qPos) * p.rotaryDim;
-        for (int i = threadIdx.x; i < p.rotaryDim; i += blockDim.x) csS[i] = cs[i];
+        for (int i = threadIdx.x; i < p.rotaryDim; i += blockDim.x) sh.cs[i] = cs[i];
     }
     int32_t const* table = p.blockTables + b * p.maxBlocks;
     for (int i = threadIdx.x; i < c.numBlocks; i += blockDim.x) {
         int64_t const blockInSeq = c.firstBlock + i;
         int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
-        blockS[i] = (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1;
+        sh.blocks[i] = (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1;
     }
     __syncthreads();
     if (c.rotary) {
-        rotate(qS, group, D, p, csS);
-        if (c.owner) rotate(kS, 1, D, p, csS);
+        rotate(sh.q, group, D, p, sh.cs);
+        if (c.owner) rotate(sh.k, 1, D, p, sh.cs);
         __syncthreads();
     }
     if (c.owner) {
-        int const block = blockS[(c.qPos >> c.tpbShift) - c.firstBlock];
+        int const block = sh.blocks[(c.qPos >> c.tpbShift) - c.firstBlock];
         if (block >= 0) {
             T* kDst = const_cast<T*>(kRowOf<T, D>(p, c, block, kvh, c.qPos));
             T* vDst = kDst + p.kvHeads * p.tokensPerBlock * D;
             for (int d = threadIdx.x; d < D; d += blockDim.x) {
-                kDst[d] = fromFloat<T>(kS[d]);
-                vDst[d] = fromFloat<T>(vS[d]);
+                kDst[d] = fromFloat<T>(sh.k[d]);
+                vDst[d] = fromFloat<T>(sh.v[d]);
             }
         }
     }
@@ -253,13 +284,6 @@ __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS,
     }
 }
 
-// Shared memory of a block: qS [MAXG][D], kS, vS, csS [D] each, accS [parts][MAXG][D],
-// statS [parts][MAXG][2], then the chunk's block ids.
-template <int D, int MAXG>
-size_t sharedBytes(DecodeAttentionParams const& p, int parts) {
-    int const chunkBlocks = static_cast<int>(p.splitSize / p.tokensPerBlock) + 2;
-    return sizeof(float) * (MAXG * D + 3 * D + parts * MAXG * D + parts * MAXG * 2) + sizeof(int) * chunkBlocks;
-}
 
 // ---- CUDA-core kernel (float32; head size 256) ------------------------------------------------
 
@@ -283,13 +307,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
     constexpr int kWarps = THREADS / 32;
     constexpr int kGroups = kWarps * L::RPW;            // lane groups in the block
     extern __shared__ float smem[];
-    float* qS = smem;
-    float* kS = qS + MAXG * D;
-    float* vS = kS + D;
-    float* csS = vS + D;
-    float* accS = csS + D;
-    float* statS = accS + kGroups * MAXG * D;
-    int* blockS = reinterpret_cast<int*>(statS + kGroups * MAXG * 2);
+    Shared const sh = carveShared<D, MAXG>(smem, kGroups);
 
     int const kvh = blockIdx.x;
     int const b = blockIdx.y;
@@ -301,14 +319,14 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
     int const laneGroup = warp * L::RPW + lane / L::LPR;
     Chunk const c = chunkOf(p, b, split);
     int const n = c.n;
-    stageBlock<T, D>(p, c, b, kvh, group, qS, kS, vS, csS, blockS);
+    stageBlock<T, D>(p, c, b, kvh, group, sh);
 
     // This lane's slice of every query head, scaled, in registers for the whole walk.
     float qr[MAXG][L::EPL];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g)
 #pragma unroll
-        for (int e = 0; e < L::EPL; ++e) qr[g][e] = g < group ? qS[g * D + sub * L::EPL + e] * p.scale : 0.f;
+        for (int e = 0; e < L::EPL; ++e) qr[g][e] = g < group ? sh.q[g * D + sub * L::EPL + e] * p.scale : 0.f;
 
     float m[MAXG], l[MAXG], acc[MAXG][L::EPL];
 #pragma unroll
@@ -325,7 +343,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int const j = j0 + u * L::RPW + lane / L::LPR;
-            int const block = j < n ? blockOf(c, blockS, j) : -1;
+            int const block = j < n ? blockOf(c, sh.blocks, j) : -1;
             valid[u] = block >= 0;
             if (valid[u]) {
                 T const* kRow = kRowOf<T, D>(p, c, block, kvh, c.begin + j);
@@ -396,13 +414,13 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
     for (int g = 0; g < MAXG; ++g) {
         if (g >= group) break;
 #pragma unroll
-        for (int e = 0; e < L::EPL; ++e) accS[(laneGroup * MAXG + g) * D + sub * L::EPL + e] = acc[g][e];
+        for (int e = 0; e < L::EPL; ++e) sh.acc[(laneGroup * MAXG + g) * D + sub * L::EPL + e] = acc[g][e];
         if (sub == 0) {
-            statS[(laneGroup * MAXG + g) * 2] = m[g];
-            statS[(laneGroup * MAXG + g) * 2 + 1] = l[g];
+            sh.stat[(laneGroup * MAXG + g) * 2] = m[g];
+            sh.stat[(laneGroup * MAXG + g) * 2 + 1] = l[g];
         }
     }
-    mergeAndStore<T, D, MAXG>(p, accS, statS, kGroups, b, kvh, split, group);
+    mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, kGroups, b, kvh, split, group);
 }
 
 // ---- tensor-core kernel (half precision, head sizes 64 and 128; sm_80 and later) ------------
@@ -464,13 +482,7 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
     constexpr int VP = D / 64;                        // 16-byte pieces of a V row a lane loads
     constexpr float kLog2e = 1.4426950408889634f;
     extern __shared__ float smem[];
-    float* qS = smem;
-    float* kS = qS + MAXG * D;
-    float* vS = kS + D;
-    float* csS = vS + D;
-    float* accS = csS + D;
-    float* statS = accS + WARPS * MAXG * D;
-    int* blockS = reinterpret_cast<int*>(statS + WARPS * MAXG * 2);
+    Shared const sh = carveShared<D, MAXG>(smem, WARPS);
 
     int const kvh = blockIdx.x;
     int const b = blockIdx.y;
@@ -481,14 +493,14 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
     int const g = lane / 4;  // MMA row (query head) and column (position, output dim) of this lane
     int const t = lane % 4;  // its place in the quad
     Chunk const c = chunkOf(p, b, split);
-    stageBlock<T, D>(p, c, b, kvh, group, qS, kS, vS, csS, blockS);
+    stageBlock<T, D>(p, c, b, kvh, group, sh);
 
     // Q as the A operand of every k-step, in the permuted dim order (rows 8..15 zero).
     uint32_t qa[KC][2];
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
         int const d0 = (kc / 2) * 32 + t * 8 + (kc % 2) * 4;
-        float const* row = qS + g * D + d0;
+        float const* row = sh.q + g * D + d0;
         qa[kc][0] = g < group ? packPair<T>(row[0], row[1]) : 0u;
         qa[kc][1] = g < group ? packPair<T>(row[2], row[3]) : 0u;
     }
@@ -513,7 +525,7 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 int const pos = tile + 8 * j + g;
-                int const block = pos < c.n ? blockOf(c, blockS, pos) : -1;
+                int const block = pos < c.n ? blockOf(c, sh.blocks, pos) : -1;
                 T const* row = block >= 0 ? kRowOf<T, D>(p, c, block, kvh, c.begin + pos) : nullptr;
 #pragma unroll
                 for (int i = 0; i < KP; ++i) {
@@ -524,7 +536,7 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 int const pos = tile + (r / 2) * 8 + 2 * t + (r % 2);
-                int const block = pos < c.n ? blockOf(c, blockS, pos) : -1;
+                int const block = pos < c.n ? blockOf(c, sh.blocks, pos) : -1;
                 T const* row = block >= 0 ? kRowOf<T, D>(p, c, block, kvh, c.begin + pos) + vOffset : nullptr;
 #pragma unroll
                 for (int i = 0; i < VP; ++i) {
@@ -559,7 +571,7 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     int const pos = tile + 8 * j + 2 * t + e;
-                    bool const visible = pos < c.n && blockOf(c, blockS, pos) >= 0;
+                    bool const visible = pos < c.n && blockOf(c, sh.blocks, pos) >= 0;
                     float const score = s[j][e] * scoreScale + slope * static_cast<float>(c.begin + pos - c.qPos);
                     s[j][e] = visible ? score : -FLT_MAX;
                     tileMax = fmaxf(tileMax, s[j][e]);
@@ -611,15 +623,15 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 int const d = (i / 8) * 64 + (2 * t + e) * 8 + i % 8;
-                accS[(warp * MAXG + g) * D + d] = acc[i][e];
+                sh.acc[(warp * MAXG + g) * D + d] = acc[i][e];
             }
         }
         if (t == 0) {
-            statS[(warp * MAXG + g) * 2] = m != -FLT_MAX ? m / kLog2e : -FLT_MAX;  // natural-log units
-            statS[(warp * MAXG + g) * 2 + 1] = l;
+            sh.stat[(warp * MAXG + g) * 2] = m != -FLT_MAX ? m / kLog2e : -FLT_MAX;  // natural-log units
+            sh.stat[(warp * MAXG + g) * 2 + 1] = l;
         }
     }
-    mergeAndStore<T, D, MAXG>(p, accS, statS, WARPS, b, kvh, split, group);
+    mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, WARPS, b, kvh, split, group);
 }
 
 // ---- launch --------------------------------------------------------------------------------
