@@ -374,6 +374,11 @@ _GATED_ACTIVATIONS = {"silu": ("silu_and_mul", None), "gelu": ("gelu_and_mul", "
                       "gelu_tanh": ("gelu_and_mul", "tanh")}
 
 
+# The ops FuseGateUp fuses, with their parameters that stack along the output rows: a float
+# linear, and a weight-only quantized one (its codes, scales and zeros are per output row).
+_GATE_UP_PARAMS = {"linear": ("weight", "bias"), "weight_only_linear": ("qweight", "scales", "zeros", "bias")}
+
+
 class FuseGateUp(Fusion):
     """act(linear(x, W_gate, b_gate)) * linear(x, W_up, b_up) -> one linear with
     cat([W_gate, W_up]) (and biases) followed by silu_and_mul / gelu_and_mul."""
@@ -390,14 +395,18 @@ class FuseGateUp(Fusion):
                 continue
             act = _info(act_layer)
             gate_layer, up_layer = act.get_input("x").get_parent(), up_t.get_parent()
-            if (gate_layer is None or up_layer is None or gate_layer is up_layer or gate_layer.op != "linear"
-                    or up_layer.op != "linear"):
+            if (gate_layer is None or up_layer is None or gate_layer is up_layer
+                    or gate_layer.op not in _GATE_UP_PARAMS or up_layer.op != gate_layer.op
+                    or gate_layer.attrs != up_layer.attrs):  # one weight format and group (quantized)
                 continue
             gate, up = _info(gate_layer), _info(up_layer)
+            names = _GATE_UP_PARAMS[gate_layer.op]
             if (gate.get_input("x") != up.get_input("x")
-                    or (gate.get_input("bias") is None) != (up.get_input("bias") is None)):
+                    or any((gate.get_input(p) is None) != (up.get_input(p) is None) for p in names)
+                    or any(gate.get_input(p) is not None and gate.get_input(p).dtype != up.get_input(p).dtype
+                           for p in names)):
                 continue
-            params = [lin.get_input(p) for lin in (gate, up) for p in ("weight", "bias")]
+            params = [lin.get_input(p) for lin in (gate, up) for p in names]
             if not all(_is_constant(t) for t in params if t is not None):
                 continue
             if not (_only_reader(act.get_input("x"), act_layer) and _only_reader(act_t, layer)
@@ -410,15 +419,21 @@ class FuseGateUp(Fusion):
         gate, up, act = found["gate"], found["up"], found["act"]
         net = gate.network
         fused = {}
-        for param in ("weight", "bias"):
+        for param in _GATE_UP_PARAMS[gate.layer_type]:
             if gate.get_input(param) is None:
                 fused[param] = None
                 continue
             names = [_info(lin.get_input(param).get_parent()).get_input("name") for lin in (gate, up)]
             name = _fused_weight_name(net, *names)
             net.weight_sources[name] = [s for n in names for s in net.weight_sources.get(n, [n])]
+            # Rows of the output: a quantized weight's codes, scales and zeros stack as its rows do.
             fused[param] = F.constant(torch.cat([net.weights[n] for n in names], dim=0), name=name)
-        y = F.linear(gate.get_input("x"), fused["weight"], fused["bias"])
+        if gate.layer_type == "linear":
+            y = F.linear(gate.get_input("x"), fused["weight"], fused["bias"])
+        else:
+            attrs = {k: v for k, v in gate.raw_inputs.items() if k in ("weight_format", "group_size")}
+            y = F.weight_only_linear(gate.get_input("x"), fused["qweight"], fused["scales"], fused["zeros"],
+                                     fused["bias"], **attrs)
         op, approximate = _GATED_ACTIVATIONS[act.layer_type]
         out = F.silu_and_mul(y) if op == "silu_and_mul" else F.gelu_and_mul(y, approximate=approximate)
         found["mul"].replace_output_uses_with(net, [out])

@@ -79,10 +79,14 @@ def test_engine_logits_are_those_of_the_dequantized_weights(hf, precision, group
     config, weights = _quantized(hf, precision, group)
     engine = _engine(config, weights, tmp_path / "q")
     ops = [layer.op for layer in engine.network.layers]
-    assert ops.count("weight_only_linear") == 2 * len(LINEARS) + 1 and "linear" not in ops
-    # the fusions of linears cannot apply to a quantized one, and did not fire
+    # gate and fc fuse into one quantized gate_up (their codes, scales and zeros stack by rows)
+    assert ops.count("weight_only_linear") == 2 * (len(LINEARS) - 1) + 1 and "linear" not in ops
+    assert "transformer.layers.0.mlp.gate_up.scales" not in engine.network.weights
+    assert engine.network.weights["transformer.layers.0.mlp.gate_up.weight_scale"].shape[0] == 2 * 160
+    # the fusions of a norm or an activation into a float linear cannot apply, and did not fire
     rewrites = engine.config["build_summary"]["rewrites"]["rewrites"]
-    assert rewrites["fuse_gate_up"] == rewrites["fuse_norm_linear"] == rewrites["fuse_act_linear"] == 0
+    assert rewrites["fuse_gate_up"] == 2
+    assert rewrites["fuse_norm_linear"] == rewrites["fuse_act_linear"] == 0
     _engine(*_dequantized(config, weights), tmp_path / "f")
     prompt = torch.randint(0, 320, (20,), generator=torch.Generator().manual_seed(0)).tolist()
     q = runner(tmp_path / "q").generate([prompt], max_new_tokens=1, return_context_logits=True)
@@ -128,6 +132,19 @@ def test_engine_file_weights_are_quantized_and_checked(hf, tmp_path):
         Engine.from_dir(tmp_path / "e")
 
 
+def test_gate_and_up_of_different_formats_are_not_fused(hf, tmp_path):
+    config = config_from_hf(hf.config, dtype="float32")
+    weights = load_weights_from_hf(hf, config)
+    section = {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "*.mlp.gate": {"quant_algo": "W8A16", "group_size": None},
+        "*.mlp.fc": {"quant_algo": "W4A16", "group_size": 32}}}
+    config = dataclasses.replace(config, quantization=section)
+    engine = _engine(config, quantize_checkpoint(LLaMAForCausalLM, config, weights), tmp_path / "e")
+    assert engine.config["build_summary"]["rewrites"]["rewrites"]["fuse_gate_up"] == 0
+    ops = [layer.op for layer in engine.network.layers]
+    assert ops.count("weight_only_linear") == 4 and ops.count("linear") + ops.count("rms_norm_linear") >= 4
+
+
 def test_excluded_modules_stay_float(hf, tmp_path):
     config = config_from_hf(hf.config, dtype="float32")
     weights = load_weights_from_hf(hf, config)
@@ -136,7 +153,7 @@ def test_excluded_modules_stay_float(hf, tmp_path):
     assert config.share_embedding_table and "lm_head.weight" not in weights
     assert weights["transformer.layers.1.mlp.proj.weight"].dtype == torch.float32
     engine = _engine(config, weights, tmp_path / "e")
-    assert [layer.op for layer in engine.network.layers].count("weight_only_linear") == 2 * 4
+    assert [layer.op for layer in engine.network.layers].count("weight_only_linear") == 2 * 3  # gate_up fused
     out = runner(tmp_path / "e").generate([[1, 2, 3]], max_new_tokens=4)
     assert len(generated(out, 0, 3)) == 4
 
