@@ -15,7 +15,9 @@ measured the same way, in the same process, after a warm-up.
 
 --quant none,int8_wo,int4_wo runs the float engine and weight-only INT8 / INT4 engines of the
 same weights side by side (transformers only against the first), and compares each quantized
-engine's greedy tokens with the float engine's on --agreement_prompts prompts:
+engine's greedy tokens with the float engine's on --agreement_prompts prompts (with
+smollm2-gguf: the first --input_len tokens of the project's articles, examples/data, whose
+perplexity each engine also reports; random ids otherwise):
 
     python benchmarks/bench_generation.py --model smollm2-gguf --device cpu --dtype float32 \
         --quant none,int8_wo,int4_wo --batch_sizes 1 --input_len 32 --output_len 64 --no_hf
@@ -225,6 +227,28 @@ def greedy_tokens(runner, prompts, n) -> list[list[int]]:
     return tokens
 
 
+def text_prompts(n: int, length: int) -> list[torch.Tensor]:
+    """The first `length` tokens of n of the project's articles (examples/data), in SmolLM2's
+    tokenizer: real text, for the token agreement and the perplexity."""
+    from tensorrt_llm.tokenizer_utils import load_tokenizer
+    tokenizer = load_tokenizer(gguf_path())
+    lines = (ROOT / "examples" / "data" / "summarize_articles.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["article"] for line in lines[:n]]
+    return [torch.tensor(tokenizer(t)["input_ids"][:length], dtype=torch.int32) for t in texts]
+
+
+def perplexity(runner, prompts) -> float:
+    """exp of the mean next-token cross entropy over the prompts (teacher forcing: one
+    context pass each, its logits)."""
+    losses = []
+    for prompt in prompts:
+        logits = runner.generate([prompt], max_new_tokens=1, return_context_logits=True)["context_logits"][0]
+        target = torch.as_tensor(prompt[1:], dtype=torch.long)
+        losses.append(torch.nn.functional.cross_entropy(logits[:-1].float().cpu(), target, reduction="sum"))
+        losses[-1] = (losses[-1], len(target))
+    return float(torch.exp(sum(l for l, _ in losses) / sum(n for _, n in losses)))
+
+
 def agreement(ours: list[list[int]], ref: list[list[int]]) -> dict:
     """Greedy tokens against the float engine's: equal positions, and the common prefix
     (after the first difference the two continue from different texts)."""
@@ -288,7 +312,12 @@ def main(argv=None):
     p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None, help="int4_wo's group size")
     p.add_argument("--agreement_prompts", type=int, default=4,
                    help="prompts whose greedy tokens a quantized engine is compared on with the first engine's")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (on a shared 2-core machine 1 thread can be faster: "
+                        "a busy core stalls the kernels' 2-thread parallel regions)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     quants = args.quant.split(",")
     unknown = [q for q in quants if q not in QUANTS]
     if unknown:
@@ -296,23 +325,26 @@ def main(argv=None):
     if len(quants) == 1:
         return run_one(args, quants[0])
     results, tokens = {}, {}
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(100, 1000, (args.input_len,), generator=g, dtype=torch.int32)
-               for _ in range(args.agreement_prompts)]
+    if args.model == "smollm2-gguf":
+        prompts = text_prompts(args.agreement_prompts, args.input_len)
+    else:
+        g = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(100, 1000, (args.input_len,), generator=g, dtype=torch.int32)
+                   for _ in range(args.agreement_prompts)]
     for i, quant in enumerate(quants):
         if i:
             args.no_hf = True
         results[quant] = run_one(args, quant, prompts, tokens)
     first = quants[0]
     print(f"\n{'engine':>8} {'batch':>5} {'ms/step':>9} {'tok/s':>9} {'vs ' + first:>9} {'MiB':>7} "
-          f"{'greedy equal':>13} {'prefix':>7}")
+          f"{'greedy equal':>13} {'prefix':>7} {'ppl':>7}")
     for quant, res in results.items():
         for row, base in zip(res["rows"], results[first]["rows"]):
             ag = res.get("agreement", {})
             eq = f"{ag['equal_tokens']}/{ag['tokens']}" if ag else "-"
             print(f"{quant:>8} {row['batch']:>5} {row['ours_ms_per_step']:>9.3f} {row['ours_tok_s']:>9.1f} "
                   f"{row['ours_tok_s'] / base['ours_tok_s']:>8.2f}x {res['engine_bytes'] / 2**20:>7.0f} "
-                  f"{eq:>13} {ag.get('common_prefix_tokens', '-'):>7}")
+                  f"{eq:>13} {ag.get('common_prefix_tokens', '-'):>7} {res['perplexity']:>7.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
@@ -421,6 +453,7 @@ def run_one(args, quant, prompts=None, tokens=None):
         print(f"TTFT {lp['tokens']} tokens: {lp['ttft_ms']:.1f} ms, floor {lp['floor_ms']:.1f} ms "
               f"({lp['ratio_to_floor']:.2f}x)")
     if prompts:
+        result["perplexity"] = perplexity(runner, prompts)
         ours = greedy_tokens(runner, prompts, args.output_len)
         if not tokens:
             tokens["reference"] = ours
