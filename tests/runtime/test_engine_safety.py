@@ -167,7 +167,7 @@ FIELDS = {
     "layer output": (layer_output, r"'s output .* is not a valid name"),
     "tensor name": (tensor_name, r"tensor .* is not a valid name"),
     "weight key": (weight_key, r"weight .* is not a valid name"),
-    "implementation": (implementation, r"names implementation .* not one of \['cuda', 'reference'\]"),
+    "implementation": (implementation, r"names implementation .* not one of \[[^]]*'reference'[^]]*\]"),
 }
 
 
