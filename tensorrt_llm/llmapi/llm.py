@@ -208,15 +208,6 @@ class GenerationResult:
         out.finish_reason, out.stop_reason = "stop", s
         self._llm._loop.abort(self.requests[out.index].request_id)
 
-    def _drain(self) -> None:
-        """Apply the updates queued so far, without waiting (sync consumers), so that a stop
-        string aborts its request while the caller drives the executor."""
-        while not self.finished:
-            try:
-                self._apply(self._queue.get_nowait())
-            except queue.Empty:
-                return
-
     def _next_sync(self, timeout: Optional[float] = None) -> RequestOutput:
         self._apply(self._queue.get(timeout=timeout))
         return self.output
@@ -351,10 +342,8 @@ class LLM:
             bar = tqdm(total=len(results), desc="Processed requests", unit="req")
         for r in results:
             r.result()
-            if bar is not None:  # apply what has arrived for the others, to count those done
-                for other in results:
-                    other._drain()
-                bar.update(sum(o.finished for o in results) - bar.n)
+            if bar is not None:
+                bar.update(1)
         if bar is not None:
             bar.close()
         return [r.output for r in results]

@@ -195,13 +195,6 @@ def _gather(cache, ids, rows):
     return copy[:, 0], copy[:, 1]
 
 
-def _gather_past(cache, block_tables, host_lengths, device):
-    """Each sequence's K/V rows [0, L) from the paged cache, packed: (keys, values [sum L, KV,
-    D] views, cu_k int32 [n + 1])."""
-    ids, rows, cu_k = _past_rows(block_tables, host_lengths, cache.shape[3], device)
-    return (*_gather(cache, ids, rows), cu_k)
-
-
 @dataclass
 class _StepPlan:
     """Everything a mixed step's attention derives from the step's lengths and block tables,

@@ -3,7 +3,7 @@ a per-position reference on random data."""
 import pytest
 import torch
 
-from tensorrt_llm.ops.attention_cuda import _gather_past
+from tensorrt_llm.ops.attention_cuda import _gather, _past_rows
 
 
 @pytest.mark.parametrize("tpb, lengths", [(4, [5, 8, 1, 12]),   # ends inside and at block boundaries
@@ -14,7 +14,8 @@ def test_gather_past_packs_each_sequence_rows(tpb, lengths):
     num_blocks, max_blocks = 40, 5
     cache = torch.randn(num_blocks, 2, 3, tpb, 8, generator=g)
     tables = torch.randperm(num_blocks, generator=g)[:len(lengths) * max_blocks].view(len(lengths), max_blocks)
-    keys, values, cu_k = _gather_past(cache, tables.int(), torch.tensor(lengths), torch.device("cpu"))
+    ids, rows, cu_k = _past_rows(tables.int(), torch.tensor(lengths), tpb, torch.device("cpu"))
+    keys, values = _gather(cache, ids, rows)
     want = torch.stack([cache[tables[i, p // tpb], :, :, p % tpb] for i, n in enumerate(lengths) for p in range(n)])
     assert torch.equal(keys, want[:, 0]) and torch.equal(values, want[:, 1])
     assert cu_k.dtype == torch.int32 and cu_k.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
