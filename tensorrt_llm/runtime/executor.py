@@ -28,12 +28,12 @@ from typing import Optional
 import torch
 
 from ..errors import RequestError
+from .admission import Admission
 from .kv_cache_manager import KVCacheManager
-from .request import ModelLimits, Request, RequestState, check_length, check_prompt, check_token_ids
+from .request import ModelLimits, Request, RequestState
 from .sampler import Sampler
 from .scheduler import ScheduledStep, Scheduler
 from .step_runner import StepInput, StepRunner
-from .word_lists import check_words
 
 
 @dataclass
@@ -77,6 +77,8 @@ class Executor:
         max_num_tokens = min(max_num_tokens or limits.max_num_tokens, limits.max_num_tokens)
         self.scheduler = Scheduler(kv_cache, max_batch_size, max_num_tokens, enable_chunked_context)
         self.sampler = Sampler(limits.vocab_size)
+        self.admission = Admission(limits, self.scheduler.max_num_tokens, enable_chunked_context,
+                                   kv_cache.tokens_per_block, kv_cache.num_blocks)
         self.overlap = overlap and self.device.type == "cuda"
         self.requests: dict[int, Request] = {}
         self.stats = ExecutorStats()
@@ -89,34 +91,7 @@ class Executor:
 
     def check(self, request: Request) -> None:
         """Every check of a request before it is queued: RequestError naming what is wrong."""
-        lim, s = self.limits, request.sampling
-        if s.num_beams != 1:
-            raise RequestError("the in-flight batching executor samples one sequence per request "
-                               "(num_beams 1); beam search runs through ModelRunner.generate")
-        request.prompt_token_ids = check_prompt(0, request.prompt_token_ids, lim)
-        request.tokens = list(request.prompt_token_ids)
-        n = request.prompt_len
-        request.max_new_tokens = check_length(0, n, request.max_new_tokens, lim)
-        check_token_ids("end_id", [s.end_id], lim)
-        check_token_ids("pad_id", [s.pad_id], lim)
-        check_token_ids("stop token id", request.stop_token_ids, lim)
-        # The same rules as the static generate's lists, for this one request.
-        # (per-request format: an empty word is refused, not read as "no words")
-        request.stop_words = check_words([[list(w) for w in request.stop_words]], 1, lim.vocab_size,
-                                         "stop_words")[0]
-        request.bad_words = check_words([[list(w) for w in request.bad_words]], 1, lim.vocab_size,
-                                        "bad_words", bans=True)[0]
-        if not self.scheduler.enable_chunked_context and n > self.scheduler.max_num_tokens:
-            raise RequestError(f"the prompt has {n} tokens, more than max_num_tokens "
-                               f"{self.scheduler.max_num_tokens} computed in one step; enable "
-                               f"chunked context or raise max_num_tokens")
-        blocks = self.kv_cache.blocks_needed(n + request.max_new_tokens)
-        if blocks > self.kv_cache.num_blocks:
-            raise RequestError(f"prompt ({n} tokens) + max_new_tokens {request.max_new_tokens} needs "
-                               f"{blocks} KV-cache blocks; the whole pool has {self.kv_cache.num_blocks} "
-                               f"(raise kv_cache_free_gpu_mem_fraction / max_tokens_in_paged_kv_cache)")
-        if request.top_logprobs < 0 or request.top_logprobs > lim.vocab_size:
-            raise RequestError(f"top_logprobs must be in [0, {lim.vocab_size}], got {request.top_logprobs}")
+        self.admission.check(request)
 
     def check_driver(self) -> None:
         """RuntimeError when another thread drives this executor."""

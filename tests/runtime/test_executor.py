@@ -11,6 +11,7 @@ built per module; runners with other executor limits share its weights. On a CUD
 the tests run on the GPU too (marked gpu), where the executor overlaps steps.
 """
 import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -411,12 +412,17 @@ def test_a_bad_request_is_refused_whole_and_disturbs_nothing(runners):
         "num_beams": dict(prompt_token_ids=TEXT[:5], sampling=SamplingConfig(num_beams=2)),
         "already queued": dict(prompt_token_ids=TEXT[:5], request_id=keep.request_id),
     }
+    # A front end in another process checks with a copy of the executor's admission rules.
+    admission = pickle.loads(pickle.dumps(ex.admission))
     for match, spec in bad.items():
         before = snapshot(runner)
         with pytest.raises(RequestError, match=match.strip()) as e:
             ex.add_request(fresh(spec))
         assert "\n" not in str(e.value), str(e.value)
         assert snapshot(runner) == before, match
+        if match != "already queued":
+            with pytest.raises(RequestError, match=match.strip()):
+                admission.check(fresh(spec))
     # The pool too small for one request; a prompt over the budget without chunked context.
     small = runners(max_tokens_in_paged_kv_cache=8 * TPB)
     with pytest.raises(RequestError, match="KV-cache blocks") as e:
