@@ -10,8 +10,11 @@ taken first, then the engine loaded; one line says where the server listens once
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics (Prometheus), GET /version, and the OpenAPI schema at /openapi.json.
 
-Ctrl-C or SIGTERM stops taking connections, lets the running requests finish (at most
---shutdown_timeout seconds, then aborts them) and exits 0. A bad model or option ends in one
+The engine runs in a child process (the LLM API's engine process, llmapi/engine_process.py);
+this process serves HTTP, tokenizes and detokenizes. Ctrl-C or SIGTERM stops taking connections,
+lets the running requests finish (at most --shutdown_timeout seconds, then aborts them), stops the
+engine process and exits 0. If the engine process dies, open requests end with an error and
+/health answers 503. A bad model or option ends in one
 "error:" line (exit code 2); --debug shows its traceback.
 """
 from __future__ import annotations

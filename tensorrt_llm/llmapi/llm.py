@@ -6,14 +6,20 @@
             print(out.outputs[0].text)
 
 `model` is an engine folder, a checkpoint folder, a Hugging Face folder or a GGUF file;
-the last three are built into an engine once and cached (model_loader.py). Requests run on
-the executor's own thread (engine_loop.py); `generate` blocks until all are done,
-`generate_async` returns a `GenerationResult` to await or to iterate as it streams.
+the last three are built into an engine once and cached (model_loader.py). The engine runs in
+a process of its own (engine_process.py); this process tokenizes, sends requests, and turns
+the tokens that come back into text. `generate` blocks until all are done, `generate_async`
+returns a `GenerationResult` to await or to iterate as it streams.
+
+The engine process is started with multiprocessing's "spawn", which imports the script that
+made the LLM again in the new process: a script that makes an LLM at its top level keeps that
+under `if __name__ == "__main__":`, as multiprocessing asks.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import os
 import queue
 import threading
@@ -22,10 +28,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 from ..errors import RequestError
-from ..runtime.model_runner import ModelRunner, _device, default_device
 from ..tokenizer_utils import load_tokenizer
 from .detokenizer import IncrementalDetokenizer
-from .engine_loop import EngineLoop, Update
+from .engine_process import EngineProcess, EngineStats, Update
 from .model_loader import detect_kind, local_path, resolve_engine
 from .sampling_params import SamplingParams
 
@@ -33,7 +38,7 @@ Prompt = Union[str, Sequence[int]]
 
 
 class _Mailbox:
-    """Updates from the engine thread for the results of one event loop: the loop is woken
+    """Updates from the engine's receiver thread for the results of one event loop: the loop is woken
     once per batch of updates (one step's worth, for every request it serves), not once per
     update; each wake-up of a loop from another thread is a system call and a GIL hand-over."""
 
@@ -124,7 +129,7 @@ class GenerationResult:
         self._mailbox = _mailbox(loop) if loop is not None else None
         self._queue = asyncio.Queue() if loop is not None else queue.SimpleQueue()
 
-    # -- from the engine thread ------------------------------------------------------------
+    # -- from the engine's receiver thread ---------------------------------------------------
 
     def _sink(self, update: Update) -> None:
         if self._mailbox is not None:
@@ -132,7 +137,7 @@ class GenerationResult:
                 self._mailbox.post(self._queue, update)
             except RuntimeError:
                 # The consumer's event loop has closed (e.g. asyncio.run returned while a
-                # stop string's abort was on its way): nobody is left to tell, and the engine
+                # stop string's abort was on its way): nobody is left to tell, and the receiver
                 # thread must not die of it.
                 pass
         else:
@@ -182,11 +187,9 @@ class GenerationResult:
         if out.finish_reason is not None:
             self._open -= 1
             if i == 0 and self.params.return_context_logits:
-                ctx = self.requests[0].context_logits
-                self.output.context_logits = ctx[0] if ctx else None
+                self.output.context_logits = update.context_logits
             if self.params.return_generation_logits:
-                logits = self.requests[i].generation_logits
-                out.generation_logits = logits
+                out.generation_logits = update.generation_logits
         self.output.finished = self._open == 0
 
     def _apply_stop_strings(self, out: CompletionOutput, new_text: str) -> None:
@@ -206,7 +209,7 @@ class GenerationResult:
         pos, s = min(hits)
         out.text = out.text[:pos + len(s) if self.params.include_stop_str_in_output else pos]
         out.finish_reason, out.stop_reason = "stop", s
-        self._llm._loop.abort(self.requests[out.index].request_id)
+        self._llm._engine.abort(self.requests[out.index].request_id)
 
     def _next_sync(self, timeout: Optional[float] = None) -> RequestOutput:
         self._apply(self._queue.get(timeout=timeout))
@@ -244,16 +247,26 @@ class GenerationResult:
 
     def abort(self) -> None:
         for r in self.requests:
-            self._llm._loop.abort(r.request_id)
+            self._llm._engine.abort(r.request_id)
+
+
+def _load_engine(progress, *, model, device, build: dict, runtime: dict):
+    """In the engine process: resolve (build once, cache) and load the engine; returns its
+    executor and the resolved model (engine_process.EngineProcess's `start`)."""
+    from ..runtime.model_runner import ModelRunner, _device, default_device
+    resolved = resolve_engine(model, progress=progress, **build)
+    device = _device(device) if device is not None else default_device()
+    return ModelRunner.from_dir(resolved.engine_dir, device=device, **runtime).executor, resolved
 
 
 class LLM:
-    """An engine with its tokenizer and executor thread. Build options (max_batch_size,
+    """An engine (in a process of its own) with its tokenizer. Build options (max_batch_size,
     max_seq_len, max_num_tokens, ...) apply when an engine is built from `model`; the
     runtime ones (kv_cache_free_gpu_memory_fraction, max_tokens_in_paged_kv_cache,
     enable_chunked_context, enable_block_reuse) to every model. max_batch_size and
     max_num_tokens also limit the executor's steps, so an engine folder takes them as
-    runtime limits (at most what it was built for)."""
+    runtime limits (at most what it was built for). `progress` is called here with each line
+    the engine's build says."""
 
     def __init__(self, model, tokenizer=None, *, dtype: str = "auto", device=None,
                  max_batch_size: Optional[int] = None, max_input_len: Optional[int] = None,
@@ -262,29 +275,26 @@ class LLM:
                  max_tokens_in_paged_kv_cache: Optional[int] = None,
                  enable_chunked_context: bool = True, enable_block_reuse: bool = False,
                  cache_dir=None, progress=print):
+        self._engine: Optional[EngineProcess] = None
+        self._lock = threading.Lock()
         # An engine folder is used as built, but its executor may take fewer sequences or
         # tokens per step than it was built for: for it, these two are runtime limits only.
         step_limits = dict(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens)
         build_limits = {} if detect_kind(local_path(model)) == "engine" else step_limits
-        device = _device(device) if device is not None else default_device()
-        self.runner: Optional[ModelRunner] = None
-        self._lock = threading.Lock()
-        resolved = None
-
-        def load():  # on the engine thread, which does all of the engine's torch work (engine_loop.py)
-            nonlocal resolved
-            resolved = resolve_engine(model, dtype=dtype, max_input_len=max_input_len, max_seq_len=max_seq_len,
-                                      cache_dir=cache_dir, progress=progress, **build_limits)
-            self.runner = ModelRunner.from_dir(
-                resolved.engine_dir, device=device,
-                kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_memory_fraction,
-                max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
-                enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse,
-                **step_limits)
-            return self.runner.executor
-        self._loop = EngineLoop(load)
-        self.engine_dir = resolved.engine_dir
-        source = tokenizer if tokenizer is not None else resolved.tokenizer_source
+        start = functools.partial(
+            _load_engine, model=model, device=device,
+            build=dict(dtype=dtype, max_input_len=max_input_len, max_seq_len=max_seq_len, cache_dir=cache_dir,
+                       **build_limits),
+            runtime=dict(kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_memory_fraction,
+                         max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
+                         enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse,
+                         **step_limits))
+        self._engine = EngineProcess(start, progress)
+        info = self._engine.info
+        self.engine_dir = info.engine_dir
+        self.admission = info.admission            # the limits and checks every request meets
+        self.max_batch_size = info.max_batch_size  # sequences per step
+        source = tokenizer if tokenizer is not None else info.tokenizer_source
         try:
             # a folder or .gguf file; else a tokenizer object
             self.tokenizer = load_tokenizer(source) if isinstance(source, (str, os.PathLike)) else source
@@ -307,7 +317,7 @@ class LLM:
         text, ids = self._prompt_ids(prompt)
         result = GenerationResult(self, text, ids, sampling_params or SamplingParams(), streaming)
         for r in result.requests:
-            self._loop.submit(r, result._sink)
+            self._engine.submit(r, result._sink)
         return result
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
@@ -368,26 +378,30 @@ class LLM:
     # -- lifetime --------------------------------------------------------------------------
 
     @property
-    def stats(self):
-        return self.runner.executor.stats
+    def stats(self) -> EngineStats:
+        """The executor's counters, running/waiting requests and KV blocks after the engine's
+        latest step."""
+        return self._engine.stats
+
+    @property
+    def engine_pid(self) -> Optional[int]:
+        return self._engine.pid if self._engine is not None else None
 
     @property
     def running(self) -> bool:
-        """Whether the engine takes requests (not shut down, its thread alive): a health check."""
-        return self.runner is not None and self._loop.running
+        """Whether the engine takes requests (not shut down, its process alive): a health check."""
+        return self._engine is not None and self._engine.running
+
+    @property
+    def error(self) -> Optional[str]:
+        """Why the engine stopped, when it failed."""
+        return self._engine.error if self._engine is not None else None
 
     def shutdown(self) -> None:
-        """Stop the executor thread and free the engine and its KV pool."""
+        """Stop the engine process (its requests are aborted) and wait for it to exit."""
         with self._lock:
-            if self.runner is None:
-                return
-            self._loop.shutdown()
-            self._loop.executor = None
-            device = self.runner.device
-            self.runner = None
-            if device.type == "cuda":
-                import torch
-                torch.cuda.empty_cache()
+            if self._engine is not None:
+                self._engine.shutdown()
 
     def __enter__(self):
         return self

@@ -1,13 +1,15 @@
-"""The OpenAI-compatible HTTP app: FastAPI routes over an LLM (the LLM API's executor thread).
+"""The OpenAI-compatible HTTP app: FastAPI routes over an LLM (whose engine runs in a process of its own).
 
     server = OpenAIServer(llm, model_name="smollm2", max_queue_size=64)
     uvicorn.run(server.app)            # what trtllm-serve does (commands/serve.py)
 
 A request is validated against openai_protocol.py by FastAPI, then refused here if it names
 another model or the queue is full, then submitted through `LLM.generate_async`, whose request
-checks (the engine's limits) refuse what the engine cannot run, before any work. The handler runs
-in the event loop; the engine steps on its own thread and hands each update to the request's
-asyncio queue. Non-streaming requests are collected; streaming ones are sent as server-sent events
+checks (the engine's limits) refuse what the engine cannot run, before anything is sent to it. The
+handler runs in the event loop; the engine steps in its own process (so this event loop does not
+share a GIL with it), and a receiver thread hands each step's updates to the requests' asyncio
+queues (one wake-up of the loop per step). The gauges of /metrics are the engine's counters as of
+its latest step. Non-streaming requests are collected; streaming ones are sent as server-sent events
 as text arrives. A client that disconnects (or a shutdown that times out) aborts its requests,
 which frees their KV blocks at once.
 
@@ -232,31 +234,27 @@ class OpenAIServer:
 
     @property
     def max_seq_len(self) -> int:
-        return self.llm.runner.executor.limits.max_seq_len
-
-    def _num_running(self) -> int:
-        runner = self.llm.runner
-        return runner.executor.num_running if runner is not None else 0
+        return self.llm.admission.limits.max_seq_len
 
     def num_waiting(self) -> int:
         """Completions admitted and not in the running batch (queued in the executor, or on
         their way to it)."""
-        return max(0, self.admitted - self._num_running())
+        return max(0, self.admitted - self.llm.stats.num_running)
 
     def _engine_gauges(self) -> dict[str, tuple[str, float]]:
-        runner = self.llm.runner
-        kv = runner.kv_cache if runner is not None else None
+        """As of the engine's latest step."""
+        stats = self.llm.stats
         return {
-            "num_requests_running": ("completions in the running batch", self._num_running()),
+            "num_requests_running": ("completions in the running batch", stats.num_running),
             "num_requests_waiting": ("completions admitted, not yet in the running batch", self.num_waiting()),
-            "kv_cache_blocks_used": ("KV-cache blocks held by requests", kv.num_used_blocks if kv else 0),
-            "kv_cache_blocks_total": ("KV-cache blocks in the pool", kv.num_blocks if kv else 0),
+            "kv_cache_blocks_used": ("KV-cache blocks held by requests", stats.kv_blocks_used),
+            "kv_cache_blocks_total": ("KV-cache blocks in the pool", stats.kv_blocks_total),
         }
 
     def _context_tokens(self) -> int:
         """The most tokens one sequence may hold: max_seq_len, or the whole KV pool if smaller."""
-        kv = self.llm.runner.kv_cache
-        return min(self.max_seq_len, kv.num_blocks * kv.tokens_per_block)
+        admission = self.llm.admission
+        return min(self.max_seq_len, admission.num_blocks * admission.tokens_per_block)
 
     # -- admission -------------------------------------------------------------------------
 

@@ -1,0 +1,364 @@
+"""The executor in a process of its own: the front end (the caller's process: LLM API,
+tokenizer, detokenising, stop strings, HTTP) only sends requests and receives tokens.
+
+Why a process: the executor's step is heavy Python (scheduling, feed, sampling). On a thread
+of the front end it shares one GIL with the HTTP event loop, whose socket sends then wait for
+it; in a process of its own it does not (vLLM's "engine core" split). It also keeps all of the
+engine's torch work on one thread of one process: on a small CPU, each thread that runs
+torch's CPU ops keeps an OpenMP team, and while two live teams share the cores libgomp
+throttles the second one's workers (a linear layer took 1.45x as long on 2 cores).
+
+    engine = EngineProcess(start, progress=print)   # returns once the engine is loaded
+    engine.submit(request, sink)                     # checked here (RequestError), then sent
+    engine.abort(request_id)
+    engine.shutdown()
+
+The child ("spawn": a fresh interpreter, the parent's environment) runs `start` (which
+resolves, builds and loads the engine and returns its executor; the progress lines it says
+come back to the front end's `progress`), then one loop on its main thread: take what the
+pipe brought (add, abort, shutdown), step the executor, and send ONE message per step that
+carries every updated request's new tokens and a snapshot of the engine's counters
+(`EngineStats`). A receiver thread in the front end hands each update to its request's
+`sink` (consumers put it on their own queue, see llm.py); it does no torch work.
+
+Requests are checked in the caller's thread with the executor's own rules (`Admission`,
+which the front end gets at start), so a bad request raises RequestError before it is sent.
+When the child dies, every open request ends with finish_reason "error" and `running` turns
+false; when the front end dies, the child reads the end of its pipe and exits. The child
+ignores SIGINT: Ctrl-C reaches the front end, which shuts the engine down in order.
+
+The pipe is private to our two processes, so its messages are pickled.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import signal
+import threading
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..logger import logger
+from ..runtime.admission import Admission
+from ..runtime.executor import Executor, ExecutorStats
+from ..runtime.request import Request
+
+JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Update:
+    """New since the last update of one request. The logits travel only when the request
+    asked for them, once, when it finishes."""
+    request_id: int
+    token_ids: list[int]
+    log_probs: list[float]
+    top_log_probs: list[dict]
+    finished: bool
+    finish_reason: Optional[str]
+    error: Optional[str] = None
+    context_logits: Any = None      # torch.Tensor [prompt_len, V]
+    generation_logits: Any = None   # list of torch.Tensor [V], one per generated token
+
+
+@dataclass
+class EngineStats(ExecutorStats):
+    """The executor's counters and the engine's state after its latest step."""
+    num_running: int = 0              # requests in the running batch
+    num_waiting: int = 0              # requests queued in the executor
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    requests_received: int = 0        # requests the engine process has taken in
+
+
+@dataclass
+class EngineInfo:
+    """What the front end learns when the engine has loaded."""
+    admission: Admission              # the executor's checks of a request (its limits, pool size)
+    max_batch_size: int               # sequences per step (the scheduler's)
+    engine_dir: Path
+    tokenizer_source: Optional[Path]  # see model_loader.ResolvedModel
+    stats: EngineStats = field(default_factory=EngineStats)
+
+
+class EngineProcess:
+    """The front end's handle on the engine process."""
+
+    def __init__(self, start: Callable[[Callable[[str], None]], tuple[Executor, Any]],
+                 progress: Optional[Callable[[str], None]] = print):
+        """Starts the child, which runs `start(progress)` (picklable; returns the executor and
+        the model_loader.ResolvedModel it loaded); returns once it has. What `start` raises is
+        raised here."""
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._process = ctx.Process(target=_engine_main, args=(child_conn, start), name="trtllm-engine",
+                                    daemon=True)
+        self._process.start()
+        child_conn.close()  # ours is gone, so the child's end of the pipe closes when it exits
+        self._send_lock = threading.Lock()
+        self._sinks: dict[int, Callable[[Update], None]] = {}
+        self._sinks_lock = threading.Lock()
+        self._alive = True
+        self._stopping = False
+        self.error: Optional[str] = None
+        try:
+            self.info = self._wait_started(progress)
+        except BaseException:
+            self._stop_process(timeout=5.0)
+            raise
+        self.stats: EngineStats = self.info.stats
+        self.admission = self.info.admission
+        self._receiver = threading.Thread(target=self._receive, name="trtllm-engine-receiver", daemon=True)
+        self._receiver.start()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether requests are taken: not shut down, and the engine process is alive."""
+        return self._alive and not self._stopping
+
+    def submit(self, request: Request, sink: Callable[[Update], None]) -> None:
+        """Check a request here, in the caller's thread (RequestError), then send it."""
+        if not self.running:
+            raise RuntimeError(f"the engine is not running ({self.error or 'shut down'})")
+        self.admission.check(request)
+        with self._sinks_lock:
+            if not self._alive:  # died since the check above: the receiver has told its sinks
+                raise RuntimeError(f"the engine is not running ({self.error})")
+            self._sinks[request.request_id] = sink
+        try:
+            self._send(("add", request))
+        except OSError:
+            with self._sinks_lock:
+                self._sinks.pop(request.request_id, None)
+            raise RuntimeError(f"the engine is not running ({self.error or 'its process has exited'})") from None
+
+    def abort(self, request_id: int) -> None:
+        try:
+            self._send(("abort", request_id))
+        except OSError:
+            pass  # the engine is gone: its requests have ended already
+
+    def shutdown(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Abort what runs, stop the engine process and join it (terminated past `timeout`)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        try:
+            self._send(("shutdown",))
+        except OSError:
+            pass
+        self._stop_process(timeout)
+        self._receiver.join(timeout)
+        self._conn.close()
+
+    # -- the pipe ---------------------------------------------------------------------------
+
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._conn.send_bytes(data)
+
+    def _wait_started(self, progress: Optional[Callable[[str], None]]) -> EngineInfo:
+        while True:
+            try:
+                kind, body = pickle.loads(self._conn.recv_bytes())
+            except EOFError:
+                self._process.join(JOIN_TIMEOUT_S)
+                raise RuntimeError(f"the engine process exited (code {self._process.exitcode}) "
+                                   f"while loading the engine") from None
+            if kind == "progress":
+                if progress is not None:
+                    progress(body)
+            elif kind == "failed":
+                error, remote_traceback = body
+                error.__cause__ = _RemoteTraceback(remote_traceback)
+                raise error
+            else:
+                return body
+
+    def _receive(self) -> None:
+        """The receiver thread: each step's updates to their sinks, until the pipe ends."""
+        try:
+            while True:
+                kind, body = pickle.loads(self._conn.recv_bytes())
+                if kind == "step":
+                    updates, self.stats = body
+                    for update in updates:
+                        self._deliver(update)
+                elif kind == "stopped":
+                    self.error = body
+        except (EOFError, OSError):
+            pass
+        if not self._stopping and self.error is None:
+            self._process.join(1.0)
+            self.error = f"the engine process exited (code {self._process.exitcode})"
+        with self._sinks_lock:
+            self._alive = False
+            sinks, self._sinks = self._sinks, {}
+        for request_id, sink in sinks.items():
+            sink(Update(request_id, [], [], [], True, "error" if self.error else "abort", self.error))
+
+    def _deliver(self, update: Update) -> None:
+        with self._sinks_lock:
+            sink = self._sinks.pop(update.request_id) if update.finished else self._sinks.get(update.request_id)
+        if sink is not None:
+            sink(update)
+
+    def _stop_process(self, timeout: float) -> None:
+        self._process.join(timeout)
+        if self._process.is_alive():
+            logger.warning(f"the engine process did not stop within {timeout} s; terminating it")
+            self._process.terminate()
+            self._process.join(5.0)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+
+
+class _RemoteTraceback(Exception):
+    """Where an error raised in the engine process came from (its traceback, as text)."""
+
+    def __str__(self) -> str:
+        return f"\n\nin the engine process:\n{self.args[0]}"
+
+
+# -- the engine process ---------------------------------------------------------------------
+
+def _engine_main(conn, start) -> None:
+    """The child's entry point."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front end's to handle
+    send = _Sender(conn)
+    try:
+        executor, resolved = start(lambda line: send(("progress", line)))
+    except BaseException as e:  # noqa: BLE001 - raised again in the front end
+        send(("failed", (_portable(e), traceback.format_exc())))
+        return
+    executor.driver = threading.get_ident()  # this thread, and no other, steps it
+    core = _EngineCore(executor, send)
+    send(("started", EngineInfo(executor.admission, executor.scheduler.max_batch_size, resolved.engine_dir,
+                                resolved.tokenizer_source, core.stats())))
+    core.run(conn)
+
+
+class _Sender:
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __call__(self, message: tuple) -> None:
+        self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling, else a RuntimeError with its words."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+class _EngineCore:
+    """The child's loop: requests in, the executor stepped, one message out per step."""
+
+    def __init__(self, executor: Executor, send: _Sender):
+        self.executor = executor
+        self.send = send
+        self._open: dict[int, list] = {}   # request id -> [request, tokens sent]
+        self._updates: list[Update] = []
+        self._received = 0
+        self._stop = False
+
+    def stats(self) -> EngineStats:
+        ex, kv = self.executor, self.executor.kv_cache
+        return EngineStats(**asdict(ex.stats), num_running=ex.num_running, num_waiting=ex.num_waiting,
+                           kv_blocks_used=kv.num_used_blocks, kv_blocks_total=kv.num_blocks,
+                           requests_received=self._received)
+
+    def run(self, conn) -> None:
+        try:
+            while not self._stop:
+                # Idle, wait for the front end; else take only what has arrived.
+                self._apply(conn, block=not self.executor.has_work)
+                stepped = self.executor.has_work and not self._stop
+                if stepped:
+                    for request in self.executor.step():
+                        self._collect(request)
+                if self._stop:
+                    self._end_all(None)
+                if stepped or self._updates:
+                    updates, self._updates = self._updates, []
+                    self.send(("step", (updates, self.stats())))
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            return  # the front end is gone: nobody is left to tell
+        except Exception as e:  # a bug: every request hears it, the front end too
+            error = f"{type(e).__name__}: {e}"
+            logger.error(f"the engine stopped: {error}\n{traceback.format_exc()}")
+            self._end_all(error)
+            try:
+                self.send(("step", (self._updates, self.stats())))
+                self.send(("stopped", error))
+            except OSError:
+                pass
+
+    def _apply(self, conn, block: bool) -> None:
+        if not conn.poll(None if block else 0):
+            return
+        while True:
+            kind, *args = pickle.loads(conn.recv_bytes())
+            if kind == "add":
+                self._add(args[0])
+            elif kind == "abort":
+                request = self.executor.abort(args[0])
+                if request is not None:
+                    self._collect(request)
+            elif kind == "shutdown":
+                self._stop = True
+                return
+            if not conn.poll(0):
+                return
+
+    def _add(self, request: Request) -> None:
+        self._received += 1
+        try:
+            self.executor.add_request(request)
+        except Exception as e:  # refused late (e.g. an id clash): tell that request only
+            self._updates.append(Update(request.request_id, [], [], [], True, "error", str(e)))
+            return
+        self._open[request.request_id] = [request, 0]
+
+    def _collect(self, request: Request) -> None:
+        entry = self._open.get(request.request_id)
+        if entry is None:
+            return
+        n = entry[1]
+        out = request.output_token_ids
+        update = Update(request.request_id, out[n:], request.log_probs[n:], request.top_log_probs[n:],
+                        request.finished, request.finish_reason, request.error)
+        entry[1] = len(out)
+        if request.finished:
+            del self._open[request.request_id]
+            if request.return_context_logits and request.context_logits:
+                import torch
+                update.context_logits = torch.cat(request.context_logits)
+            if request.return_generation_logits:
+                update.generation_logits = request.generation_logits
+        if update.token_ids or update.finished:
+            self._updates.append(update)
+
+    def _end_all(self, error: Optional[str]) -> None:
+        """Every open request ends: aborted at a shutdown (error None), else with the error
+        (the executor is not touched again after it failed)."""
+        for request_id in list(self._open):
+            if error is None:
+                request = self.executor.abort(request_id)
+                if request is not None:
+                    self._collect(request)
+            if self._open.pop(request_id, None) is not None:
+                self._updates.append(Update(request_id, [], [], [], True, "error" if error else "abort", error))
