@@ -23,9 +23,18 @@ perplexity each engine also reports; random ids otherwise):
         --quant none,int8_wo,int4_wo --batch_sizes 1 --input_len 32 --output_len 64 --no_hf
 
 int8_wo is W8A16 per output channel; int4_wo W4A16 in groups of --group_size (the largest of
-128 / 64 / 32 that divides the model's widths by default). With smollm2-gguf, int4_wo keeps
-the GGUF file's own Q4_1 blocks (INT4, group 32) and its Q8_0 embedding as an INT8 LM head,
-exactly; int8_wo quantizes its dequantized weights.
+128 / 64 / 32 that divides the model's widths by default); fp8 is FP8 W8A8 with per-tensor
+weight scales and static activation scales calibrated on the agreement prompts (through a
+transformers model of the same weights). The LM head stays float in all three (TensorRT-LLM's
+default). With smollm2-gguf, int4_wo keeps the GGUF file's own Q4_1 blocks (INT4, group 32)
+and its Q8_0 embedding as an INT8 LM head, exactly; int8_wo and fp8 quantize its dequantized
+weights. FP8 needs a GPU of compute capability 8.9 or newer (the CPU runs its reference):
+
+    python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant none,fp8 \
+        --batch_sizes 1,8,32,64 --input_len 128 --output_len 128 --no_hf
+
+The decode floor is the engine's weight bytes (the quantized ones for a quantized engine) over
+the copy bandwidth. The perplexity is examples/eval_ppl.py's.
 """
 from __future__ import annotations
 
@@ -43,12 +52,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.models.llama.convert import config_from_hf  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
+from eval_ppl import article_token_ids, perplexity  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
@@ -190,17 +201,24 @@ def gguf_models(dtype, device, with_hf):
     return model, hf
 
 
-QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4"}
+QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4", "fp8": "fp8"}
 
 
-def quantized_model(model, quant: str, group_size, gguf: bool):
+def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibration=()):
     """The model `quant` asks for, of the float model's weights (a new model; the float one
-    is kept for the other variants)."""
-    from tensorrt_llm.models.quantize import quantize_checkpoint, weight_only_config
+    is kept for the other variants). fp8 calibrates its activation scales by running `hf`
+    (a transformers model of the same weights) on the `calibration` token id lists."""
+    from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint, weight_only_config
     config = model.config
     if quant == "int4_wo" and gguf:
         from tensorrt_llm.models.llama.convert import load_weight_only_from_gguf
         config, weights = load_weight_only_from_gguf(gguf_path(), config)
+    elif quant == "fp8":
+        from tensorrt_llm.models.llama.calibrate import calibrate_input_amax
+        amax = calibrate_input_amax(hf, [list(map(int, p)) for p in calibration])
+        weights = {name: p.value for name, p in model.named_parameters()}
+        config = fp8_config(config)
+        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax)
     else:
         weights = {name: p.value for name, p in model.named_parameters()}
         if group_size is None and quant == "int4_wo":
@@ -231,22 +249,7 @@ def text_prompts(n: int, length: int) -> list[torch.Tensor]:
     """The first `length` tokens of n of the project's articles (examples/data), in SmolLM2's
     tokenizer: real text, for the token agreement and the perplexity."""
     from tensorrt_llm.tokenizer_utils import load_tokenizer
-    tokenizer = load_tokenizer(gguf_path())
-    lines = (ROOT / "examples" / "data" / "summarize_articles.jsonl").read_text().splitlines()
-    texts = [json.loads(line)["article"] for line in lines[:n]]
-    return [torch.tensor(tokenizer(t)["input_ids"][:length], dtype=torch.int32) for t in texts]
-
-
-def perplexity(runner, prompts) -> float:
-    """exp of the mean next-token cross entropy over the prompts (teacher forcing: one
-    context pass each, its logits)."""
-    losses = []
-    for prompt in prompts:
-        logits = runner.generate([prompt], max_new_tokens=1, return_context_logits=True)["context_logits"][0]
-        target = torch.as_tensor(prompt[1:], dtype=torch.long)
-        losses.append(torch.nn.functional.cross_entropy(logits[:-1].float().cpu(), target, reduction="sum"))
-        losses[-1] = (losses[-1], len(target))
-    return float(torch.exp(sum(l for l, _ in losses) / sum(n for _, n in losses)))
+    return [torch.tensor(ids, dtype=torch.int32) for ids in article_token_ids(load_tokenizer(gguf_path()), n, length)]
 
 
 def agreement(ours: list[list[int]], ref: list[list[int]]) -> dict:
@@ -371,12 +374,16 @@ def run_one(args, quant, prompts=None, tokens=None):
     with PeakRSS() as rss_build:
         t = time.perf_counter()
         torch.manual_seed(0)  # every variant of a random model has the same weights
+        with_hf = not args.no_hf or quant == "fp8"  # fp8 calibrates through transformers
         if args.model == "smollm2-gguf":
-            model, hf = gguf_models(dtype_name, device, not args.no_hf)
+            model, hf = gguf_models(dtype_name, device, with_hf)
         else:
-            model, hf = random_models(args.model, dtype_name, device, not args.no_hf)
+            model, hf = random_models(args.model, dtype_name, device, with_hf)
         if QUANTS[quant] is not None:
-            model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf")
+            calibration = prompts or [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32)]
+            model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf", hf, calibration)
+        if args.no_hf:
+            hf = None
         result["weights_seconds"] = time.perf_counter() - t
         t = time.perf_counter()
         engine = build(model, bc)

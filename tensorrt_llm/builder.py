@@ -4,6 +4,7 @@ the kernel choice -> an `Engine` (engine.py holds the format, build_config.py th
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Optional
 
@@ -15,7 +16,23 @@ from .engine import read_engine_config as read_engine_config  # where the LLM AP
 from .graph_rewriting import optimize
 from .logger import logger
 from .network import Network, net_guard
+from .quantization.mode import check_device_support
 from .timing_cache import TimingCache, choose_implementations
+
+
+def target_capability(target_device: str) -> Optional[tuple[int, int]]:
+    """(major, minor) compute capability of a "cuda:sm_XY" build target (sm_89 -> (8, 9),
+    sm_100 -> (10, 0)); None for a target that names no GPU ("any")."""
+    m = re.fullmatch(r"cuda:sm_(\d+)(\d)", target_device)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_quantization_target(quant_config, target_device: str) -> None:
+    """ConfigError, in one line, when the build target is a GPU that cannot run the model's
+    quantization (FP8 before sm_89); a target naming no GPU builds anything (the CPU runs
+    FP8 through the reference)."""
+    capability = target_capability(target_device)
+    check_device_support(quant_config, "cpu" if capability is None else "cuda", capability)
 
 
 def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> Engine:
@@ -29,6 +46,7 @@ def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> E
     t0 = time.perf_counter()
     pretrained = model.config
     build_config = build_config.resolve(pretrained.max_position_embeddings)
+    check_quantization_target(pretrained.quant_config, build_config.target_device)
     network = Network(name=type(model).__name__)
     with net_guard(network):
         bc = build_config

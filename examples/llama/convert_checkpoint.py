@@ -19,9 +19,12 @@ INT4, activations in --dtype; the config's `quantization` section says which):
     python examples/llama/convert_checkpoint.py --gguf_file model.gguf --output_dir ckpt --use_weight_only
 
 A float source is quantized here (INT8 per output channel unless --group_size; INT4 in
-groups of --group_size, 128 by default); a GGUF file keeps its Q4_0 / Q4_1 / Q4_K blocks as
-INT4 and Q8_0 / Q6_K as INT8, exactly (--weight_only_precision does not apply), and
-dequantizes the rest. A tied LM head gets its own quantized copy (the embedding stays float).
+groups of --group_size, 128 by default), its LM head left float as TensorRT-LLM leaves it; a
+GGUF file keeps its Q4_0 / Q4_1 / Q4_K blocks as INT4 and Q8_0 / Q6_K as INT8, exactly
+(--weight_only_precision does not apply), and dequantizes the rest; a tied Q8_0 embedding gives
+the LM head its own INT8 copy (the embedding stays float).
+
+FP8 (W8A8) checkpoints, which need calibration, are written by examples/quantization/quantize.py.
 
 The checkpoint is written into a new folder beside --output_dir and renamed into place
 when complete: a failed conversion leaves an earlier --output_dir as it was. An error ends

@@ -27,16 +27,16 @@ except ImportError:  # older safetensors
 from .._utils import read_json_object, str_dtype_to_torch
 from ..errors import CheckpointError, ConfigError
 from ..mapping import Mapping
-from ..quantization.mode import INT4_WEIGHT_ALGOS, INT8_WEIGHT_ALGOS, QuantConfig
+from ..quantization.formats import FP8_DTYPE
+from ..quantization.mode import QuantConfig
 
 # Architecture names a checkpoint may declare. `tensorrt_llm/models/__init__.py` adds the
 # keys of its MODEL_MAP, so a config is rejected before a build looks for a missing class.
 KNOWN_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
-# Architectures whose linears take weight-only INT8 / INT4 weights (a `quantization` section).
+# Architectures whose linears take weight-only INT8 / INT4 or FP8 weights (a `quantization` section).
 QUANTIZABLE_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
-WEIGHT_ONLY_ALGOS = INT8_WEIGHT_ALGOS | INT4_WEIGHT_ALGOS
 # Checkpoint tensors of quantized linears that stay as they are when weights are cast.
-QUANT_TENSOR_SUFFIXES = (".weight_scale", ".weight_zero")
+QUANT_TENSOR_SUFFIXES = (".weight_scale", ".weight_zero", ".input_scale")
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
 POSITION_EMBEDDING_TYPES = ("rope_gpt_neox", "rope_gptj", "learned_absolute", "alibi")
@@ -183,18 +183,15 @@ class PretrainedConfig:
 
     def _validate_quantization(self):
         """The `quantization` section: a QuantConfig section (quantization/mode.py) whose
-        weight algorithms are the weight-only INT8 / INT4 ones, for LLaMA-family models (the
-        linears that can run them); FP8 and a quantized KV cache are not supported yet."""
+        weight algorithms (the weight-only INT8 / INT4 and the FP8 ones: QuantConfig refuses
+        any other) are for LLaMA-family models (the linears that can run them); a quantized KV
+        cache is not supported yet."""
         qc = self.quant_config
         if not qc.quantizes_weights and not qc.quantizes_kv_cache:
             return
         if qc.quantizes_kv_cache:
             raise ConfigError(f"PretrainedConfig: quantization.kv_cache_quant_algo "
                               f"{qc.kv_cache_quant_algo.value} is not supported yet (the KV cache is in dtype)")
-        unsupported = sorted(a.value for a in qc.layer_algos() if a not in WEIGHT_ONLY_ALGOS)
-        if unsupported:
-            raise ConfigError(f"PretrainedConfig: quantization {', '.join(unsupported)} is not supported yet; "
-                              f"weight-only {', '.join(sorted(a.value for a in WEIGHT_ONLY_ALGOS))} are")
         if self.architecture not in QUANTIZABLE_ARCHITECTURES:
             raise ConfigError(f"PretrainedConfig: quantized checkpoints of {self.architecture} are not "
                               f"supported (only {', '.join(sorted(QUANTIZABLE_ARCHITECTURES))})")
@@ -376,7 +373,7 @@ def write_checkpoint(folder, config: PretrainedConfig,
             raise ValueError(f"save_checkpoint: more weight sets than world_size "
                              f"({config.mapping.world_size})")
         for name, tensor in weights.items():
-            if tensor.is_floating_point() and tensor.dtype != config.torch_dtype:
+            if in_model_dtype(name, tensor) and tensor.dtype != config.torch_dtype:
                 raise ValueError(f"save_checkpoint: rank {rank} weight {name} is {tensor.dtype}, "
                                  f"config dtype is {config.dtype}")
         path = output_dir / rank_weights_name(rank)
@@ -475,9 +472,13 @@ def load_checkpoint_weights(checkpoint_dir, rank: int = 0) -> dict[str, torch.Te
         raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from e
 
 
+def in_model_dtype(name: str, tensor: torch.Tensor) -> bool:
+    """Whether a checkpoint tensor is a float weight in the model's dtype: not an integer, not
+    FP8 codes, not a quantized linear's scale or zero (float32 whatever the dtype)."""
+    return tensor.is_floating_point() and tensor.dtype != FP8_DTYPE and not name.endswith(QUANT_TENSOR_SUFFIXES)
+
+
 def cast_weights(weights: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
-    """Cast floating weights to `dtype` (integer tensors, and the scales and zeros of
-    quantized linears, are left alone)."""
+    """Cast the float weights (in_model_dtype) to `dtype`; the others are left alone."""
     target = str_dtype_to_torch(dtype)
-    return {k: (v.to(target) if v.is_floating_point() and not k.endswith(QUANT_TENSOR_SUFFIXES) else v)
-            for k, v in weights.items()}
+    return {k: (v.to(target) if in_model_dtype(k, v) else v) for k, v in weights.items()}

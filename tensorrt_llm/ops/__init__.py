@@ -10,7 +10,9 @@ registered here; `tensorrt_llm.functional` is every op by name, and `tensorrt_ll
 the compiled kernels as torch.library custom ops.
 """
 from ..network import Tensor
-from . import activation, attention, attention_cuda, elementwise, linear, norm, quantized_linear, rotary, tensor  # noqa: F401
+from . import (  # noqa: F401
+    activation, attention, attention_cuda, elementwise, fp8_linear, linear, norm, quantized_linear, rotary, tensor,
+)
 from .op import (
     CPU,
     CUDA,

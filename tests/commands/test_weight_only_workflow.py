@@ -39,9 +39,11 @@ def test_convert_writes_the_section_and_quantized_tensors(hf_dir, tmp_path, caps
     assert f"quantization: {algo}" in capsys.readouterr().out
     config = json.loads((ckpt / "config.json").read_text())
     assert config["quantization"]["quant_algo"] == algo and config["quantization"]["group_size"] == group
-    assert config["share_embedding_table"] is False  # the tied head got its own quantized copy
+    assert config["share_embedding_table"] is True  # the LM head stays float (TensorRT-LLM's default)
     with safe_open(str(ckpt / "rank0.safetensors"), framework="pt") as f:
-        assert str(f.get_tensor("lm_head.weight").dtype) == ("torch.int8" if algo == "W8A16" else "torch.uint8")
+        assert "lm_head.weight" not in f.keys()
+        assert str(f.get_tensor("transformer.layers.0.mlp.proj.weight").dtype) == \
+            ("torch.int8" if algo == "W8A16" else "torch.uint8")
         assert str(f.get_tensor("transformer.vocab_embedding.weight").dtype) == "torch.float32"
 
 

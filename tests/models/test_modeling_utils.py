@@ -87,7 +87,7 @@ def test_vocab_padding():
     (dict(rotary_scaling={"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}),
      "needs exactly the keys"),
     (dict(rotary_scaling={"type": "linear", "factor": 0}), "factor must be > 0"),
-    (dict(quantization={"quant_algo": "FP8"}), "quantization FP8 is not supported yet"),
+    (dict(quantization={"quant_algo": "W8A8_SQ_PER_CHANNEL"}), "W8A8_SQ_PER_CHANNEL is not supported by this project"),
     (dict(quantization={"quant_algo": None, "kv_cache_quant_algo": "INT8"}), "kv_cache_quant_algo INT8 is not"),
     (dict(quantization={"quant_algo": "W4A16", "group_size": 48}), "group_size 48 is not supported"),
     (dict(architecture="GPTForCausalLM", quantization={"quant_algo": "W8A16"}),

@@ -28,10 +28,10 @@ def hf():
     return random_hf_llama(seed=5, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
 
 
-def _quantized(hf, precision, group):
+def _quantized(hf, precision, group, exclude_modules=None):
     config = config_from_hf(hf.config, dtype="float32")
     weights = load_weights_from_hf(hf, config)
-    config = weight_only_config(config, precision, group)
+    config = weight_only_config(config, precision, group, exclude_modules)
     return config, quantize_checkpoint(LLaMAForCausalLM, config, weights)
 
 
@@ -57,26 +57,33 @@ def _dequantized(config, weights):
     return dataclasses.replace(config, quantization={"quant_algo": None}), out
 
 
-def test_checkpoint_quantizes_every_linear_and_unties_the_head(hf):
+def test_checkpoint_quantizes_every_linear_and_keeps_the_head_float(hf):
     config, weights = _quantized(hf, "int4", 32)
-    assert not config.share_embedding_table
     for i in range(2):
         for lin in LINEARS:
             p = f"transformer.layers.{i}.{lin}"
             assert weights[f"{p}.weight"].dtype == torch.uint8
             assert weights[f"{p}.weight_scale"].dtype == weights[f"{p}.weight_zero"].dtype == torch.float32
-    assert weights["lm_head.weight"].dtype == torch.uint8
+    # TensorRT-LLM's default: the LM head (here the tied embedding) stays float
+    assert config.quantization["exclude_modules"] == ["lm_head"]
+    assert config.share_embedding_table and "lm_head.weight" not in weights
     assert weights["transformer.vocab_embedding.weight"].dtype == torch.float32
     config8, weights8 = _quantized(hf, "int8", None)
-    assert weights8["lm_head.weight"].dtype == torch.int8 and weights8["lm_head.weight_scale"].dim() == 1
     assert config8.quantization["quant_algo"] == "W8A16" and config8.quantization["group_size"] is None
+
+
+def test_a_quantized_tied_head_is_untied(hf):
+    config, weights = _quantized(hf, "int8", None, exclude_modules=[])
+    assert not config.share_embedding_table
+    assert weights["lm_head.weight"].dtype == torch.int8 and weights["lm_head.weight_scale"].dim() == 1
+    assert weights["transformer.vocab_embedding.weight"].dtype == torch.float32
 
 
 # Through 2 layers and the head, the CPU kernels' bfloat16 activations (cpu.py) move the logits
 # by up to ~1% of their range; 3% bounds it.
 @pytest.mark.parametrize("precision,group", [("int8", None), ("int8", 32), ("int4", 32)])
 def test_engine_logits_are_those_of_the_dequantized_weights(hf, precision, group, tmp_path):
-    config, weights = _quantized(hf, precision, group)
+    config, weights = _quantized(hf, precision, group, exclude_modules=[])
     engine = _engine(config, weights, tmp_path / "q")
     ops = [layer.op for layer in engine.network.layers]
     # gate and fc fuse into one quantized gate_up (their codes, scales and zeros stack by rows)

@@ -5,6 +5,7 @@ from ...layers import Attention, AttentionInputs, Embedding, GatedMLP, RmsNorm
 from ...layers.linear import ColumnLinear, Linear
 from ...module import Module, ModuleList
 from ..decoder import DecoderModelForCausalLM
+from ..fp8_linear import make_fp8
 from ..modeling_utils import PretrainedConfig
 
 
@@ -58,10 +59,14 @@ class LLaMAForCausalLM(DecoderModelForCausalLM):
 def quantize_linears(model, config: PretrainedConfig) -> None:
     """Make each linear the checkpoint's `quantization` section quantizes (attention qkv and
     dense, mlp gate / fc / proj, lm_head; exclude_modules and MIXED_PRECISION per module name)
-    weight-only INT8 / INT4. A tied LM head (share_embedding_table) reads the float embedding."""
+    weight-only INT8 / INT4, or FP8 (W8A8). A tied LM head (share_embedding_table) reads the
+    float embedding."""
     qc = config.quant_config
     if not qc.quantizes_weights:
         return
-    for name, module in model.named_modules():
+    for name, module in list(model.named_modules()):
         if isinstance(module, Linear) and (layer := qc.layer(name)) is not None:
-            module.quantize_weight(layer)
+            if layer.weight_format == "fp8":
+                make_fp8(module, layer)
+            else:
+                module.quantize_weight(layer)

@@ -1,0 +1,149 @@
+"""Quantizes a LLaMA-family model (Hugging Face folder or llama.cpp GGUF file) to FP8 (W8A8) and
+writes our checkpoint folder (config.json with a `quantization` section, rank0.safetensors,
+the tokenizer files), which trtllm-build builds:
+
+    python examples/quantization/quantize.py --model_dir hf_model --qformat fp8 --output_dir ckpt
+    python examples/quantization/quantize.py --model_dir SmolLM2-135M-Instruct.Q4_1.gguf \
+        --qformat fp8 --calib_size 16 --output_dir ckpt
+    trtllm-build --checkpoint_dir ckpt --output_dir engine
+
+The linears (attention qkv and dense, mlp gate / up / down) get FP8 E4M3 weights, one scale
+per tensor (--per_channel: per output channel), and FP8 activations; the embedding, the norms
+and the LM head stay in --dtype, as TensorRT-LLM leaves them by default. Activation scales are
+static by default (quant_algo FP8): each linear's input max |x| over --calib_size calibration
+samples, the first --calib_max_len tokens of the project's articles (examples/data; no
+download), run through the float model in transformers; --dynamic_activations
+(FP8_PER_CHANNEL_PER_TOKEN) scales each token by its own max instead and needs no calibration.
+
+A GGUF file's weights are dequantized first (as convert_checkpoint.py does), so its float
+model is the GGUF file's. FP8 runs on GPUs of compute capability 8.9 or newer (trtllm-build
+refuses older ones) and on the CPU through the reference (exact FP8 arithmetic, slow).
+
+The checkpoint is written into a new folder beside --output_dir and renamed into place when
+complete. An error ends in one "error:" line (exit code 2); --debug shows its traceback.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: eval_ppl's article texts
+
+from eval_ppl import ARTICLES, article_token_ids  # noqa: E402
+
+from tensorrt_llm.cli import add_debug_argument, run_cli  # noqa: E402
+from tensorrt_llm.models.llama import convert  # noqa: E402
+from tensorrt_llm.models.llama.calibrate import calibrate_input_amax  # noqa: E402
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
+from tensorrt_llm.models.modeling_utils import (  # noqa: E402
+    MODEL_DTYPES,
+    atomic_output_dir,
+    check_output_dir,
+    write_checkpoint,
+)
+from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint  # noqa: E402
+from tensorrt_llm.tokenizer_utils import load_tokenizer, save_tokenizer  # noqa: E402
+
+PROG = "quantize.py"
+QFORMATS = ("fp8",)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_dir", type=Path, required=True, help="Hugging Face model folder, or a .gguf file")
+    p.add_argument("--output_dir", type=Path, required=True)
+    p.add_argument("--qformat", choices=QFORMATS, required=True)
+    p.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto",
+                   help="dtype of the float parts and the activations (auto: the source's; float32 for GGUF)")
+    p.add_argument("--per_channel", action="store_true", help="one weight scale per output channel")
+    p.add_argument("--dynamic_activations", action="store_true",
+                   help="per-token activation scales at run time (FP8_PER_CHANNEL_PER_TOKEN), no calibration")
+    p.add_argument("--calib_size", type=int, default=None, help="calibration samples (default 16)")
+    p.add_argument("--calib_max_len", type=int, default=512, help="tokens per calibration sample at most")
+    p.add_argument("--calib_data", type=Path, default=ARTICLES, help="JSON lines with an 'article' text each")
+    p.add_argument("--device", default=None, help="where calibration runs: cpu or cuda (default: cuda when present)")
+    add_debug_argument(p)
+    args = p.parse_args(argv)
+    gguf = args.model_dir.suffix == ".gguf"
+    if gguf and not args.model_dir.is_file():
+        p.error(f"--model_dir {args.model_dir} is not a file")
+    if not gguf and not args.model_dir.is_dir():
+        p.error(f"--model_dir {args.model_dir} is neither a folder nor a .gguf file")
+    if args.dynamic_activations and args.calib_size is not None:
+        p.error("--calib_size calibrates static activation scales; --dynamic_activations has none")
+    if args.calib_size is None:
+        args.calib_size = 16
+    if args.calib_size < 1 or args.calib_max_len < 2:
+        p.error("--calib_size must be >= 1 and --calib_max_len >= 2")
+    if not args.dynamic_activations and not args.calib_data.is_file():
+        p.error(f"--calib_data {args.calib_data} is not a file")
+    return args
+
+
+def float_model(args):
+    """(our config, our float weights) of the source, as convert_checkpoint.py reads it."""
+    dtype = None if args.dtype == "auto" else args.dtype
+    if args.model_dir.suffix == ".gguf":
+        reader = convert.open_gguf(args.model_dir)
+        config = convert.config_from_gguf(args.model_dir, dtype or "float32", reader=reader)
+        return config, convert.load_weights_from_gguf(args.model_dir, config, reader=reader)
+    config = convert.config_from_hf(args.model_dir, dtype)
+    return config, convert.load_weights_from_hf(args.model_dir, config)
+
+
+def transformers_model(source: Path, device: torch.device):
+    """The source's float model in transformers (float32), for calibration; safetensors only:
+    a pickled checkpoint is never loaded."""
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    if source.suffix == ".gguf":
+        kwargs = dict(pretrained_model_name_or_path=str(source.parent), gguf_file=source.name)
+    else:
+        kwargs = dict(pretrained_model_name_or_path=str(source), use_safetensors=True)
+    return transformers.LlamaForCausalLM.from_pretrained(**kwargs, dtype=torch.float32).to(device).eval()
+
+
+def calibrate(args) -> dict[str, torch.Tensor]:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    samples = article_token_ids(load_tokenizer(args.model_dir), args.calib_size, args.calib_max_len, args.calib_data)
+    if len(samples) < args.calib_size:
+        print(f"note: {args.calib_data} has {len(samples)} samples, fewer than the {args.calib_size} asked for",
+              file=sys.stderr)
+    print(f"calibrating on {len(samples)} samples ({sum(map(len, samples))} tokens) on {device}", flush=True)
+    model = transformers_model(args.model_dir, device)
+
+    def progress(done):
+        print(f"\r  {done}/{len(samples)} samples", end="\n" if done == len(samples) else "", flush=True)
+    return calibrate_input_amax(model, samples, progress)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.perf_counter()
+    check_output_dir(args.output_dir, sources=[args.model_dir])
+    print(f"reading {args.model_dir}", flush=True)
+    config, weights = float_model(args)
+    amax = None if args.dynamic_activations else calibrate(args)
+    config = fp8_config(config, dynamic_activations=args.dynamic_activations)
+    print(f"quantizing the linears to FP8 ({config.quant_config.quant_algo.value}, "
+          f"{'per-channel' if args.per_channel else 'per-tensor'} weight scales)", flush=True)
+    weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, per_channel=args.per_channel, input_amax=amax)
+    with atomic_output_dir(args.output_dir, sources=[args.model_dir]) as tmp:
+        write_checkpoint(tmp, config, [weights])
+        tokenizer_files = save_tokenizer(args.model_dir, tmp)
+    size = sum(t.numel() * t.element_size() for t in weights.values())
+    print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, dtype {config.dtype}, "
+          f"quantization {config.quant_config.quant_algo.value}, {size / 2**20:.1f} MiB of weights")
+    if not tokenizer_files:
+        print(f"  warning: no tokenizer files found in {args.model_dir}", file=sys.stderr)
+    print(f"  {time.perf_counter() - start:.1f} s")
+
+
+def cli() -> int:
+    return run_cli(main, PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

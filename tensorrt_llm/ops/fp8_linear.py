@@ -1,0 +1,116 @@
+"""FP8 linear (W8A8): `fp8_linear`, x @ W^T (+ bias) with FP8 E4M3 weights and activations
+(tensorrt_llm/quantization/formats.py, `Fp8Weight`, holds the layout).
+
+    fp8_linear(x, qweight, weight_scale, input_scale=None, bias=None)
+
+- qweight: uint8 [N, K], the E4M3 codes' bytes. Graphs and engines spell dtypes from
+  _utils's table, which has no FP8 dtype, so the codes travel as their bit patterns and the
+  implementations view them as torch.float8_e4m3fn (free: same bytes).
+- weight_scale: float32 [1] (per tensor) or [N] (per output channel): W = float(q) * scale.
+- input_scale: float32 [1], the calibrated static activation scale (x is quantized as
+  x / input_scale), or None: each token's row is quantized with its own amax / 448.
+- bias: x's dtype [N], added after the product.
+
+x is float32 / float16 / bfloat16 [..., K]; the output has x's dtype and shape [..., N]. The
+activation's quantization (divide by its scale, clamp to +-448, round to E4M3) is part of the op.
+
+Implementations:
+- reference: quantize x as the format says, dequantize both operands to float32, matmul in
+  float32, back to x's dtype (formats.quantized_linear_reference): the meaning, on every
+  device; the CPU runs it.
+- cuda: `torch._scaled_mm` (cuBLASLt FP8 GEMM, sm_89+; the builder refuses FP8 for older
+  GPUs). Its second operand must be column-major, which W^T of a row-major [N, K] weight is,
+  and K and N multiples of 16: other shapes run the reference. M (the tokens) is padded to a
+  multiple of 16, which older torch releases require of the first operand. Both scales per
+  tensor: one tensor-wise GEMM in x's dtype. Otherwise the scales are row-wise ([M, 1] and
+  [1, N]): cuBLASLt's row-wise FP8 GEMM writes bfloat16 only, so a bfloat16 x uses it, and
+  float16 / float32 x take the unscaled product in float32 and scale it there. The products
+  are accumulated in float32 (no fast accumulation) and rounded once to the output dtype:
+  against the reference, a relative error of a few units of that dtype's last place.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..network import Tensor
+from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
+from .op import CUDA, REFERENCE, add_layer, check_shape, define
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+# cuBLASLt's FP8 GEMM needs K and N (and, in older torch releases, M) multiples of this.
+SCALED_MM_ALIGNMENT = 16
+
+
+@define
+def fp8_linear(x: Tensor, qweight: Tensor, weight_scale: Tensor, input_scale: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None) -> Tensor:
+    """x @ W^T + bias with W the FP8 weight of qweight (E4M3 bytes) and weight_scale, x
+    quantized to FP8 with input_scale (static) or per token (input_scale None)."""
+    op = "fp8_linear"
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: x must be {' / '.join(FLOAT_DTYPES)}, got {x.dtype}")
+    if qweight.dtype != "uint8" or qweight.ndim != 2 or any(d < 1 for d in qweight.shape):
+        raise ValueError(f"{op}: qweight must be the E4M3 codes' bytes, a static uint8 [out, in] matrix, "
+                         f"got {qweight.dtype} {list(qweight.shape)}")
+    n, k = qweight.shape
+    if weight_scale.dtype != "float32" or tuple(weight_scale.shape) not in ((1,), (n,)):
+        raise ValueError(f"{op}: weight_scale must be float32 [1] (per tensor) or [{n}] (per output channel), "
+                         f"got {weight_scale.dtype} {list(weight_scale.shape)}")
+    if input_scale is not None and (input_scale.dtype != "float32" or tuple(input_scale.shape) != (1,)):
+        raise ValueError(f"{op}: input_scale must be float32 [1] (static) or absent (per token), "
+                         f"got {input_scale.dtype} {list(input_scale.shape)}")
+    if x.ndim < 1 or x.shape[-1] not in (k, -1):
+        raise ValueError(f"{op}: input {list(x.shape)} does not match in_features {k}")
+    if bias is not None:
+        if bias.dtype != x.dtype:
+            raise ValueError(f"{op}: bias dtype {bias.dtype} is not x's {x.dtype}")
+        check_shape(op, bias, (n,), "bias")
+    return add_layer(op, [x, qweight, weight_scale, input_scale, bias], [(x.dtype, tuple(x.shape[:-1]) + (n,))])
+
+
+def _weight(qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: Optional[torch.Tensor]) -> Fp8Weight:
+    return Fp8Weight(qweight.view(FP8_DTYPE), weight_scale, input_scale)
+
+
+@fp8_linear.implementation(REFERENCE)
+def fp8_linear_reference(x, qweight, weight_scale, input_scale=None, bias=None):
+    return quantized_linear_reference(x, _weight(qweight, weight_scale, input_scale), bias)
+
+
+# ---- CUDA: torch._scaled_mm ---------------------------------------------------------------------
+
+
+@fp8_linear.implementation(CUDA)
+def fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
+    n, k = qweight.shape
+    if k % SCALED_MM_ALIGNMENT or n % SCALED_MM_ALIGNMENT:
+        return fp8_linear_reference(x, qweight, weight_scale, input_scale, bias)
+    lead = x.shape[:-1]
+    qx, x_scale = quantize_fp8_activation(x.reshape(-1, k), input_scale)
+    m = qx.shape[0]
+    pad = -m % SCALED_MM_ALIGNMENT
+    w_t = qweight.view(FP8_DTYPE).t()  # [K, N], column-major
+    if x_scale.numel() == 1 and weight_scale.numel() == 1:
+        if pad:
+            qx = torch.nn.functional.pad(qx.view(torch.uint8), (0, 0, 0, pad)).view(FP8_DTYPE)
+        y = torch._scaled_mm(qx, w_t, scale_a=x_scale.reshape(()), scale_b=weight_scale.reshape(()),
+                             out_dtype=x.dtype)
+    else:
+        x_rows = x_scale.expand(m, 1)  # a static scale repeated per token
+        w_cols = weight_scale.reshape(1, -1).expand(1, n)  # a per-tensor scale repeated per channel
+        if pad:
+            qx = torch.nn.functional.pad(qx.view(torch.uint8), (0, 0, 0, pad)).view(FP8_DTYPE)
+            x_rows = torch.nn.functional.pad(x_rows, (0, 0, 0, pad), value=1.0)
+        if x.dtype == torch.bfloat16:
+            y = torch._scaled_mm(qx, w_t, scale_a=x_rows.contiguous(), scale_b=w_cols.contiguous(),
+                                 out_dtype=torch.bfloat16)
+        else:
+            one = torch.ones((), dtype=torch.float32, device=x.device)
+            y = torch._scaled_mm(qx, w_t, scale_a=one, scale_b=one, out_dtype=torch.float32)
+            y = (y * x_rows * w_cols).to(x.dtype)
+    y = y[:m]
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*lead, n)
