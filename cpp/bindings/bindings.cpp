@@ -18,6 +18,15 @@
 namespace py = pybind11;
 using namespace tensorrt_llm;
 
+namespace tensorrt_llm {
+// weight_only_gemv.cu
+void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
+                          void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
+                          int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
+void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
+                                int64_t k, int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
+} // namespace tensorrt_llm
+
 namespace {
 
 constexpr DType kInt32 = DType::kInt32;
@@ -380,6 +389,86 @@ void launchGemvEntry(Call const& c) {
     if constexpr (kCudaKernels) launchGemv(p, c.stream());
 }
 
+// ---- weight_only_gemv / weight_only_dequantize ----
+// The weight as the kernels read it: qweight's bytes (formats.py's INT8 [N, K] or INT4 [N, K / 2])
+// viewed as int32 words [N, K * bits / 32], rows of whole 16-byte packs.
+
+constexpr int64_t kWeightOnlyGemvMaxK = 32768;  // a row of x as float32 (and its pack sums) in shared memory
+
+struct WeightOnlyShape {
+    int bits;
+    int64_t n, k, groupSize;
+};
+
+WeightOnlyShape checkWeightOnlyWeight(Call& c) {
+    std::string const& format = c.text("weight_format");
+    int const bits = format == "int8" ? 8 : format == "int4" ? 4 : 0;
+    if (bits == 0) throw std::invalid_argument("weight_format must be 'int8' or 'int4', got '" + format + "'");
+    TensorArg const& q = c["qweight"];
+    int64_t const n = q.size(0), k = q.size(1) * (32 / bits), codes = 128 / bits;
+    if (q.size(1) % 4 != 0 || q.ptr % 16 != 0) {
+        throw std::invalid_argument(q.describe() + " must start on a 16-byte boundary with rows of whole 16-byte packs ("
+                                    + std::to_string(codes) + " codes: in_features a multiple of "
+                                    + std::to_string(codes) + ")");
+    }
+    int64_t const group = c.integer("group_size");
+    if (group == 0 && bits == 8) {
+        c.shape("scales", {n});
+    } else {
+        if (group < codes || (group & (group - 1)) != 0 || k % group != 0) {
+            throw std::invalid_argument("group_size " + std::to_string(group) + " must be a power of two >= "
+                                        + std::to_string(codes) + " dividing in_features " + std::to_string(k));
+        }
+        c.shape("scales", {n, k / group});
+    }
+    if (bits == 4 && !c.has("zeros")) throw std::invalid_argument("INT4 weights need zeros");
+    if (bits == 8 && c.has("zeros")) throw std::invalid_argument("INT8 weights are symmetric: no zeros");
+    if (bits == 4) c.shape("zeros", {n, k / group});
+    c.fitsInt("in_features", k);
+    c.fitsInt("out_features", n);
+    return {bits, n, k, group};
+}
+
+void checkWeightOnlyGemv(Call& c) {
+    WeightOnlyShape const w = checkWeightOnlyWeight(c);
+    TensorArg const& x = c["x"];
+    if (x.size(1) != w.k) {
+        throw std::invalid_argument("x " + x.shapeStr() + " does not match in_features " + std::to_string(w.k));
+    }
+    if (w.k > kWeightOnlyGemvMaxK) {
+        throw std::invalid_argument("in_features " + std::to_string(w.k) + " is more than the GEMV's "
+                                    + std::to_string(kWeightOnlyGemvMaxK) + " (use weight_only_dequantize)");
+    }
+    c.shape("out", {x.size(0), w.n});
+    c.shape("bias", {w.n});
+    c.fitsInt("rows", x.size(0));
+}
+
+void launchWeightOnlyGemvEntry(Call const& c) {
+    TensorArg const &x = c["x"], &out = c["out"], &q = c["qweight"];
+    int const bits = c.text("weight_format") == "int8" ? 8 : 4;
+    if constexpr (kCudaKernels) {
+        launchWeightOnlyGemv(out.data(), x.data(), q.data(), c["scales"].data(), c.ptr("zeros"), c.ptr("bias"),
+                             x.size(0), q.size(0), x.size(1), x.stride(0), out.stride(0), bits, c.integer("group_size"),
+                             x.dtype, c["scales"].dtype, c.stream());
+    }
+}
+
+void checkWeightOnlyDequantize(Call& c) {
+    WeightOnlyShape const w = checkWeightOnlyWeight(c);
+    c.shape("out", {w.n, w.k});
+    if (c["out"].ptr % 16 != 0) throw std::invalid_argument(c["out"].describe() + " must start on a 16-byte boundary");
+}
+
+void launchWeightOnlyDequantizeEntry(Call const& c) {
+    TensorArg const &out = c["out"], &q = c["qweight"];
+    int const bits = c.text("weight_format") == "int8" ? 8 : 4;
+    if constexpr (kCudaKernels) {
+        launchWeightOnlyDequantize(out.data(), q.data(), c["scales"].data(), c.ptr("zeros"), out.size(0), out.size(1),
+                                   bits, c.integer("group_size"), out.dtype, c["scales"].dtype, c.stream());
+    }
+}
+
 // ---- the table ----
 
 std::vector<Entry> entries() {
@@ -455,6 +544,22 @@ std::vector<Entry> entries() {
           optionalTensor("residual_out").dtypeOf("x").contiguous().written(),
           optionalTensor("norm_weight").dtypeOf("x").contiguous(), real("eps"), stream()},
          checkGemv, launchGemvEntry},
+        {"weight_only_gemv",
+         "out = x @ W.T (+ bias) for a few rows of x, W the INT8 / INT4 weight of qweight (its bytes as int32 words), "
+         "scales (and zeros): weight_format 'int8' (group_size 0: per channel) or 'int4'.",
+         {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
+          tensor("x").rank(2).floats().lastDimContiguous(),
+          tensor("qweight").rank(2).dtypes({kInt32}).contiguous(), tensor("scales").floats().contiguous(),
+          optionalTensor("zeros").dtypeOf("scales").contiguous(), optionalTensor("bias").dtypeOf("x").contiguous(),
+          text("weight_format"), integer("group_size"), stream()},
+         checkWeightOnlyGemv, launchWeightOnlyGemvEntry},
+        {"weight_only_dequantize",
+         "out [N, K] = the INT8 / INT4 weight of qweight (its bytes as int32 words), scales (and zeros) in out's "
+         "dtype: W = code * scale (+ zero) in float32, rounded once.",
+         {tensor("out").rank(2).floats().contiguous().written(), tensor("qweight").rank(2).dtypes({kInt32}).contiguous(),
+          tensor("scales").floats().contiguous(), optionalTensor("zeros").dtypeOf("scales").contiguous(),
+          text("weight_format"), integer("group_size"), stream()},
+         checkWeightOnlyDequantize, launchWeightOnlyDequantizeEntry},
     };
 }
 

@@ -12,8 +12,16 @@ x is float32 / float16 / bfloat16 [..., K]; the output has x's dtype and shape [
 
 Implementations:
 - reference: `quantized_linear_reference` (dequantize to float32, x @ W^T in float32, back to
-  x's dtype): the meaning of the op, on every device. On a GPU it is also what runs (no INT4 /
-  INT8 GPU kernel yet): correct, not fast.
+  x's dtype): the meaning of the op, on every device.
+- cuda: the compiled kernels (cpp/kernels/weight_only_gemv.cu), through
+  `weight_only_matmul_cuda`. Up to GEMV_MAX_ROWS rows (decode) the weight-only GEMV reads the
+  weight once, dequantizing it in registers; it sums in float32 with the group's scale and zero
+  applied once per 16 / 32 codes, which differs from the reference by float32 roundings only,
+  then rounds once to x's dtype. More rows (prompt steps) dequantize the weight to x's dtype
+  (W = code * scale + zero in float32 exactly as formats.py, rounded once) and multiply with
+  cuBLAS: the weight's rounding to float16 / bfloat16 is that path's extra error. A call the
+  kernels' 16-byte packs cannot read (an INT8 in_features not a multiple of 16, a weight not on
+  a 16-byte boundary) runs the reference instead, deliberately.
 - cpu: torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` through
   quantization/cpu.py, the weight packed once per weight tensor (at the first call) and kept
   while that tensor lives. The kernels take bfloat16 activations, scales and zeros and round
@@ -29,12 +37,14 @@ import weakref
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from ..network import Tensor
 from ..quantization import cpu as qcpu
 from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
 from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
-from .op import CPU, REFERENCE, add_layer, check_shape, define
+from .launch import cuda_kernels_available, launch, rows
+from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_FORMATS = ("int8", "int4")
@@ -138,3 +148,62 @@ def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_
     if weight_format == "int8":
         return qcpu.int8_weight_only_linear(x, pack, bias)
     return qcpu.int4_weight_only_linear(x, pack, bias)
+
+
+# ---- CUDA: the weight-only GEMV (decode) or dequantization + cuBLAS (prompt steps) ------------
+
+# Rows the GEMV serves; more run as dequantization + cuBLAS. The GEMV reads the weight once per
+# 8 rows of x and does 8 multiply-adds per code there, so beyond a few tiles the tensor cores win.
+GEMV_MAX_ROWS = 16
+# The binding's limit on in_features for the GEMV (a row of x as float32 in shared memory).
+GEMV_MAX_K = 32768
+
+
+def _codes_per_pack(weight_format: str) -> int:
+    return 16 if weight_format == "int8" else 32
+
+
+def cuda_serves(x: torch.Tensor, qweight: torch.Tensor, weight_format: str) -> bool:
+    """Whether the compiled kernels serve this call: CUDA tensors, in_features a multiple of a
+    16-byte pack's codes (16 INT8 / 32 INT4: always true of INT4 and of group-wise INT8), and a
+    contiguous qweight on a 16-byte boundary."""
+    k = x.shape[-1]
+    return (x.is_cuda and cuda_kernels_available() and k % _codes_per_pack(weight_format) == 0
+            and qweight.is_contiguous() and qweight.data_ptr() % 16 == 0)
+
+
+def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                            zeros: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, *,
+                            weight_format: str, group_size: int = 0,
+                            perm: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x[..., perm] @ W^T (+ bias) with the compiled kernels, for a call `cuda_serves`; perm is
+    INT4's act-order input permutation (formats.py), applied to x by a gather first."""
+    if perm is not None:
+        x = x.index_select(-1, perm.to(device=x.device, dtype=torch.long))
+    x2 = rows(x)
+    m, k = x2.shape
+    n = qweight.shape[0]
+    words = qweight.view(torch.int32)  # the kernels read the bytes as int32 words, in 16-byte packs
+    scales = scales.contiguous()
+    zeros = None if zeros is None else zeros.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        if m:
+            launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size))
+    else:
+        # Prompt steps are bound by arithmetic, not by the weight's bytes: a scratch copy of W in
+        # x's dtype for cuBLAS's tensor cores costs one more pass over N * K elements.
+        w = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        launch("weight_only_dequantize", w, words, scales, zeros, weight_format, int(group_size))
+        out = F.linear(x2, w, bias)
+    return out.reshape(*x.shape[:-1], n)
+
+
+@weight_only_linear.implementation(CUDA)
+def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0):
+    if not cuda_serves(x, qweight, weight_format):
+        return weight_only_linear_reference(x, qweight, scales, zeros, bias, weight_format=weight_format,
+                                            group_size=group_size)
+    return weight_only_matmul_cuda(x, qweight, scales, zeros, bias, weight_format=weight_format,
+                                   group_size=group_size)

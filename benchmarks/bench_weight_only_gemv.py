@@ -1,0 +1,138 @@
+"""Weight-only INT8 / INT4 linear layers on a GPU: weight_only_linear's CUDA implementation
+(the GEMV up to GEMV_MAX_ROWS rows, dequantization + cuBLAS beyond) against torch's bfloat16
+matmul on the unquantized layer, for the linear layers of Llama-3.1-8B.
+
+For each layer and row count: microseconds per call, the bytes of the quantized weight it reads
+(codes, scales and zeros), those bytes per second, and that as a fraction of the copy
+bandwidth measured in the same run (a torch copy of a 1 GiB buffer: bytes read + written over
+its time), which is the layer's floor; and the bfloat16 matmul's time and its ratio to ours.
+
+Each timing replays a CUDA graph of consecutive calls that cycle through enough copies of the
+weights to overflow the L2 cache, as a decode step's layers do (launch gaps as in the decode
+graph); CUDA events around the replays, after a warm-up, median of the repeats.
+
+    python benchmarks/bench_weight_only_gemv.py [--rows 1,8,32] [--formats int4:128,int8:0]
+        [--scale-dtype float32] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from tensorrt_llm.ops.quantized_linear import cuda_serves, weight_only_linear_cuda
+from tensorrt_llm.quantization import quantize_int4, quantize_int8
+
+# Llama-3.1-8B: (layer, out_features, in_features).
+LAYERS = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+          ("lm_head", 128256, 4096)]
+L2_OVERFLOW = 512 << 20  # bytes of weight copies per graph: well over any L2 cache
+
+
+def copy_bandwidth(repeats: int = 10) -> float:
+    src = torch.ones(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * src.numel() / statistics.median(times)
+
+
+def time_calls(calls, repeats: int = 10) -> float:
+    """Median seconds per call of a CUDA graph replaying every function in `calls` once."""
+    for fn in calls:  # warm-up, lazy initialisation (cuBLAS handles, kernel attributes)
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / len(calls))
+    return statistics.median(times)
+
+
+def quantized(fmt: str, group: int, n: int, k: int, scale_dtype: torch.dtype):
+    """The op's tensors (qweight, scales, zeros) of a random layer, made on the GPU."""
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    q = quantize_int8(w, group or None, scale_dtype=scale_dtype) if fmt == "int8" else \
+        quantize_int4(w, group, scale_dtype=scale_dtype)
+    return q.qweight, q.scales, getattr(q, "zeros", None)
+
+
+def nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: torch.dtype, bandwidth: float) -> dict:
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    first = quantized(fmt, group, n, k, scale_dtype)
+    weight_bytes = nbytes(*first)
+    copies = [first] + [quantized(fmt, group, n, k, scale_dtype)
+                        for _ in range(max(1, -(-L2_OVERFLOW // weight_bytes)) - 1)]
+    assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
+    ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group)
+                       for q in copies])
+    del copies, first
+    dense_bytes = n * k * 2
+    dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+             for _ in range(max(2, -(-L2_OVERFLOW // dense_bytes)))]
+    torch_bf16 = time_calls([lambda w=w: F.linear(x, w) for w in dense])
+    del dense
+    torch.cuda.empty_cache()
+    return {"format": fmt, "group_size": group, "rows": rows, "n": n, "k": k,
+            "scale_dtype": str(scale_dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
+            "us": ours * 1e6, "gb_per_s": weight_bytes / ours / 1e9, "of_copy_bandwidth": weight_bytes / ours / bandwidth,
+            "bf16_matmul_us": torch_bf16 * 1e6, "bf16_matmul_bytes": dense_bytes,
+            "speedup_vs_bf16": torch_bf16 / ours}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--formats", default="int4:128,int8:0", help="format:group_size, comma-separated")
+    parser.add_argument("--scale-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                        help="dtype of the scales and zeros (engines hold float32)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    scale_dtype = getattr(torch, args.scale_dtype)
+    bandwidth = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; "
+          f"scales and zeros {args.scale_dtype}")
+    print(f"{'format':<9} {'layer':<8} {'rows':>4} {'us':>9} {'MB':>8} {'GB/s':>7} {'of copy':>8} "
+          f"{'bf16 us':>9} {'speedup':>8}")
+    results = []
+    for spec in args.formats.split(","):
+        fmt, group = spec.split(":")
+        for rows in (int(r) for r in args.rows.split(",")):
+            for layer, n, k in LAYERS:
+                r = bench_layer(fmt, int(group), rows, n, k, scale_dtype, bandwidth)
+                r["layer"] = layer
+                results.append(r)
+                print(f"{spec:<9} {layer:<8} {rows:>4} {r['us']:>9.2f} {r['weight_bytes'] / 1e6:>8.1f} "
+                      f"{r['gb_per_s']:>7.0f} {r['of_copy_bandwidth']:>8.1%} {r['bf16_matmul_us']:>9.2f} "
+                      f"{r['speedup_vs_bf16']:>7.2f}x", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth": bandwidth,
+                       "scale_dtype": args.scale_dtype, "layers": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

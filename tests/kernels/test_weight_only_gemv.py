@@ -1,0 +1,264 @@
+"""weight_only_linear's CUDA implementation (cpp/kernels/weight_only_gemv.cu) against the
+reference (quantization/formats.py's quantized_linear_reference) on random data.
+
+CPU: the implementation is registered, runs only on CUDA devices of a build with the kernels.
+GPU (`-m gpu`): the GEMV kernel for any number of rows, the dequantization kernel bit for bit,
+the op's choice of the two by rows, act-order permutations, the calls it leaves to the
+reference, the binding's refusals, and CUDA-graph replay.
+
+Tolerances, from the output dtype's rounding and K (eps: 2^-10 float16, 2^-7 bfloat16, the
+spacing of the dtype relative to the value; mag = (|x| @ |W|^T), the sum of the products'
+magnitudes):
+- GEMV: the kernel and the reference sum the same float32 products in different orders (the
+  kernel applies each group's scale once per 16 / 32 products; the reference rounds each W to
+  float32 first): each is within K * 2^-24 * mag of the exact sum, so the two float32 results
+  differ by at most (2K + 4) * 2^-24 * mag; each then rounds once to the dtype, which adds at
+  most a spacing: eps * |expected|.
+- dequantization + cuBLAS (more rows): W rounded to the dtype errs by eps / 2 relative per
+  weight, independently, so the sum errs by about eps / sqrt(12) * sqrt(sum (x * w)^2); we allow
+  4 * eps * that (14 of those standard deviations), two spacings of the output (cuBLAS may
+  reduce split sums in the dtype), and the float32 term above. That path is also checked bit
+  for bit against torch's matmul on the exactly dequantized weight.
+"""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tensorrt_llm.ops import CUDA, IMPLEMENTATIONS, OPS, implementations
+from tensorrt_llm.ops.launch import cuda_kernels_available, launch
+from tensorrt_llm.ops.quantized_linear import (
+    GEMV_MAX_ROWS,
+    cuda_serves,
+    weight_only_linear_cuda,
+    weight_only_linear_reference,
+    weight_only_matmul_cuda,
+)
+from tensorrt_llm.quantization import dequantize, quantize_int4, quantize_int8, quantized_linear_reference
+from tensorrt_llm.quantization.formats import Int4Weight
+
+OP = OPS["weight_only_linear"]
+EPS = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -23}
+FORMATS = [("int8", 0), ("int8", 32), ("int8", 64), ("int8", 128), ("int4", 32), ("int4", 64), ("int4", 128)]
+ROWS = [1, 2, 3, 8, 16, 33, 64, 65, 200]
+SHAPES = [(37, 384), (1000, 1536), (64, 14336)]  # N not a multiple of a block's warps; K of 12 .. 448 packs
+
+
+# ---- CPU ----
+
+def test_cuda_implementation_is_registered_for_cuda_devices_of_a_kernel_build():
+    assert CUDA in OP.impls
+    assert list(implementations("cpu")["weight_only_linear"]) == ["cpu", "reference"]
+    on_cuda = list(implementations("cuda")["weight_only_linear"])
+    assert on_cuda == (["cuda", "reference"] if cuda_kernels_available() else ["reference"])
+    assert IMPLEMENTATIONS[CUDA](torch.device("cuda")) == cuda_kernels_available()
+    x = torch.randn(2, 64)
+    assert not cuda_serves(x, torch.zeros(8, 64, dtype=torch.int8), "int8")  # CPU tensors: never the kernels
+
+
+# ---- GPU ----
+
+gpu = pytest.mark.gpu
+DEVICE = "cuda"
+
+
+@pytest.fixture
+def gen(request):
+    seed = int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", seed))
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def needs_kernels():
+    if not cuda_kernels_available():
+        pytest.fail("tensorrt_llm.bindings has no CUDA kernels: build with `python build_wheel.py -a native -s -i`")
+
+
+def _weight(gen, fmt, group, n, k, scale_dtype):
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q = quantize_int8(w, group or None, scale_dtype=scale_dtype) if fmt == "int8" else \
+        quantize_int4(w, group, scale_dtype=scale_dtype)
+    return q
+
+
+def _on_device(q):
+    """The op's tensors (qweight, scales, zeros) of a formats.py weight, on the GPU."""
+    zeros = getattr(q, "zeros", None)
+    return q.qweight.to(DEVICE), q.scales.to(DEVICE), None if zeros is None else zeros.to(DEVICE)
+
+
+def _inputs(gen, m, n, k, dtype):
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    return x, bias
+
+
+def _magnitudes(x, q, bias):
+    """(|x| @ |W|^T, sqrt((x * w)^2 summed over k)) in float64 on the CPU."""
+    xf, w = x.double().cpu(), dequantize(q).double()
+    return xf.abs() @ w.abs().t(), ((xf * xf) @ (w * w).t()).sqrt()
+
+
+def _check(got, want, x, q, bias, dtype, matmul_path, msg):
+    got, want = got.double().cpu(), want.double().cpu()
+    mag, rms = _magnitudes(x, q, bias)
+    k = x.shape[-1]
+    eps = EPS[dtype]
+    tol = eps * want.abs() + (2 * k + 4) * 2.0 ** -24 * mag + 1e-6
+    if matmul_path:
+        tol = tol + eps * want.abs() + 4 * eps * rms
+    err = (got - want).abs()
+    worst = int((err - tol).argmax())
+    assert bool((err <= tol).all()), (f"{msg}: error {err.flatten()[worst]:.3g} over the allowed "
+                                      f"{tol.flatten()[worst]:.3g} at {worst} (expected {want.flatten()[worst]:.4g})")
+
+
+def _gemv(x, qweight, scales, zeros, bias, fmt, group):
+    out = torch.empty(x.shape[0], qweight.shape[0], dtype=x.dtype, device=x.device)
+    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group)
+    return out
+
+
+@gpu
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt,group", FORMATS)
+@pytest.mark.parametrize("m", ROWS)
+def test_gemv_kernel_matches_reference(gen, needs_kernels, m, fmt, group, dtype, scale_dtype):
+    # The kernel itself, for any number of rows (tiles of up to 8 rows per read of the weight).
+    for n, k in SHAPES:
+        q = _weight(gen, fmt, group, n, k, scale_dtype)
+        qw, s, z = _on_device(q)
+        x, bias = _inputs(gen, m, n, k, dtype)
+        for b in (None, bias):
+            want = quantized_linear_reference(x, q, b)
+            got = _gemv(x.to(DEVICE), qw, s, z, None if b is None else b.to(DEVICE), fmt, group)
+            _check(got, want, x, q, b, dtype, False, f"gemv {fmt}/{group} {m}x{n}x{k} bias={b is not None}")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt,group", FORMATS)
+@pytest.mark.parametrize("m", ROWS)
+def test_op_matches_reference(gen, needs_kernels, m, fmt, group, dtype):
+    # The op chooses the GEMV up to GEMV_MAX_ROWS rows, dequantization + cuBLAS beyond.
+    matmul_path = m > GEMV_MAX_ROWS
+    for n, k in SHAPES:
+        q = _weight(gen, fmt, group, n, k, torch.float32)  # the engine's scales and zeros are float32
+        qw, s, z = _on_device(q)
+        x, bias = _inputs(gen, m, n, k, dtype)
+        xd = x.to(DEVICE)
+        for b in (None, bias):
+            bd = None if b is None else b.to(DEVICE)
+            got = weight_only_linear_cuda(xd, qw, s, z, bd, weight_format=fmt, group_size=group)
+            assert got.shape == (m, n) and got.dtype == dtype
+            _check(got, quantized_linear_reference(x, q, b), x, q, b, dtype, matmul_path,
+                   f"op {fmt}/{group} {m}x{n}x{k} bias={b is not None}")
+            if matmul_path:
+                assert torch.equal(got, F.linear(xd, dequantize(q).to(dtype).to(DEVICE), bd))
+
+
+@gpu
+def test_op_keeps_leading_dimensions(gen, needs_kernels):
+    q = _weight(gen, "int4", 64, 100, 256, torch.float32)
+    qw, s, z = _on_device(q)
+    x = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16)
+    got = weight_only_linear_cuda(x.to(DEVICE), qw, s, z, weight_format="int4", group_size=64)
+    assert got.shape == (2, 3, 100)
+    _check(got.reshape(6, 100), quantized_linear_reference(x, q).reshape(6, 100), x.reshape(6, 256), q, None,
+           torch.bfloat16, False, "[2, 3, k]")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt,group", FORMATS)
+def test_dequantize_kernel_is_exact(gen, needs_kernels, fmt, group, scale_dtype, dtype):
+    # W = code * scale (+ zero) in float32 without a fused multiply-add, rounded once: formats.py's
+    # dequantize rounded to the dtype, bit for bit.
+    if fmt == "int4" and scale_dtype == torch.bfloat16:
+        scale_dtype = torch.float16  # bfloat16 INT4 scales and zeros: float16 covers the same code path
+    q = _weight(gen, fmt, group, 333, 512, scale_dtype)
+    qw, s, z = _on_device(q)
+    out = torch.empty(333, 512, dtype=dtype, device=DEVICE)
+    launch("weight_only_dequantize", out, qw.view(torch.int32), s, z, fmt, group)
+    assert torch.equal(out.cpu(), dequantize(q).to(dtype))
+
+
+@gpu
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 5, 40])
+def test_act_order_permutation(gen, needs_kernels, group, m):
+    # GPTQ act-order: stored column j holds input perm[j]; x is gathered first.
+    n, k, dtype = 300, 1024, torch.float16
+    q = _weight(gen, "int4", group, n, k, torch.float16)
+    perm = torch.randperm(k, generator=gen)
+    qp = Int4Weight(q.qweight, q.scales, q.zeros, group, perm)
+    qw, s, z = _on_device(qp)
+    x, bias = _inputs(gen, m, n, k, dtype)
+    got = weight_only_matmul_cuda(x.to(DEVICE), qw, s, z, bias.to(DEVICE), weight_format="int4", group_size=group,
+                                  perm=perm.to(DEVICE))
+    _check(got, quantized_linear_reference(x, qp, bias), x, qp, bias, dtype, m > GEMV_MAX_ROWS, "act-order")
+
+
+@gpu
+@pytest.mark.parametrize("case", ["int8_k_not_packs", "misaligned_weight"])
+def test_unserved_calls_run_the_reference(gen, needs_kernels, case):
+    dtype = torch.bfloat16
+    if case == "int8_k_not_packs":  # per-channel INT8 with in_features 40: not whole 16-byte packs
+        q = _weight(gen, "int8", 0, 24, 40, torch.float32)
+        qw, s, z = _on_device(q)
+    else:
+        q = _weight(gen, "int8", 0, 24, 64, torch.float32)
+        _, s, z = _on_device(q)
+        flat = torch.zeros(24 * 64 + 4, dtype=torch.int8, device=DEVICE)
+        qw = flat[4:].view(24, 64)
+        qw.copy_(q.qweight)
+    x = torch.randn(3, q.qweight.shape[1], generator=gen).to(dtype).to(DEVICE)
+    assert not cuda_serves(x, qw, "int8")
+    got = weight_only_linear_cuda(x, qw, s, z, weight_format="int8", group_size=0)
+    assert torch.equal(got, weight_only_linear_reference(x, qw, s, z, weight_format="int8", group_size=0))
+
+
+@gpu
+def test_binding_refuses_what_the_kernels_cannot_read(needs_kernels):
+    x = torch.zeros(2, 64, dtype=torch.float16, device=DEVICE)
+    out = torch.empty(2, 8, dtype=torch.float16, device=DEVICE)
+    words = torch.zeros(8, 8, dtype=torch.int32, device=DEVICE)  # INT4 [8, 64]
+    scales = torch.ones(8, 2, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="weight_only_gemv: INT4 weights need zeros"):
+        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32)
+    with pytest.raises(ValueError, match="group_size 48"):
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48)
+    with pytest.raises(ValueError, match="16-byte"):
+        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32)
+    with pytest.raises(ValueError, match="weight_format"):
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32)
+    big = torch.zeros(1, 65536, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="more than the GEMV"):
+        launch("weight_only_gemv", out[:1], big, torch.zeros(8, 8192, dtype=torch.int32, device=DEVICE),
+               torch.ones(8, 512, dtype=torch.float16, device=DEVICE),
+               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128)
+
+
+@gpu
+def test_replays_in_a_cuda_graph(gen, needs_kernels):
+    dtype = torch.bfloat16
+    q = _weight(gen, "int4", 128, 1000, 1024, torch.float32)
+    qw, s, z = _on_device(q)
+    static_x = torch.randn(2, 1024, generator=gen).to(dtype).to(DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        weight_only_linear_cuda(static_x, qw, s, z, weight_format="int4", group_size=128)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = weight_only_linear_cuda(static_x, qw, s, z, weight_format="int4", group_size=128)
+    for _ in range(2):
+        x = torch.randn(2, 1024, generator=gen).to(dtype)
+        static_x.copy_(x)
+        graph.replay()
+        _check(y, quantized_linear_reference(x, q), x, q, None, dtype, False, "graph replay")
