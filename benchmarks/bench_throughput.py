@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import tempfile
 import time
@@ -177,17 +176,12 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
 
 
 def run_llm_api(engine_dir, workload, arrival, device) -> dict:
-    """The same requests through LLM.generate_async (its thread and consumers), in a fresh
-    process: this one's main thread has run torch's CPU ops (the runs above), and the LLM's
-    engine thread would then hold a second OpenMP team, which libgomp slows on a small CPU
-    (benchmarks/README.md). A user's process that only calls the LLM has one team."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_llm_api_run, (str(engine_dir), workload, list(arrival), str(device)))
-
-
-def _llm_api_run(engine_dir, workload, arrival, device) -> dict:
+    """The same requests through LLM.generate_async. The LLM's engine runs in a fresh process of
+    its own, as a user's would, so this process having run torch's CPU ops (the runs above)
+    does not slow it (benchmarks/README.md: a second OpenMP team in one process is throttled
+    on a small CPU); this process only submits and waits."""
     from tensorrt_llm import LLM, SamplingParams
-    with LLM(engine_dir, device=device, progress=lambda s: None) as llm:
+    with LLM(engine_dir, device=device, progress=None) as llm:
         # Warm-up, as the executor's run had (first steps allocate; CUDA graphs are captured).
         llm.generate([ids for ids, _ in workload[:8]], SamplingParams(max_tokens=8, ignore_eos=True,
                                                                       detokenize=False), use_tqdm=False)

@@ -158,6 +158,11 @@ class GenerationResult:
         out = self.output.outputs[i]
         if out.finish_reason is not None:
             return  # ended here (a stop string) before the engine heard of it
+        if update.context_logits is not None and i == 0:
+            self.output.context_logits = update.context_logits
+        if update.generation_logits is not None:
+            out.generation_logits = out.generation_logits or []
+            out.generation_logits.extend(update.generation_logits)
         out.token_ids_diff = out.token_ids_diff + update.token_ids
         out.token_ids.extend(update.token_ids)
         if update.log_probs:
@@ -186,10 +191,6 @@ class GenerationResult:
             self.output.error = self.output.error or update.error
         if out.finish_reason is not None:
             self._open -= 1
-            if i == 0 and self.params.return_context_logits:
-                self.output.context_logits = update.context_logits
-            if self.params.return_generation_logits:
-                out.generation_logits = update.generation_logits
         self.output.finished = self._open == 0
 
     def _apply_stop_strings(self, out: CompletionOutput, new_text: str) -> None:

@@ -88,6 +88,19 @@ def wait_for(condition, timeout: float = 30.0) -> bool:
     return False
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc: Linux)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def metric(url: str, name: str) -> float:
     """One sample of GET /metrics (0 when absent, as for a labelled counter not yet incremented)."""
     import requests

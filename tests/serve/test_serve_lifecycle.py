@@ -1,20 +1,24 @@
 """trtllm-serve's command line and lifetime: the API key, a full queue, Ctrl-C / SIGTERM (running
-requests finish, or are aborted past --shutdown_timeout; exit 0), and bad options or models (one
-error line, exit code 2). Its servers run the session's engine folder with runtime limits of one
+requests finish, or are aborted past --shutdown_timeout; exit 0; no engine process left), a killed
+engine process (open requests fail, /health 503), and bad options or models (one error line, exit
+code 2). Its servers run the session's engine folder with runtime limits of one
 sequence per step and a queue of one."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
 import requests
 
-from .conftest import MODEL_NAME, ServerProcess, metric, wait_for
+from .conftest import MODEL_NAME, ServerProcess, child_pids, metric, wait_for
 
 KEY = "test-key-6f1d"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -88,6 +92,8 @@ def test_a_full_queue_answers_503_with_retry_after(guarded):
 
 def test_sigterm_lets_running_requests_finish_and_exits_0(guarded):
     url = guarded.url
+    engine = child_pids(guarded.proc.pid)
+    assert len(engine) == 1, engine  # the engine's process
     stream = requests.post(f"{url}/v1/completions", headers=AUTH, stream=True, timeout=120, json={
         **LONG, "max_tokens": 24, "stream_options": {"include_usage": True}})
     lines = stream.iter_lines()
@@ -101,6 +107,7 @@ def test_sigterm_lets_running_requests_finish_and_exits_0(guarded):
     assert b'"completion_tokens":24' in events[-2], events[-2]
     assert guarded.proc.wait(60) == 0, guarded.output()[-3000:]
     assert "trtllm-serve: stopped" in guarded.output()
+    assert not Path(f"/proc/{engine[0]}").exists()  # stopped and reaped
 
 
 def _accepts(url: str) -> bool:
@@ -124,6 +131,30 @@ def test_ctrl_c_past_the_shutdown_timeout_aborts_and_exits_0(engine_dir, tmp_pat
             list(lines)  # cut off: aborted, not run to its 400 tokens
         assert proc.proc.wait(60) == 0, proc.output()[-3000:]
         assert time.monotonic() - start < 30
+    finally:
+        proc.stop(signal.SIGKILL)
+
+
+def test_a_killed_engine_fails_open_requests_and_health(engine_dir, tmp_path):
+    proc = ServerProcess(engine_dir, "--served_model_name", MODEL_NAME, "--log_level", "warning", "--device", "cpu",
+                         log=tmp_path / "server.log")
+    try:
+        assert requests.get(f"{proc.url}/health", timeout=30).status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(requests.post, f"{proc.url}/v1/completions", json={**LONG, "stream": False},
+                                  timeout=120)
+            assert wait_for(lambda: metric(proc.url, "trtllm_num_requests_running") == 1)
+            engine, = child_pids(proc.proc.pid)
+            os.kill(engine, signal.SIGKILL)
+            start = time.monotonic()
+            r = waiting.result(timeout=60)
+        assert time.monotonic() - start < 30
+        assert r.status_code == 500 and "engine process exited" in r.json()["error"]["message"], r.text
+        assert requests.get(f"{proc.url}/health", timeout=30).status_code == 503
+        r = requests.post(f"{proc.url}/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2},
+                          timeout=30)
+        assert r.status_code == 503, r.text
+        assert proc.stop() == 0, proc.output()[-3000:]
     finally:
         proc.stop(signal.SIGKILL)
 
