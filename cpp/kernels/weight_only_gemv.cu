@@ -91,11 +91,24 @@ __device__ __forceinline__ void loadTile(Params const& p, int64_t m0, float* xs,
     int const k = static_cast<int>(p.k);
     int const numPacks = k / C;
     T const* x = static_cast<T const*>(p.x);
-    for (int i = threadIdx.x; i < MT * k; i += kThreads) {
-        int const r = i / k, col = i - r * k;
-        int const pack = col / C, e = col % C;
-        float const v = m0 + r < p.m ? toFloat(x[(m0 + r) * p.xRowStride + col]) : 0.f;
-        xs[((r * (C / 4) + e / 4) * numPacks + pack) * 4 + e % 4] = v;
+    // kBatch loads in flight per thread before any store: the tile comes from L2, and one load at
+    // a time would cost a latency per element.
+    constexpr int kBatch = 8;
+    for (int i0 = threadIdx.x; i0 < MT * k; i0 += kThreads * kBatch) {
+        float v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            int const i = i0 + b * kThreads;
+            int const r = i / k;
+            v[b] = i < MT * k && m0 + r < p.m ? toFloat(x[(m0 + r) * p.xRowStride + (i - r * k)]) : 0.f;
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            int const i = i0 + b * kThreads;
+            int const r = i / k, col = i - r * k;
+            int const pack = col / C, e = col % C;
+            if (i < MT * k) xs[((r * (C / 4) + e / 4) * numPacks + pack) * 4 + e % 4] = v[b];
+        }
     }
     if constexpr (BITS == 4) {
         __syncthreads();
