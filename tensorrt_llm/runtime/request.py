@@ -147,6 +147,8 @@ def check_prompt(i: int, ids, limits: ModelLimits) -> list[int]:
         bad = lo if lo < 0 else hi
         raise RequestError(f"prompt {i} holds token id {bad}, outside the vocabulary "
                            f"[0, {limits.vocab_size})")
+    if isinstance(ids, list):
+        return list(map(int, ids))  # numpy integers too; in range, checked above
     return _as_int32(ids).tolist()
 
 
@@ -210,6 +212,8 @@ def _prompt_ids(i: int, ids) -> tuple[object, int, int, int]:
         raise RequestError(f"prompt {i} must be a 1-D sequence of token ids, got "
                            f"{type(ids).__name__}")
     ids = list(ids)
+    if set(map(type, ids)) <= {int}:  # the common case, checked at C speed (bool is not int here)
+        return (ids, len(ids), min(ids), max(ids)) if ids else (ids, 0, 0, -1)
     for pos, t in enumerate(ids):
         if isinstance(t, (torch.Tensor, np.ndarray)) and t.ndim == 0 and _integer_dtype(t):
             ids[pos] = t = int(t)
