@@ -102,17 +102,17 @@ def main(argv=None) -> int:
     prompts = article_token_ids(tokenizer, args.num_articles, args.max_tokens, args.data_file)
     predicted = sum(len(p) - 1 for p in prompts)
     print(f"{len(prompts)} articles from {args.data_file}, {predicted} predicted tokens, on {device}")
-    results = {}
+    results = []  # (engine folder, perplexity), in the order given
     for engine_dir in args.engine_dir:
         runner = ModelRunner.from_dir(engine_dir, device=device)
-        results[engine_dir] = perplexity(runner, prompts)
+        results.append((engine_dir, perplexity(runner, prompts)))
         del runner
-        baseline = results[args.engine_dir[0]]
-        change = "" if engine_dir == args.engine_dir[0] else \
-            f" ({100 * (results[engine_dir] / baseline - 1):+.2f}% vs {args.engine_dir[0]})"
-        print(f"{engine_dir}: perplexity {results[engine_dir]:.3f}{change}", flush=True)
+        (base_dir, base), ppl = results[0], results[-1][1]
+        change = f" ({100 * (ppl / base - 1):+.2f}% vs {base_dir})" if len(results) > 1 else ""
+        print(f"{engine_dir}: perplexity {ppl:.3f}{change}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"tokens": predicted, "perplexity": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"tokens": predicted, "engines": [
+            {"engine_dir": d, "perplexity": p} for d, p in results]}, indent=2))
     return 0
 
 

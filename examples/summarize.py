@@ -7,7 +7,13 @@
 
 Both backends get the same prompts (the tokenizer's chat template around "Summarize:" and
 the article) and decode greedily, so a ROUGE difference between them measures the engine,
-not the sampling. The articles are examples/data/summarize_articles.jsonl (see the README
+not the sampling. --engine_dir may be repeated to compare engines (float and quantized ones
+of one model, issue #17): each is reported as "TensorRT-LLM (its folder)", with its ROUGE-1
+difference from the first:
+
+    python examples/summarize.py --test_trt_llm --engine_dir engines/float \
+        --engine_dir engines/int8 --engine_dir engines/fp8 --tokenizer_dir ckpt/float
+ The articles are examples/data/summarize_articles.jsonl (see the README
 there). --check_accuracy exits with status 1 when the engine's ROUGE-1 is below
 --tensorrt_llm_rouge1_threshold. A bad engine, model or data file ends in one "error:" line
 (exit code 2); --debug shows its traceback.
@@ -15,6 +21,7 @@ there). --check_accuracy exits with status 1 when the engine's ROUGE-1 is below
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -31,7 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     from tensorrt_llm.cli import add_debug_argument
     p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine_dir", help="engine folder (for --test_trt_llm)")
+    p.add_argument("--engine_dir", action="append", default=[],
+                   help="engine folder (for --test_trt_llm); repeat to compare engines")
     p.add_argument("--hf_model_dir", help="Hugging Face model folder, or a .gguf file (for --test_hf)")
     p.add_argument("--hf_gguf_file", help="name of the GGUF file inside --hf_model_dir")
     p.add_argument("--tokenizer_dir", help="tokenizer folder or .gguf file (default: the engine "
@@ -75,8 +83,8 @@ def load_tokenizer_for(args):
     from tensorrt_llm.tokenizer_utils import TOKENIZER_FILES, load_tokenizer
     if args.tokenizer_dir:
         return load_tokenizer(args.tokenizer_dir)
-    if args.engine_dir and any((Path(args.engine_dir) / n).is_file() for n in TOKENIZER_FILES):
-        return load_tokenizer(args.engine_dir)
+    if args.engine_dir and any((Path(args.engine_dir[0]) / n).is_file() for n in TOKENIZER_FILES):
+        return load_tokenizer(args.engine_dir[0])
     if args.hf_model_dir:
         folder, gguf = hf_source(args)
         return load_tokenizer(Path(folder) / gguf if gguf else folder)
@@ -122,9 +130,9 @@ def until_end(tokens: list[int], end_id: int) -> list[int]:
     return tokens[:tokens.index(end_id) + 1] if end_id in tokens else tokens
 
 
-def run_trt_llm(args, batches, end_id, pad_id, device):
+def run_trt_llm(engine_dir, args, batches, end_id, pad_id, device):
     from tensorrt_llm.runtime import ModelRunner
-    runner = ModelRunner.from_dir(args.engine_dir, device=device)
+    runner = ModelRunner.from_dir(engine_dir, device=device)
     outputs, seconds = [], 0.0
     for batch in batches:
         t0 = time.perf_counter()
@@ -187,7 +195,9 @@ def main(argv=None) -> int:
 
     backends = []
     if args.test_trt_llm:
-        backends.append(("TensorRT-LLM", run_trt_llm))
+        for engine_dir in args.engine_dir:
+            name = "TensorRT-LLM" if len(args.engine_dir) == 1 else f"TensorRT-LLM ({engine_dir})"
+            backends.append((name, functools.partial(run_trt_llm, engine_dir)))
     if args.test_hf:
         backends.append(("Hugging Face", run_hf))
     rouge1 = {}
@@ -206,16 +216,18 @@ def main(argv=None) -> int:
         print(f"{name} greedy result")
         for k in ROUGE_KEYS:
             print(f"  {k}: {scores[k]:.2f}")
-    if len(rouge1) == 2:
-        diff = rouge1["TensorRT-LLM"] - rouge1["Hugging Face"]
-        print(f"ROUGE-1 difference (TensorRT-LLM - Hugging Face): {diff:+.2f} points")
+    names = list(rouge1)
+    for name in names[1:]:
+        print(f"ROUGE-1 difference ({name} - {names[0]}): {rouge1[name] - rouge1[names[0]]:+.2f} points")
     if args.check_accuracy:
         threshold = args.tensorrt_llm_rouge1_threshold
-        if rouge1["TensorRT-LLM"] < threshold:
-            print(f"accuracy check FAILED: TensorRT-LLM rouge1 {rouge1['TensorRT-LLM']:.2f} is below "
-                  f"the threshold {threshold}", file=sys.stderr)
+        low = [name for name in names if name.startswith("TensorRT-LLM") and rouge1[name] < threshold]
+        for name in low:
+            print(f"accuracy check FAILED: {name} rouge1 {rouge1[name]:.2f} is below the threshold {threshold}",
+                  file=sys.stderr)
+        if low:
             return 1
-        print(f"accuracy check passed: TensorRT-LLM rouge1 {rouge1['TensorRT-LLM']:.2f} >= {threshold}")
+        print(f"accuracy check passed: every engine's rouge1 >= {threshold}")
     return 0
 
 

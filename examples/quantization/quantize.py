@@ -1,13 +1,13 @@
-"""Quantizes a LLaMA-family model (Hugging Face folder or llama.cpp GGUF file) to FP8 (W8A8) and
-writes our checkpoint folder (config.json with a `quantization` section, rank0.safetensors,
-the tokenizer files), which trtllm-build builds:
+"""Quantizes a LLaMA-family model (Hugging Face folder or llama.cpp GGUF file) to FP8 (W8A8) or
+weight-only INT8 / INT4 and writes our checkpoint folder (config.json with a `quantization`
+section, rank0.safetensors, the tokenizer files), which trtllm-build builds:
 
     python examples/quantization/quantize.py --model_dir hf_model --qformat fp8 --output_dir ckpt
     python examples/quantization/quantize.py --model_dir SmolLM2-135M-Instruct.Q4_1.gguf \
         --qformat fp8 --calib_size 16 --output_dir ckpt
     trtllm-build --checkpoint_dir ckpt --output_dir engine
 
-The linears (attention qkv and dense, mlp gate / up / down) get FP8 E4M3 weights, one scale
+--qformat fp8: the linears (attention qkv and dense, mlp gate / up / down) get FP8 E4M3 weights, one scale
 per tensor (--per_channel: per output channel), and FP8 activations; the embedding, the norms
 and the LM head stay in --dtype, as TensorRT-LLM leaves them by default. Activation scales are
 static by default (quant_algo FP8): each linear's input max |x| over --calib_size calibration
@@ -15,8 +15,12 @@ samples, the first --calib_max_len tokens of the project's articles (examples/da
 download), run through the float model in transformers; --dynamic_activations
 (FP8_PER_CHANNEL_PER_TOKEN) scales each token by its own max instead and needs no calibration.
 
+--qformat int8_wo / int4_wo: W8A16 (per output channel, or groups of --group_size) / W4A16
+(groups of --group_size, 128 by default) of the same linears, as convert_checkpoint.py
+--use_weight_only quantizes a float source; no calibration.
+
 A GGUF file's weights are dequantized first (as convert_checkpoint.py does), so its float
-model is the GGUF file's. FP8 runs on GPUs of compute capability 8.9 or newer (trtllm-build
+model is the GGUF file's (convert_checkpoint.py --use_weight_only keeps its blocks instead). FP8 runs on GPUs of compute capability 8.9 or newer (trtllm-build
 refuses older ones) and on the CPU through the reference (exact FP8 arithmetic, slow).
 
 The checkpoint is written into a new folder beside --output_dir and renamed into place when
@@ -43,23 +47,25 @@ from tensorrt_llm.models.modeling_utils import (  # noqa: E402
     check_output_dir,
     write_checkpoint,
 )
-from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint  # noqa: E402
+from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint, weight_only_config  # noqa: E402
 from tensorrt_llm.tokenizer_utils import load_tokenizer, save_tokenizer  # noqa: E402
 
 PROG = "quantize.py"
-QFORMATS = ("fp8",)
+QFORMATS = {"fp8": None, "int8_wo": "int8", "int4_wo": "int4"}  # -> the weight-only precision
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", type=Path, required=True, help="Hugging Face model folder, or a .gguf file")
     p.add_argument("--output_dir", type=Path, required=True)
-    p.add_argument("--qformat", choices=QFORMATS, required=True)
+    p.add_argument("--qformat", choices=list(QFORMATS), required=True)
     p.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto",
                    help="dtype of the float parts and the activations (auto: the source's; float32 for GGUF)")
     p.add_argument("--per_channel", action="store_true", help="one weight scale per output channel")
     p.add_argument("--dynamic_activations", action="store_true",
                    help="per-token activation scales at run time (FP8_PER_CHANNEL_PER_TOKEN), no calibration")
+    p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None,
+                   help="int8_wo / int4_wo: inputs per quantization group")
     p.add_argument("--calib_size", type=int, default=None, help="calibration samples (default 16)")
     p.add_argument("--calib_max_len", type=int, default=512, help="tokens per calibration sample at most")
     p.add_argument("--calib_data", type=Path, default=ARTICLES, help="JSON lines with an 'article' text each")
@@ -71,13 +77,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--model_dir {args.model_dir} is not a file")
     if not gguf and not args.model_dir.is_dir():
         p.error(f"--model_dir {args.model_dir} is neither a folder nor a .gguf file")
+    fp8_only = [f for f in ("per_channel", "dynamic_activations", "calib_size") if getattr(args, f)]
+    if args.qformat != "fp8" and fp8_only:
+        p.error(f"--{fp8_only[0]} applies to --qformat fp8")
+    if args.qformat == "fp8" and args.group_size is not None:
+        p.error("--group_size applies to --qformat int8_wo / int4_wo")
     if args.dynamic_activations and args.calib_size is not None:
         p.error("--calib_size calibrates static activation scales; --dynamic_activations has none")
     if args.calib_size is None:
         args.calib_size = 16
     if args.calib_size < 1 or args.calib_max_len < 2:
         p.error("--calib_size must be >= 1 and --calib_max_len >= 2")
-    if not args.dynamic_activations and not args.calib_data.is_file():
+    if args.qformat == "fp8" and not args.dynamic_activations and not args.calib_data.is_file():
         p.error(f"--calib_data {args.calib_data} is not a file")
     return args
 
@@ -125,11 +136,17 @@ def main(argv=None):
     check_output_dir(args.output_dir, sources=[args.model_dir])
     print(f"reading {args.model_dir}", flush=True)
     config, weights = float_model(args)
-    amax = None if args.dynamic_activations else calibrate(args)
-    config = fp8_config(config, dynamic_activations=args.dynamic_activations)
-    print(f"quantizing the linears to FP8 ({config.quant_config.quant_algo.value}, "
-          f"{'per-channel' if args.per_channel else 'per-tensor'} weight scales)", flush=True)
-    weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, per_channel=args.per_channel, input_amax=amax)
+    if args.qformat == "fp8":
+        amax = None if args.dynamic_activations else calibrate(args)
+        config = fp8_config(config, dynamic_activations=args.dynamic_activations)
+        print(f"quantizing the linears to FP8 ({config.quant_config.quant_algo.value}, "
+              f"{'per-channel' if args.per_channel else 'per-tensor'} weight scales)", flush=True)
+        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, per_channel=args.per_channel,
+                                      input_amax=amax)
+    else:
+        config = weight_only_config(config, QFORMATS[args.qformat], args.group_size)
+        print(f"quantizing the linears' weights ({config.quant_config.quant_algo.value})", flush=True)
+        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
     with atomic_output_dir(args.output_dir, sources=[args.model_dir]) as tmp:
         write_checkpoint(tmp, config, [weights])
         tokenizer_files = save_tokenizer(args.model_dir, tmp)

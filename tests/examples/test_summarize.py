@@ -70,3 +70,14 @@ def test_both_backends_agree_and_check_accuracy_uses_the_threshold(folders):
 def test_check_accuracy_needs_the_engine():
     p = run("examples/summarize.py", "--hf_model_dir", GGUF, "--test_hf", "--check_accuracy")
     assert p.returncode == 2 and "--check_accuracy checks the engine" in p.stderr
+
+
+def test_engines_are_compared_with_the_first(folders):
+    ckpt, engine = folders
+    p = run("examples/summarize.py", "--engine_dir", engine, "--engine_dir", engine, "--tokenizer_dir", ckpt,
+            "--test_trt_llm", *SMALL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    name = re.escape(f"TensorRT-LLM ({engine})")
+    scores = re.findall(rf"^{name} greedy result\n  rouge1: ([0-9.]+)$", p.stdout, re.M)
+    assert len(scores) == 2 and scores[0] == scores[1], p.stdout
+    assert f"ROUGE-1 difference (TensorRT-LLM ({engine}) - TensorRT-LLM ({engine})): +0.00 points" in p.stdout

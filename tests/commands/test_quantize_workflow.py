@@ -1,0 +1,111 @@
+"""examples/quantization/quantize.py as a user runs it: FP8 (calibrated or per-token) and
+weight-only checkpoints of a tiny random LLaMA -> trtllm-build -> run.py on the CPU; its
+one-line errors; trtllm-build's refusal of FP8 for a GPU before sm_89."""
+import importlib.util
+import json
+
+import pytest
+from safetensors import safe_open
+
+from ..models.llama_utils import random_hf_llama
+from .test_cli_errors import save_tokenizer_of_words, words
+from .test_cli_workflow import ROOT, run
+
+QUANTIZE = "examples/quantization/quantize.py"
+BUILD = ["--max_batch_size", "2", "--max_input_len", "16", "--max_seq_len", "32"]
+
+
+def quantize(*args):
+    """quantize.py's main in this process (a subprocess run costs seconds)."""
+    spec = importlib.util.spec_from_file_location("quantize_example", ROOT / QUANTIZE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main([str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("q") / "hf"
+    random_hf_llama(seed=0, tie_word_embeddings=True).save_pretrained(folder)
+    save_tokenizer_of_words(folder)
+    return folder
+
+
+@pytest.mark.parametrize("args,algo,per_channel", [
+    ([], "FP8", False),
+    (["--per_channel", "--calib_size", "2"], "FP8", True),
+    (["--dynamic_activations"], "FP8_PER_CHANNEL_PER_TOKEN", False),
+])
+def test_fp8_checkpoint(hf_dir, tmp_path, capsys, args, algo, per_channel):
+    ckpt = tmp_path / "ckpt"
+    quantize("--model_dir", hf_dir, "--qformat", "fp8", "--output_dir", ckpt, *args)
+    out = capsys.readouterr().out
+    assert f"quantization {algo}" in out
+    assert ("calibrating on" in out and "samples" in out) == (algo == "FP8")
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] == algo
+    assert config["quantization"]["exclude_modules"] == ["lm_head"] and config["share_embedding_table"] is True
+    with safe_open(str(ckpt / "rank0.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        assert str(f.get_tensor("transformer.layers.1.mlp.proj.weight").dtype) == "torch.float8_e4m3fn"
+        scale = f.get_tensor("transformer.layers.1.mlp.proj.weight_scale")
+        assert tuple(scale.shape) == ((64,) if per_channel else (1,))
+    assert ("transformer.layers.0.attention.qkv.input_scale" in names) == (algo == "FP8")
+    assert (ckpt / "tokenizer.json").is_file()
+
+
+def test_quantize_build_run(hf_dir, tmp_path):
+    ckpt, engine = tmp_path / "ckpt", tmp_path / "engine"
+    run(QUANTIZE, "--model_dir", hf_dir, "--qformat", "fp8", "--calib_size", "2", "--output_dir", ckpt)
+    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine, *BUILD)
+    assert "Engine written to" in p.stdout
+    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
+            "--input_text", words(6), "--max_output_len", "6")
+    assert p.stdout.strip()
+
+
+def test_build_refuses_fp8_for_a_gpu_before_sm89(hf_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    quantize("--model_dir", hf_dir, "--qformat", "fp8", "--dynamic_activations", "--output_dir", ckpt)
+    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", tmp_path / "e",
+            *BUILD, "--target_device", "cuda:sm_80", check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "FP8_PER_CHANNEL_PER_TOKEN needs a GPU of compute capability 8.9 or newer" in p.stderr
+    assert "sm_80" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_weight_only_formats(hf_dir, tmp_path):
+    quantize("--model_dir", hf_dir, "--qformat", "int4_wo", "--group_size", "32", "--output_dir", tmp_path / "c")
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] == "W4A16" and config["quantization"]["group_size"] == 32
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--qformat", "fp8", "--dynamic_activations", "--calib_size", "4"], "--dynamic_activations has none"),
+    (["--qformat", "int8_wo", "--per_channel"], "--per_channel applies to --qformat fp8"),
+    (["--qformat", "fp8", "--group_size", "32"], "--group_size applies to --qformat int8_wo / int4_wo"),
+    (["--qformat", "fp8", "--calib_size", "0"], "--calib_size must be >= 1"),
+    (["--qformat", "fp8", "--calib_data", "missing.jsonl"], "--calib_data missing.jsonl is not a file"),
+    (["--qformat", "nvfp4"], "invalid choice"),
+])
+def test_bad_flags_are_refused(hf_dir, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        quantize("--model_dir", hf_dir, "--output_dir", tmp_path / "c", *args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_input_is_one_line(hf_dir, tmp_path):
+    p = run(QUANTIZE, "--model_dir", tmp_path / "nothing.gguf", "--qformat", "fp8", "--output_dir", tmp_path / "c",
+            check=False)
+    assert p.returncode == 2 and "is not a file" in p.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"article": "fine"}\n{"title": 3}\n')
+    p = run(QUANTIZE, "--model_dir", hf_dir, "--qformat", "fp8", "--calib_data", bad, "--output_dir", tmp_path / "c",
+            check=False)
+    assert p.returncode == 2 and "line 2 is not an object with an 'article' text" in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    # a group the model's widths do not divide
+    p = run(QUANTIZE, "--model_dir", hf_dir, "--qformat", "int4_wo", "--group_size", "128", "--output_dir",
+            tmp_path / "c", check=False)
+    assert p.returncode == 2 and "not a multiple of the group size 128" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "c").exists()

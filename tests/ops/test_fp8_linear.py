@@ -1,0 +1,175 @@
+"""fp8_linear: the shape rule, the reference (= formats.quantized_linear_reference, the
+meaning: x quantized to E4M3 with its static or per-token scale, both operands dequantized,
+float32 matmul) against the formula and the float matmul, and (gpu) the torch._scaled_mm
+implementation against the reference on LLaMA-8B's shapes, odd token counts and in a CUDA graph."""
+import pytest
+import torch
+
+from tensorrt_llm import functional as F
+from tensorrt_llm.network import Network, net_guard
+from tensorrt_llm.ops import OPS, REFERENCE, implementations
+from tensorrt_llm.ops.fp8_linear import fp8_linear_cuda, fp8_linear_reference
+from tensorrt_llm.quantization.formats import FP8_DTYPE, FP8_MAX, fp8_scale_from_amax, quantize_fp8, \
+    quantized_linear_reference
+
+# (per-channel weight scales, static activation scale)
+MODES = [(False, True), (True, True), (False, False), (True, False)]
+
+
+def _layer(n, k, per_channel, static, x, seed=0, device="cpu"):
+    """The op's tensors (codes as bytes, scales) of a random weight, calibrated on x."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(device)
+    q = quantize_fp8(w, per_channel=per_channel,
+                     input_scale=fp8_scale_from_amax(x.abs().amax().float().cpu()) if static else None)
+    scale_in = None if q.input_scale is None else q.input_scale.to(device)
+    return w, q, (q.qweight.view(torch.uint8), q.scale.to(device), scale_in)
+
+
+@pytest.mark.parametrize("per_channel,static", MODES)
+def test_reference_is_the_formats_meaning(per_channel, static):
+    x = torch.randn(2, 3, 128)
+    _, q, (qw, ws, xs) = _layer(48, 128, per_channel, static, x)
+    bias = torch.randn(48)
+    got = fp8_linear_reference(x, qw, ws, xs, bias)
+    assert got.shape == (2, 3, 48) and got.dtype == torch.float32
+    torch.testing.assert_close(got, quantized_linear_reference(x, q, bias), rtol=0, atol=0)
+    # the formula: x / s_x clamped and rounded to E4M3, both sides dequantized in float32
+    sx = xs if static else x.abs().amax(-1, keepdim=True) / FP8_MAX
+    qx = (x / sx).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * sx
+    w = qw.view(FP8_DTYPE).float() * (ws[:, None] if per_channel else ws)
+    torch.testing.assert_close(got, qx @ w.t() + bias, rtol=1e-5, atol=1e-5)
+
+
+# E4M3 keeps 3 mantissa bits: each operand rounds with an RMS relative error of about 2.6%, so
+# the product's is about 3.7% (both operands); 5% bounds it over the seeds tried.
+@pytest.mark.parametrize("per_channel,static", MODES)
+@pytest.mark.parametrize("seed", range(4))
+def test_reference_is_close_to_the_float_matmul(per_channel, static, seed):
+    x = torch.randn(16, 512, generator=torch.Generator().manual_seed(seed))
+    w, _, (qw, ws, xs) = _layer(64, 512, per_channel, static, x, seed=seed)
+    want = x @ w.t()
+    err = fp8_linear_reference(x, qw, ws, xs) - want
+    assert err.pow(2).mean().sqrt() <= 0.05 * want.pow(2).mean().sqrt()
+
+
+def test_static_scale_saturates_and_dynamic_scales_each_token():
+    x = torch.randn(2, 64)
+    _, _, (qw, ws, _) = _layer(32, 64, False, False, x)
+    # a static scale calibrated to |x| <= 1: larger inputs saturate at 448 * scale
+    one = torch.ones(1) / FP8_MAX
+    torch.testing.assert_close(fp8_linear_reference(x * 100, qw, ws, one),
+                               fp8_linear_reference((x * 100).clamp(-1, 1), qw, ws, one))
+    # per token: scaling one row leaves the other row's output as it was
+    y = fp8_linear_reference(x, qw, ws)
+    big = x.clone()
+    big[0] *= 1000
+    y_big = fp8_linear_reference(big, qw, ws)
+    torch.testing.assert_close(y_big[1], y[1], rtol=0, atol=0)
+    torch.testing.assert_close(y_big[0], y[0] * 1000, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reference_keeps_x_dtype(dtype):
+    x = torch.randn(3, 64).to(dtype)
+    _, _, (qw, ws, xs) = _layer(32, 64, True, True, x)
+    assert fp8_linear_reference(x, qw, ws, xs, torch.zeros(32, dtype=dtype)).dtype == dtype
+
+
+def test_shape_rule():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "bfloat16", (-1, 64), dim_range=[("tokens", (1, 8, 16))])
+        qw = F.constant(torch.zeros(32, 64, dtype=torch.uint8), name="qw")
+        scale = F.constant(torch.ones(1), name="s")
+        channel_scale = F.constant(torch.ones(32), name="cs")
+        y = F.fp8_linear(x, qw, channel_scale, scale)
+        assert (y.dtype, y.shape) == ("bfloat16", (-1, 32))
+        assert F.fp8_linear(x, qw, scale).shape == (-1, 32)  # per tensor, per token
+        bad = [
+            (lambda: F.fp8_linear(x, F.constant(torch.zeros(32, 64, dtype=torch.int8), name="i8"), scale),
+             "E4M3 codes' bytes"),
+            (lambda: F.fp8_linear(x, qw, F.constant(torch.ones(16), name="s16")), "weight_scale must be"),
+            (lambda: F.fp8_linear(x, qw, F.constant(torch.ones(1, dtype=torch.float16), name="h")),
+             "weight_scale must be float32"),
+            (lambda: F.fp8_linear(x, qw, scale, channel_scale), "input_scale must be float32 \\[1\\]"),
+            (lambda: F.fp8_linear(x, F.constant(torch.zeros(32, 48, dtype=torch.uint8), name="q48"), scale),
+             "does not match in_features 48"),
+            (lambda: F.fp8_linear(x, qw, scale, None, F.constant(torch.zeros(32), name="b")), "bias dtype"),
+            (lambda: F.fp8_linear(net.add_input("ids", "int32", (4, 64)), qw, scale), "x must be"),
+        ]
+        for call, message in bad:
+            with pytest.raises(ValueError, match=message):
+                call()
+
+
+def test_the_cpu_runs_the_reference():
+    impls = implementations("cpu")["fp8_linear"]
+    assert list(impls) == [REFERENCE] and OPS["fp8_linear"].reference is fp8_linear_reference
+
+
+# ---- GPU: torch._scaled_mm against the reference ------------------------------------------------
+
+# LLaMA-3-8B's linears as (in, out): qkv, dense, gate / up, down.
+LLAMA_8B = [(4096, 6144), (4096, 4096), (4096, 14336), (14336, 4096)]
+
+
+def _gpu_case(m, k, n, per_channel, static, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    _, _, (qw, ws, xs) = _layer(n, k, per_channel, static, x, seed=seed, device="cuda")
+    return x, qw, ws, xs
+
+
+def _assert_close_to_reference(got, want):
+    """Both compute the same E4M3 products; the GEMM sums them in float32 in another order and
+    rounds once to the output dtype: within one unit of that dtype's last place (plus a
+    quarter unit of the largest output, for the sums that cancel)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    ulp = 2.0 ** -torch.finfo(want.dtype).nmant  # relative spacing at 1: bfloat16 2^-7, float16 2^-10
+    err, ref = (got.float() - want.float()).abs(), want.float().abs()
+    assert (err <= ulp * (ref + ref.max() / 4)).all(), (err / (ref + ref.max() / 4)).max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,n", LLAMA_8B)
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 256])
+@pytest.mark.parametrize("per_channel,static", MODES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scaled_mm_matches_reference(k, n, m, per_channel, static, dtype):
+    x, qw, ws, xs = _gpu_case(m, k, n, per_channel, static, dtype, seed=m)
+    _assert_close_to_reference(fp8_linear_cuda(x, qw, ws, xs), fp8_linear_reference(x, qw, ws, xs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_channel,static", MODES)
+def test_scaled_mm_float32_x_bias_and_leading_dims(per_channel, static):
+    x, qw, ws, xs = _gpu_case(10, 256, 128, per_channel, static, torch.float32)
+    x = x.reshape(2, 5, 256)
+    bias = torch.randn(128, device="cuda")
+    got, want = fp8_linear_cuda(x, qw, ws, xs, bias), fp8_linear_reference(x, qw, ws, xs, bias)
+    assert got.shape == (2, 5, 128)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.gpu
+def test_shapes_scaled_mm_refuses_run_the_reference():
+    x, qw, ws, xs = _gpu_case(5, 40, 24, False, True, torch.bfloat16)  # K, N not multiples of 16
+    torch.testing.assert_close(fp8_linear_cuda(x, qw, ws, xs), fp8_linear_reference(x, qw, ws, xs),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_channel,static", MODES)
+def test_scaled_mm_replays_in_a_cuda_graph(per_channel, static):
+    """The runtime captures decode steps in CUDA graphs: the op must not synchronize."""
+    x, qw, ws, xs = _gpu_case(3, 4096, 4096, per_channel, static, torch.bfloat16)
+    fp8_linear_cuda(x, qw, ws, xs)  # warm-up outside the capture (cuBLASLt workspace)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fp8_linear_cuda(x, qw, ws, xs)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_close_to_reference(y, fp8_linear_reference(x, qw, ws, xs))
