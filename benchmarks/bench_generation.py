@@ -55,11 +55,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from eval_ppl import article_token_ids, perplexity  # noqa: E402
+
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.models.llama.convert import config_from_hf  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
-from eval_ppl import article_token_ids, perplexity  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}

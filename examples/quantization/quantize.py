@@ -20,8 +20,9 @@ download), run through the float model in transformers; --dynamic_activations
 --use_weight_only quantizes a float source; no calibration.
 
 A GGUF file's weights are dequantized first (as convert_checkpoint.py does), so its float
-model is the GGUF file's (convert_checkpoint.py --use_weight_only keeps its blocks instead). FP8 runs on GPUs of compute capability 8.9 or newer (trtllm-build
-refuses older ones) and on the CPU through the reference (exact FP8 arithmetic, slow).
+model is the GGUF file's (convert_checkpoint.py --use_weight_only keeps its blocks instead).
+FP8 runs on GPUs of compute capability 8.9 or newer (trtllm-build refuses older ones) and on
+the CPU through the reference (exact FP8 arithmetic, slow).
 
 The checkpoint is written into a new folder beside --output_dir and renamed into place when
 complete. An error ends in one "error:" line (exit code 2); --debug shows its traceback.

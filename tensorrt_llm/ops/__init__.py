@@ -11,7 +11,16 @@ the compiled kernels as torch.library custom ops.
 """
 from ..network import Tensor
 from . import (  # noqa: F401
-    activation, attention, attention_cuda, elementwise, fp8_linear, linear, norm, quantized_linear, rotary, tensor,
+    activation,
+    attention,
+    attention_cuda,
+    elementwise,
+    fp8_linear,
+    linear,
+    norm,
+    quantized_linear,
+    rotary,
+    tensor,
 )
 from .op import (
     CPU,

@@ -22,6 +22,11 @@ names; all of them parse, and the ones this project runs are:
   (calibrated) scale per tensor.
 - `FP8_PER_CHANNEL_PER_TOKEN`: FP8 E4M3 weights with one scale per output channel; FP8
   activations with a dynamic scale per token.
+
+  What tells the two apart at run time is the activation scale (a checkpoint's `input_scale`
+  or none); the weight scale's shape ([1] or [N], formats.py) is read from the tensor, so either
+  algorithm runs weights of either granularity (examples/quantization/quantize.py writes all
+  four combinations).
 - `MIXED_PRECISION`: per layer, from `quantized_layers`.
 
 `kv_cache_quant_algo` is `INT8` or `FP8` (one scale per attention layer) or `null`.

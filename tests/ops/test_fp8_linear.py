@@ -9,8 +9,13 @@ from tensorrt_llm import functional as F
 from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import OPS, REFERENCE, implementations
 from tensorrt_llm.ops.fp8_linear import fp8_linear_cuda, fp8_linear_reference
-from tensorrt_llm.quantization.formats import FP8_DTYPE, FP8_MAX, fp8_scale_from_amax, quantize_fp8, \
-    quantized_linear_reference
+from tensorrt_llm.quantization.formats import (
+    FP8_DTYPE,
+    FP8_MAX,
+    fp8_scale_from_amax,
+    quantize_fp8,
+    quantized_linear_reference,
+)
 
 # (per-channel weight scales, static activation scale)
 MODES = [(False, True), (True, True), (False, False), (True, False)]
