@@ -201,6 +201,10 @@ class EngineProcess:
                     self.error = body
         except (EOFError, OSError):
             pass
+        except Exception as e:  # a message not understood (a bug): the engine cannot be heard, so it goes
+            self.error = f"the engine's messages cannot be read: {type(e).__name__}: {e}"
+            logger.error(f"{self.error}\n{traceback.format_exc()}")
+            self._process.kill()
         if not self._stopping and self.error is None:
             self._process.join(1.0)
             self.error = f"the engine process exited (code {self._process.exitcode})"

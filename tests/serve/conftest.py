@@ -88,17 +88,20 @@ def wait_for(condition, timeout: float = 30.0) -> bool:
     return False
 
 
-def child_pids(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc: Linux)."""
+def engine_pid(server_pid: int) -> int:
+    """The server's engine process: its child that multiprocessing spawned (from /proc: Linux;
+    multiprocessing's resource tracker is a child too)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue  # exited while we looked
-        if int(fields[1]) == pid:
+        if ppid == server_pid and b"spawn_main" in cmdline:
             found.append(int(stat.parent.name))
-    return found
+    assert len(found) == 1, f"engine processes of {server_pid}: {found}"
+    return found[0]
 
 
 def metric(url: str, name: str) -> float:

@@ -18,7 +18,7 @@ import openai
 import pytest
 import requests
 
-from .conftest import MODEL_NAME, ServerProcess, child_pids, metric, wait_for
+from .conftest import MODEL_NAME, ServerProcess, engine_pid, metric, wait_for
 
 KEY = "test-key-6f1d"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -92,8 +92,7 @@ def test_a_full_queue_answers_503_with_retry_after(guarded):
 
 def test_sigterm_lets_running_requests_finish_and_exits_0(guarded):
     url = guarded.url
-    engine = child_pids(guarded.proc.pid)
-    assert len(engine) == 1, engine  # the engine's process
+    engine = engine_pid(guarded.proc.pid)
     stream = requests.post(f"{url}/v1/completions", headers=AUTH, stream=True, timeout=120, json={
         **LONG, "max_tokens": 24, "stream_options": {"include_usage": True}})
     lines = stream.iter_lines()
@@ -107,7 +106,7 @@ def test_sigterm_lets_running_requests_finish_and_exits_0(guarded):
     assert b'"completion_tokens":24' in events[-2], events[-2]
     assert guarded.proc.wait(60) == 0, guarded.output()[-3000:]
     assert "trtllm-serve: stopped" in guarded.output()
-    assert not Path(f"/proc/{engine[0]}").exists()  # stopped and reaped
+    assert not Path(f"/proc/{engine}").exists()  # stopped and reaped
 
 
 def _accepts(url: str) -> bool:
@@ -144,8 +143,7 @@ def test_a_killed_engine_fails_open_requests_and_health(engine_dir, tmp_path):
             waiting = pool.submit(requests.post, f"{proc.url}/v1/completions", json={**LONG, "stream": False},
                                   timeout=120)
             assert wait_for(lambda: metric(proc.url, "trtllm_num_requests_running") == 1)
-            engine, = child_pids(proc.proc.pid)
-            os.kill(engine, signal.SIGKILL)
+            os.kill(engine_pid(proc.proc.pid), signal.SIGKILL)
             start = time.monotonic()
             r = waiting.result(timeout=60)
         assert time.monotonic() - start < 30
