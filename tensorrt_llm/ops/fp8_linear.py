@@ -20,13 +20,15 @@ Implementations:
   device; the CPU runs it.
 - cuda: `torch._scaled_mm` (cuBLASLt FP8 GEMM, sm_89+; the builder refuses FP8 for older
   GPUs). Its second operand must be column-major, which W^T of a row-major [N, K] weight is,
-  and K and N multiples of 16: other shapes run the reference. M (the tokens) is padded to a
-  multiple of 16, which older torch releases require of the first operand. Both scales per
-  tensor: one tensor-wise GEMM in x's dtype. Otherwise the scales are row-wise ([M, 1] and
-  [1, N]): cuBLASLt's row-wise FP8 GEMM writes bfloat16 only, so a bfloat16 x uses it, and
-  float16 / float32 x take the unscaled product in float32 and scale it there. The products
-  are accumulated in float32 (no fast accumulation) and rounded once to the output dtype:
-  against the reference, a relative error of a few units of that dtype's last place.
+  and K and N multiples of 16: other shapes run the reference. Any M (tokens) is taken as it
+  is (torch 2.11 and 2.13 accept M = 1; releases that wanted M % 16 == 0 are older than the
+  ones this project supports). Both scales per tensor: one tensor-wise GEMM in x's dtype.
+  Otherwise the scales are row-wise ([M, 1] and [1, N]): cuBLASLt's row-wise FP8 GEMM writes
+  bfloat16 only, so a bfloat16 x uses it, and float16 / float32 x take the unscaled product in
+  float32 and scale it there. x is quantized with the reference's arithmetic (bit-identical
+  codes) in fewer kernels. No fast accumulation; on an H100 the result is within one unit of
+  the output dtype's last place plus 2^-10 of the largest output of the reference
+  (tests/ops/test_fp8_linear.py; Hopper's FP8 accumulator is narrower than float32).
 """
 from __future__ import annotations
 
@@ -35,11 +37,11 @@ from typing import Optional
 import torch
 
 from ..network import Tensor
-from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
+from ..quantization.formats import FP8_DTYPE, FP8_MAX, Fp8Weight, quantized_linear_reference
 from .op import CUDA, REFERENCE, add_layer, check_shape, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-# cuBLASLt's FP8 GEMM needs K and N (and, in older torch releases, M) multiples of this.
+# cuBLASLt's FP8 GEMM needs K and N multiples of this.
 SCALED_MM_ALIGNMENT = 16
 
 
@@ -82,35 +84,38 @@ def fp8_linear_reference(x, qweight, weight_scale, input_scale=None, bias=None):
 # ---- CUDA: torch._scaled_mm ---------------------------------------------------------------------
 
 
+def _quantize_activation_cuda(x: torch.Tensor, input_scale: Optional[torch.Tensor]):
+    """formats.quantize_fp8_activation's codes and scale, bit for bit, in fewer kernels: the
+    division promotes x to float32 inside its kernel, and the max of |x| is exact in x's dtype."""
+    if input_scale is None:
+        scale = x.abs().amax(dim=-1, keepdim=True).float().div_(FP8_MAX)
+        scale.masked_fill_(scale == 0, 1.0)  # all-zero rows: their codes are 0 anyway
+    else:
+        scale = input_scale.float().reshape(1)
+    return torch.div(x, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
 @fp8_linear.implementation(CUDA)
 def fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
     n, k = qweight.shape
     if k % SCALED_MM_ALIGNMENT or n % SCALED_MM_ALIGNMENT:
         return fp8_linear_reference(x, qweight, weight_scale, input_scale, bias)
     lead = x.shape[:-1]
-    qx, x_scale = quantize_fp8_activation(x.reshape(-1, k), input_scale)
+    qx, x_scale = _quantize_activation_cuda(x.reshape(-1, k), input_scale)
     m = qx.shape[0]
-    pad = -m % SCALED_MM_ALIGNMENT
     w_t = qweight.view(FP8_DTYPE).t()  # [K, N], column-major
     if x_scale.numel() == 1 and weight_scale.numel() == 1:
-        if pad:
-            qx = torch.nn.functional.pad(qx.view(torch.uint8), (0, 0, 0, pad)).view(FP8_DTYPE)
         y = torch._scaled_mm(qx, w_t, scale_a=x_scale.reshape(()), scale_b=weight_scale.reshape(()),
                              out_dtype=x.dtype)
     else:
-        x_rows = x_scale.expand(m, 1)  # a static scale repeated per token
-        w_cols = weight_scale.reshape(1, -1).expand(1, n)  # a per-tensor scale repeated per channel
-        if pad:
-            qx = torch.nn.functional.pad(qx.view(torch.uint8), (0, 0, 0, pad)).view(FP8_DTYPE)
-            x_rows = torch.nn.functional.pad(x_rows, (0, 0, 0, pad), value=1.0)
+        x_rows = x_scale.expand(m, 1).contiguous()  # a static scale repeated per token
+        w_cols = weight_scale.reshape(1, -1).expand(1, n).contiguous()  # a per-tensor scale per channel
         if x.dtype == torch.bfloat16:
-            y = torch._scaled_mm(qx, w_t, scale_a=x_rows.contiguous(), scale_b=w_cols.contiguous(),
-                                 out_dtype=torch.bfloat16)
+            y = torch._scaled_mm(qx, w_t, scale_a=x_rows, scale_b=w_cols, out_dtype=torch.bfloat16)
         else:
             one = torch.ones((), dtype=torch.float32, device=x.device)
             y = torch._scaled_mm(qx, w_t, scale_a=one, scale_b=one, out_dtype=torch.float32)
             y = (y * x_rows * w_cols).to(x.dtype)
-    y = y[:m]
     if bias is not None:
         y = y + bias
     return y.reshape(*lead, n)
