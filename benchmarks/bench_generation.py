@@ -215,7 +215,7 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
         from tensorrt_llm.models.llama.convert import load_weight_only_from_gguf
         config, weights = load_weight_only_from_gguf(gguf_path(), config)
     elif quant == "fp8":
-        from tensorrt_llm.models.llama.calibrate import calibrate_input_amax
+        from tensorrt_llm.models.calibrate import calibrate_input_amax
         amax = calibrate_input_amax(hf, [list(map(int, p)) for p in calibration])
         weights = {name: p.value for name, p in model.named_parameters()}
         config = fp8_config(config)

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: eval_
 from eval_ppl import ARTICLES, article_token_ids  # noqa: E402
 
 from tensorrt_llm.cli import add_debug_argument, run_cli  # noqa: E402
+from tensorrt_llm.models.calibrate import calibrate_input_amax  # noqa: E402
 from tensorrt_llm.models.llama import convert  # noqa: E402
-from tensorrt_llm.models.llama.calibrate import calibrate_input_amax  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
 from tensorrt_llm.models.modeling_utils import (  # noqa: E402
     MODEL_DTYPES,

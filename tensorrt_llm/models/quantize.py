@@ -11,7 +11,7 @@ about half a percent of perplexity. A quantized tied LM head (share_embedding_ta
 first: lm_head gets the embedding's rows, quantized, and the embedding stays float.
 
 FP8 with static activation scales (`FP8`) needs each linear's calibrated input |x| max
-(models/llama/calibrate.py); per-token scales (`FP8_PER_CHANNEL_PER_TOKEN`) need none. Both
+(models/calibrate.py); per-token scales (`FP8_PER_CHANNEL_PER_TOKEN`) need none. Both
 take per-tensor or per-channel weight scales.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ import torch
 
 from tensorrt_llm.builder import BuildConfig, build, check_quantization_target, target_capability
 from tensorrt_llm.errors import ConfigError
-from tensorrt_llm.models.llama.calibrate import calibrate_input_amax, our_linear_name
+from tensorrt_llm.models.calibrate import calibrate_input_amax, our_linear_name
 from tensorrt_llm.models.llama.convert import (
     config_from_gguf,
     config_from_hf,
