@@ -30,8 +30,8 @@ Implementations:
   the output dtype's last place plus 2^-10 of the largest output of the reference
   (tests/ops/test_fp8_linear.py; Hopper's FP8 accumulator is narrower than float32).
   Speed on an H100 (CUDA graph, bfloat16 x, LLaMA-8B's shapes, 1 to 64 tokens): per-tensor
-  scales (FP8, static) take 0.65-0.75x the time of the bfloat16 GEMM; row-wise scales (per
-  channel or per token) take 1.1-1.9x, cuBLASLt's row-wise FP8 kernel being slow at so few
+  scales (FP8, static) take 0.6-0.8x the time of the bfloat16 GEMM; row-wise scales (per
+  channel or per token) take 1.05-1.95x, cuBLASLt's row-wise FP8 kernel being slow at so few
   rows. For speed, FP8 checkpoints should use per-tensor weight and static input scales.
 """
 from __future__ import annotations
