@@ -250,7 +250,6 @@ def _engine_main(conn, start) -> None:
     except BaseException as e:  # noqa: BLE001 - raised again in the front end
         send(("failed", (_portable(e), traceback.format_exc())))
         return
-    executor.driver = threading.get_ident()  # this thread, and no other, steps it
     core = _EngineCore(executor, send)
     send(("started", EngineInfo(executor.admission, executor.scheduler.max_batch_size, resolved.engine_dir,
                                 resolved.tokenizer_source, core.stats())))

@@ -20,7 +20,6 @@ than it needed, inside its own blocks. Requests whose sampling reads their token
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -83,9 +82,6 @@ class Executor:
         self.requests: dict[int, Request] = {}
         self.stats = ExecutorStats()
         self._launched: Optional[_Launched] = None
-        # The thread that steps this executor when one owns it (an LLM's engine loop): two
-        # drivers would each miss the other's updates.
-        self.driver: Optional[int] = None
 
     # -- requests --------------------------------------------------------------------------
 
@@ -93,15 +89,8 @@ class Executor:
         """Every check of a request before it is queued: RequestError naming what is wrong."""
         self.admission.check(request)
 
-    def check_driver(self) -> None:
-        """RuntimeError when another thread drives this executor."""
-        if self.driver is not None and self.driver != threading.get_ident():
-            raise RuntimeError("this executor is driven by an LLM's engine thread: submit requests "
-                               "through the LLM (generate / generate_async), not the runner")
-
     def add_request(self, request: Request) -> int:
         """Queue a request (checked first). Returns its id."""
-        self.check_driver()
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id} is already queued")
         self.check(request)
@@ -112,7 +101,6 @@ class Executor:
     def abort(self, request_id: int) -> Optional[Request]:
         """Stop a request now: it leaves the batch, its blocks return to the pool. Returns
         it (finish_reason "abort"), or None when it is not queued or running."""
-        self.check_driver()
         request = self.requests.get(request_id)
         if request is None or request.finished:
             return None
@@ -136,7 +124,6 @@ class Executor:
     def step(self) -> list[Request]:
         """One iteration. Returns the requests that got tokens or finished (in this call,
         a step late with overlap)."""
-        self.check_driver()
         updated: list[Request] = []
         if self._launched is not None and (
                 not self.overlap or any(r.needs_token_values for r in self.scheduler.running)):

@@ -80,7 +80,6 @@ class GenerationSession:
         top-k and top-p), 0 past a sequence's end; output_cum_log_probs adds their sums,
         `cum_log_probs` [B, beams]. Beam search (sampling.num_beams > 1) is beam_search.py.
         """
-        self.executor.check_driver()
         prompts, stop, bad = self.check_request(batch_input_ids, max_new_tokens, sampling,
                                                 stop_words_list, bad_words_list)
         max_new_tokens = int(max_new_tokens)
