@@ -11,7 +11,8 @@ baseline: each other engine's perplexity is also given relative to it. The token
 first engine folder's when it holds one, else --tokenizer_dir's.
 
 This module is also the one home of the perplexity and of the article texts that
-benchmarks/bench_generation.py and examples/quantization/quantize.py (calibration) read.
+benchmarks/bench_generation.py, examples/quantization/quantize.py (calibration) and
+examples/summarize.py (articles and highlights) read.
 A bad engine, tokenizer or data file ends in one "error:" line (exit code 2); --debug shows
 its traceback.
 """
@@ -28,10 +29,12 @@ PROG = "eval_ppl.py"
 ARTICLES = Path(__file__).resolve().parent / "data" / "summarize_articles.jsonl"
 
 
-def read_articles(path=ARTICLES) -> list[str]:
-    """The `article` texts of a JSON-lines file (ConfigError, one line, naming a bad line)."""
+def read_rows(path=ARTICLES, fields=("article",)) -> list[dict]:
+    """The objects of a JSON-lines file, each with a text under every name in `fields`
+    (ConfigError, one line, naming a bad line); examples/summarize.py reads its articles and
+    highlights through it too."""
     from tensorrt_llm.errors import ConfigError
-    texts = []
+    rows = []
     with open(path) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -40,12 +43,18 @@ def read_articles(path=ARTICLES) -> list[str]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path} line {number} is not valid JSON ({e})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("article"), str):
-                raise ConfigError(f"{path} line {number} is not an object with an 'article' text")
-            texts.append(row["article"])
-    if not texts:
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in fields):
+                texts = f"an {fields[0]!r} text" if len(fields) == 1 else " and ".join(map(repr, fields)) + " texts"
+                raise ConfigError(f"{path} line {number} is not an object with {texts}")
+            rows.append(row)
+    if not rows:
         raise ConfigError(f"{path} holds no articles")
-    return texts
+    return rows
+
+
+def read_articles(path=ARTICLES) -> list[str]:
+    """The `article` texts of a JSON-lines file."""
+    return [row["article"] for row in read_rows(path)]
 
 
 def article_token_ids(tokenizer, count: int | None = None, max_tokens: int | None = None,

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/: eval_ppl's reader of the articles
+
+from eval_ppl import ARTICLES, read_rows  # noqa: E402
+
 PROG = "summarize.py"
-DATA = Path(__file__).resolve().parent / "data" / "summarize_articles.jsonl"
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
@@ -46,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                            "folder if it holds one, else the Hugging Face model)")
     p.add_argument("--test_trt_llm", action="store_true", help="summarise with the engine")
     p.add_argument("--test_hf", action="store_true", help="summarise with transformers")
-    p.add_argument("--data_file", default=str(DATA), help="JSON lines with 'article' and 'highlights'")
+    p.add_argument("--data_file", default=str(ARTICLES), help="JSON lines with 'article' and 'highlights'")
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--max_ite", type=int, default=20, help="batches to run")
     p.add_argument("--output_len", type=int, default=100, help="new tokens at most per summary")
@@ -92,23 +94,9 @@ def load_tokenizer_for(args):
 
 
 def load_articles(path, count: int) -> list[dict]:
-    from tensorrt_llm.errors import ConfigError
-    rows = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} line {number} is not valid JSON ({e})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("article"), str) \
-                    or not isinstance(row.get("highlights"), str):
-                raise ConfigError(f"{path} line {number} is not an object with 'article' and "
-                                  f"'highlights' texts")
-            rows.append(row)
-    if not rows:
-        raise ConfigError(f"{path} holds no articles")
+    """The first `count` rows of the data file (eval_ppl.py's reader), each with an article
+    and its highlights."""
+    rows = read_rows(path, ("article", "highlights"))
     if len(rows) < count:
         print(f"note: {path} has {len(rows)} articles, fewer than the {count} asked for", file=sys.stderr)
     return rows[:count]
