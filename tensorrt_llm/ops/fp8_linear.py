@@ -42,7 +42,8 @@ import torch
 
 from ..network import Tensor
 from ..quantization.formats import FP8_DTYPE, FP8_MAX, Fp8Weight, quantized_linear_reference
-from .op import CUDA, REFERENCE, add_layer, check_shape, define
+from .linear import linear_shape
+from .op import CUDA, REFERENCE, add_layer, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
@@ -67,13 +68,8 @@ def fp8_linear(x: Tensor, qweight: Tensor, weight_scale: Tensor, input_scale: Op
     if input_scale is not None and (input_scale.dtype != "float32" or tuple(input_scale.shape) != (1,)):
         raise ValueError(f"{op}: input_scale must be float32 [1] (static) or absent (per token), "
                          f"got {input_scale.dtype} {list(input_scale.shape)}")
-    if x.ndim < 1 or x.shape[-1] not in (k, -1):
-        raise ValueError(f"{op}: input {list(x.shape)} does not match in_features {k}")
-    if bias is not None:
-        if bias.dtype != x.dtype:
-            raise ValueError(f"{op}: bias dtype {bias.dtype} is not x's {x.dtype}")
-        check_shape(op, bias, (n,), "bias")
-    return add_layer(op, [x, qweight, weight_scale, input_scale, bias], [(x.dtype, tuple(x.shape[:-1]) + (n,))])
+    shape = linear_shape(op, x.shape, (n, k), bias, dtype=x.dtype)
+    return add_layer(op, [x, qweight, weight_scale, input_scale, bias], [(x.dtype, shape)])
 
 
 def _weight(qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: Optional[torch.Tensor]) -> Fp8Weight:

@@ -11,7 +11,7 @@ activation kernel runs, then cuBLAS through F.linear.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,14 +29,25 @@ from .norm import (
 from .op import CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
 
 
-def linear_shape(op: str, x_shape: Shape, weight: Tensor, bias: Optional[Tensor], what: str = "input") -> Shape:
-    """The shape of x @ weight.T + bias for x of `x_shape` ([..., in]), weight [out, in],
-    bias [out]; `what` names x in the error."""
-    if weight.ndim != 2 or len(x_shape) < 1 or not shapes_compatible(x_shape[-1:], weight.shape[1:]):
-        raise ValueError(f"{op}: {what} {list(x_shape)} does not match weight [out, in] {list(weight.shape)}")
+def linear_shape(op: str, x_shape: Shape, weight: Union[Tensor, tuple[int, int]], bias: Optional[Tensor],
+                 what: str = "input", dtype: Optional[str] = None) -> Shape:
+    """The shape of x @ W.T + bias for x of `x_shape` ([..., in]), W [out, in], bias [out];
+    `what` names x in the error. `weight` is W's tensor, or (out_features, in_features) for a
+    quantized weight whose tensor is not W's shape (INT4 codes: two a byte). With `dtype`, the
+    bias must have it."""
+    if isinstance(weight, Tensor):
+        if weight.ndim != 2 or len(x_shape) < 1 or not shapes_compatible(x_shape[-1:], weight.shape[1:]):
+            raise ValueError(f"{op}: {what} {list(x_shape)} does not match weight [out, in] {list(weight.shape)}")
+        out = weight.shape[:1]
+    else:
+        out, k = weight[:1], weight[1]
+        if len(x_shape) < 1 or x_shape[-1] not in (k, -1):
+            raise ValueError(f"{op}: {what} {list(x_shape)} does not match in_features {k}")
     if bias is not None:
-        check_shape(op, bias, weight.shape[:1], "bias")
-    return tuple(x_shape[:-1]) + weight.shape[:1]
+        if dtype is not None and bias.dtype != dtype:
+            raise ValueError(f"{op}: bias dtype {bias.dtype} is not x's {dtype}")
+        check_shape(op, bias, out, "bias")
+    return tuple(x_shape[:-1]) + tuple(out)
 
 
 # ---- the compiled GEMV: a linear layer of 1..4 rows with its input's op fused in front --------

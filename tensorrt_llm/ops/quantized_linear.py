@@ -44,6 +44,7 @@ from ..quantization import cpu as qcpu
 from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
 from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
 from .launch import cuda_kernels_available, launch, rows
+from .linear import linear_shape
 from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -99,13 +100,8 @@ def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Option
             raise ValueError(f"{op}: INT4 needs zeros of the scales' dtype {scales.dtype}, got "
                              f"{'none' if zeros is None else zeros.dtype}")
         check_shape(op, zeros, (n, k // group_size), "zeros")
-    if x.ndim < 1 or x.shape[-1] not in (k, -1):
-        raise ValueError(f"{op}: input {list(x.shape)} does not match in_features {k}")
-    if bias is not None:
-        if bias.dtype != x.dtype:
-            raise ValueError(f"{op}: bias dtype {bias.dtype} is not x's {x.dtype}")
-        check_shape(op, bias, (n,), "bias")
-    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, tuple(x.shape[:-1]) + (n,))],
+    shape = linear_shape(op, x.shape, (n, k), bias, dtype=x.dtype)
+    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, shape)],
                      weight_format=weight_format, group_size=int(group_size))
 
 
