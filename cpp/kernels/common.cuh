@@ -1,5 +1,5 @@
 // Small device helpers shared by the kernels: dtype conversion, 16-byte packs, reductions,
-// dtype dispatch and launch-error checking.
+// dtype dispatch, launch-error checking and the grid of the row-per-warp GEMVs.
 #pragma once
 
 #include "tensorrt_llm/kernels.h"
@@ -8,9 +8,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 namespace tensorrt_llm {
 
@@ -82,6 +84,33 @@ inline void checkLaunch(char const* kernel) {
         throw std::runtime_error(std::string(kernel) + ": CUDA error: " + cudaGetErrorName(err) + ": "
                                  + cudaGetErrorString(err));
     }
+}
+
+// Multiprocessors of the current device (asked once per device).
+inline int multiprocessors() {
+    int device = 0;
+    cudaGetDevice(&device);
+    static std::unordered_map<int, int> cache;  // launches come from one thread at a time (the GIL)
+    auto it = cache.find(device);
+    if (it != cache.end()) return it->second;
+    int count = 0;
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return cache[device] = count;
+}
+
+// Blocks of `threads` threads for a GEMV whose warps own whole output rows, taking the `rows`
+// (> 0) in turn: at most as many warps as fit on the GPU at once (the kernel's occupancy with
+// `smem` bytes of dynamic shared memory), and of those the fewest that keep the most-loaded
+// warp at the same number of rows (equal rows per warp).
+template <typename Kernel>
+unsigned rowPerWarpBlocks(Kernel kernel, int threads, size_t smem, int64_t rows) {
+    int const warpsPerBlock = threads / 32;
+    int blocksPerSm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocksPerSm, kernel, threads, smem);
+    int64_t const maxWarps = static_cast<int64_t>(std::max(1, blocksPerSm)) * multiprocessors() * warpsPerBlock;
+    int64_t const rowsPerWarp = (rows + maxWarps - 1) / maxWarps;
+    int64_t const warps = (rows + rowsPerWarp - 1) / rowsPerWarp;
+    return static_cast<unsigned>((warps + warpsPerBlock - 1) / warpsPerBlock);
 }
 
 // Calls fn(T{}) with T the storage type of a floating dtype.

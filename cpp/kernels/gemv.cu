@@ -11,8 +11,6 @@
 #include "activation.cuh"
 #include "common.cuh"
 
-#include <unordered_map>
-
 namespace tensorrt_llm {
 
 namespace {
@@ -155,17 +153,6 @@ size_t smemBytesFor(int maxRows, int64_t k, int elementSize) {
 
 int maxRowsInstance(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : 4; }
 
-int multiprocessors() {
-    int device = 0;
-    cudaGetDevice(&device);
-    static std::unordered_map<int, int> cache;  // launches come from one thread at a time (the GIL)
-    auto it = cache.find(device);
-    if (it != cache.end()) return it->second;
-    int count = 0;
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return cache[device] = count;
-}
-
 template <typename T, int MAXM, GemvPrologue PRO>
 void launchInstance(GemvParams const& p, cudaStream_t stream) {
     auto kernel = gemvKernel<T, MAXM, PRO>;
@@ -173,13 +160,7 @@ void launchInstance(GemvParams const& p, cudaStream_t stream) {
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
-    int blocksPerSm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocksPerSm, kernel, kThreads, smem);
-    int64_t const maxWarps = static_cast<int64_t>(std::max(1, blocksPerSm)) * multiprocessors() * kWarps;
-    // Equal rows per warp: the fewest warps that keep the most-loaded one at rowsPerWarp.
-    int64_t const rowsPerWarp = (p.n + maxWarps - 1) / maxWarps;
-    int64_t const warps = (p.n + rowsPerWarp - 1) / rowsPerWarp;
-    auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+    unsigned const blocks = rowPerWarpBlocks(kernel, kThreads, smem, p.n);
     kernel<<<blocks, kThreads, smem, stream>>>(p);
     checkLaunch("gemv");
 }

@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <type_traits>
-#include <unordered_map>
 
 namespace tensorrt_llm {
 
@@ -204,17 +203,6 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 1 : 2) weightOnlyGemvKerne
     }
 }
 
-int multiprocessors() {
-    int device = 0;
-    cudaGetDevice(&device);
-    static std::unordered_map<int, int> cache;  // launches come from one thread at a time (the GIL)
-    auto it = cache.find(device);
-    if (it != cache.end()) return it->second;
-    int count = 0;
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return cache[device] = count;
-}
-
 // Rows of x per weight read: M rounded up to a power of two, at most 8, as shared memory allows.
 int tileRows(int64_t m, int64_t k, int bits) {
     int mt = m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8;
@@ -229,13 +217,7 @@ void launchGemvInstance(Params const& p, cudaStream_t stream) {
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
-    int blocksPerSm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocksPerSm, kernel, kThreads, smem);
-    int64_t const maxWarps = static_cast<int64_t>(std::max(1, blocksPerSm)) * multiprocessors() * kWarps;
-    // Equal rows per warp: the fewest warps that keep the most-loaded one at rowsPerWarp.
-    int64_t const rowsPerWarp = (p.n + maxWarps - 1) / maxWarps;
-    int64_t const warps = (p.n + rowsPerWarp - 1) / rowsPerWarp;
-    auto const blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+    unsigned const blocks = rowPerWarpBlocks(kernel, kThreads, smem, p.n);
     kernel<<<blocks, kThreads, smem, stream>>>(p);
     checkLaunch("weight_only_gemv");
 }
