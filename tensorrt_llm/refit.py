@@ -4,7 +4,8 @@ The builder records in each rank file how every engine weight derives from check
 weights (`builder.refit_map`: the same tensor, or several concatenated along dim 0 by a
 fusion). Refitting follows that record, so no model code runs and the graph and the
 model's own constants (e.g. the rotary table) stay as built. A checkpoint whose config,
-weight names, shapes or dtypes differ from what the engine was built from is refused.
+weight names, shapes or dtypes differ from what the engine was built from is refused. An FP8
+checkpoint's float8_e4m3fn codes fit the engine's uint8 weights (engines hold the codes' bytes).
 
 Every rank is written to a staging folder first (with a fresh checksum) and moved into
 place only when all ranks succeeded, so a failed refit leaves the engine as it was.
@@ -23,6 +24,7 @@ from safetensors import safe_open
 from .builder import Engine, read_engine_config
 from .errors import EngineError, TrtLlmError
 from .models.modeling_utils import CONFIG_NAME, PretrainedConfig, check_safetensors_file, rank_weights_name
+from .quantization.formats import FP8_DTYPE
 
 
 class RefitError(TrtLlmError, ValueError):
@@ -93,6 +95,8 @@ def _swap_weights(engine: Engine, path: Path) -> int:
         for name in sorted(names & set(expected)):
             t = f.get_tensor(name)
             dtype, shape = expected[name]
+            if t.dtype == FP8_DTYPE and dtype == "uint8":
+                t = t.view(torch.uint8)  # FP8 codes: engines hold their bytes (layers/linear.py, Fp8Codes)
             # Our dtype names are torch's; a dtype we do not support still gets named.
             got = str(t.dtype).removeprefix("torch.")
             if got != dtype or list(t.shape) != shape:

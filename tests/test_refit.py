@@ -13,9 +13,11 @@ import torch
 
 from tensorrt_llm.builder import BuildConfig, Engine, build
 from tensorrt_llm.errors import CheckpointError, EngineError
+from tensorrt_llm.models.calibrate import calibrate_input_amax
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import save_checkpoint
+from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint
 from tensorrt_llm.refit import RefitError, refit_engine
 from tensorrt_llm.runtime import ModelRunner
 
@@ -79,6 +81,34 @@ def test_refitted_engine_equals_engine_built_from_the_new_checkpoint(setup, tmp_
     for ours, ref in zip(logits, logits_b):
         assert torch.equal(ours, ref)
     assert not torch.equal(ids, before[0])  # the weights really changed the output
+
+
+def fp8_checkpoint(hf, path):
+    """An FP8 checkpoint (per-tensor weight scales, calibrated static input scales) of `hf`."""
+    config = config_from_hf(hf.config, dtype="float32")
+    weights = load_weights_from_hf(hf, config)
+    config = fp8_config(config)
+    amax = calibrate_input_amax(hf, [list(range(3, 30)), [7, 1, 8, 2, 8]])
+    save_checkpoint(path, config, [quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax)])
+    return path
+
+
+def test_an_fp8_engine_takes_an_fp8_checkpoint(tmp_path):
+    ckpt_a = fp8_checkpoint(random_hf_llama(seed=10, **SHAPE), tmp_path / "ckpt_a")
+    ckpt_b = fp8_checkpoint(random_hf_llama(seed=11, **SHAPE), tmp_path / "ckpt_b")
+    engine, engine_b = build_engine(ckpt_a, tmp_path / "engine"), build_engine(ckpt_b, tmp_path / "engine_b")
+    report = refit_engine(engine, ckpt_b)
+    assert report["weights_replaced"] > 0
+    refitted, built = Engine.from_dir(engine), Engine.from_dir(engine_b)
+    codes = [n for n, w in built.network.weights.items() if w.dtype == torch.uint8]
+    assert codes and any(n.endswith(".input_scale") for n in built.network.weights)
+    for name, w in built.network.weights.items():
+        assert torch.equal(refitted.network.weights[name], w), name
+    ids, logits = outputs(engine)
+    ids_b, logits_b = outputs(engine_b)
+    assert torch.equal(ids, ids_b)
+    for ours, ref in zip(logits, logits_b):
+        assert torch.equal(ours, ref)
 
 
 def test_cli_writes_to_another_folder_and_keeps_the_original(setup, tmp_path):
