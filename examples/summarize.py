@@ -13,8 +13,13 @@ difference from the first:
 
     python examples/summarize.py --test_trt_llm --engine_dir engines/float \
         --engine_dir engines/int8 --engine_dir engines/fp8 --tokenizer_dir ckpt/float
- The articles are examples/data/summarize_articles.jsonl (see the README
-there). --check_accuracy exits with status 1 when the engine's ROUGE-1 is below
+
+With its difference come the standard deviation and standard error of the per-summary
+differences and how many summaries are token for token the first's: one changed token early
+in a greedy summary changes the rest of it, so a few articles can move the mean by points.
+--json writes every backend's scores, per-summary ROUGE-1, token ids and summaries.
+
+The articles are examples/data/summarize_articles.jsonl (see the README there). --check_accuracy exits with status 1 when the engine's ROUGE-1 is below
 --tensorrt_llm_rouge1_threshold. A bad engine, model or data file ends in one "error:" line
 (exit code 2); --debug shows its traceback.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -55,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_input_length", type=int, default=400, help="article tokens kept at most")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--show_summaries", type=int, default=1, help="summaries to print per backend")
+    p.add_argument("--json", default=None, help="write each backend's scores, per-summary ROUGE-1 and summaries here")
     p.add_argument("--check_accuracy", action="store_true")
     p.add_argument("--tensorrt_llm_rouge1_threshold", type=float, default=15.0)
     add_debug_argument(p)
@@ -160,12 +167,26 @@ def run_hf(args, batches, end_id, pad_id, device):
     return outputs, seconds
 
 
-def rouge(predictions: list[str], references: list[str]) -> dict[str, float]:
-    """Mean ROUGE F-measures, in points (0-100)."""
+def rouge_per_summary(predictions: list[str], references: list[str]) -> list[dict[str, float]]:
+    """Each summary's ROUGE F-measures, in points (0-100)."""
     from rouge_score import rouge_scorer
     scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
-    scores = [scorer.score(ref, pred) for pred, ref in zip(predictions, references)]
-    return {k: 100 * sum(s[k].fmeasure for s in scores) / len(scores) for k in ROUGE_KEYS}
+    return [{k: 100 * s[k].fmeasure for k in ROUGE_KEYS}
+            for s in (scorer.score(ref, pred) for pred, ref in zip(predictions, references))]
+
+
+def rouge(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """Mean ROUGE F-measures, in points (0-100)."""
+    scores = rouge_per_summary(predictions, references)
+    return {k: sum(s[k] for s in scores) / len(scores) for k in ROUGE_KEYS}
+
+
+def paired_spread(ours: list[float], base: list[float]) -> tuple[float, float]:
+    """(standard deviation, standard error of the mean) of the per-summary differences."""
+    diffs = [a - b for a, b in zip(ours, base)]
+    mean = sum(diffs) / len(diffs)
+    sd = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5 if len(diffs) > 1 else 0.0
+    return sd, sd / len(diffs) ** 0.5
 
 
 def main(argv=None) -> int:
@@ -188,13 +209,15 @@ def main(argv=None) -> int:
             backends.append((name, functools.partial(run_trt_llm, engine_dir)))
     if args.test_hf:
         backends.append(("Hugging Face", run_hf))
-    rouge1 = []  # (backend, ROUGE-1), in the order run: an engine given twice is run twice
+    results = []  # one per backend, in the order run: an engine given twice is run twice
     for name, run in backends:
         outputs, seconds = run(args, batches, end_id, pad_id, device)
         summaries = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in outputs]
         tokens = sum(len(t) for t in outputs)
-        scores = rouge(summaries, references)
-        rouge1.append((name, scores["rouge1"]))
+        per_summary = rouge_per_summary(summaries, references)
+        scores = {k: sum(s[k] for s in per_summary) / len(per_summary) for k in ROUGE_KEYS}
+        results.append({"backend": name, "rouge": scores, "rouge1_per_summary": [s["rouge1"] for s in per_summary],
+                        "output_tokens": tokens, "seconds": seconds, "token_ids": outputs, "summaries": summaries})
         for i in range(min(args.show_summaries, len(summaries))):
             print(f"{name} summary [{articles[i].get('id', i)}]: {summaries[i]}")
             print(f"  reference: {references[i]}")
@@ -204,9 +227,17 @@ def main(argv=None) -> int:
         print(f"{name} greedy result")
         for k in ROUGE_KEYS:
             print(f"  {k}: {scores[k]:.2f}")
-    first, base = rouge1[0]
-    for name, score in rouge1[1:]:
-        print(f"ROUGE-1 difference ({name} - {first}): {score - base:+.2f} points")
+    first = results[0]
+    for r in results[1:]:
+        sd, se = paired_spread(r["rouge1_per_summary"], first["rouge1_per_summary"])
+        same = sum(a == b for a, b in zip(r["token_ids"], first["token_ids"]))
+        print(f"ROUGE-1 difference ({r['backend']} - {first['backend']}): "
+              f"{r['rouge']['rouge1'] - first['rouge']['rouge1']:+.2f} points (per-summary differences: "
+              f"sd {sd:.2f}, standard error {se:.2f}; {same} of {len(articles)} summaries token for token the same)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"articles": len(articles), "output_len": args.output_len,
+                                               "backends": results}, indent=1))
+    rouge1 = [(r["backend"], r["rouge"]["rouge1"]) for r in results]
     if args.check_accuracy:
         threshold = args.tensorrt_llm_rouge1_threshold
         low = [(name, score) for name, score in rouge1 if name.startswith("TensorRT-LLM") and score < threshold]

@@ -1,6 +1,7 @@
 """examples/summarize.py as a user runs it, on SmolLM2: the engine and transformers both
 summarise, their ROUGE-1 differ by under a point, and --check_accuracy passes below the
 threshold and fails (status 1) above it."""
+import json
 import os
 import re
 import subprocess
@@ -72,12 +73,19 @@ def test_check_accuracy_needs_the_engine():
     assert p.returncode == 2 and "--check_accuracy checks the engine" in p.stderr
 
 
-def test_engines_are_compared_with_the_first(folders):
+def test_engines_are_compared_with_the_first(folders, tmp_path):
     ckpt, engine = folders
     p = run("examples/summarize.py", "--engine_dir", engine, "--engine_dir", engine, "--tokenizer_dir", ckpt,
-            "--test_trt_llm", *SMALL)
+            "--test_trt_llm", *SMALL, "--json", tmp_path / "s.json")
     assert p.returncode == 0, p.stdout + p.stderr
     name = re.escape(f"TensorRT-LLM ({engine})")
     scores = re.findall(rf"^{name} greedy result\n  rouge1: ([0-9.]+)$", p.stdout, re.M)
     assert len(scores) == 2 and scores[0] == scores[1], p.stdout
-    assert f"ROUGE-1 difference (TensorRT-LLM ({engine}) - TensorRT-LLM ({engine})): +0.00 points" in p.stdout
+    assert (f"ROUGE-1 difference (TensorRT-LLM ({engine}) - TensorRT-LLM ({engine})): +0.00 points "
+            f"(per-summary differences: sd 0.00, standard error 0.00; 2 of 2 summaries token for token the same)"
+            in p.stdout), p.stdout
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["articles"] == 2 and len(saved["backends"]) == 2
+    first, second = saved["backends"]
+    assert first["rouge1_per_summary"] == second["rouge1_per_summary"] and len(first["summaries"]) == 2
+    assert abs(first["rouge"]["rouge1"] - float(scores[0])) < 0.01
