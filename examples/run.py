@@ -5,6 +5,12 @@
 
 A bad engine, tokenizer or request ends in one "error:" line (exit code 2); --debug shows
 its traceback.
+
+A multi-rank (tensor- or pipeline-parallel) engine runs one process per rank; rank 0 alone
+prints:
+
+    torchrun --nproc_per_node 2 examples/run.py --engine_dir engines/tp2 ...
+    mpirun -n 2 python examples/run.py --engine_dir engines/tp2 ...
 """
 from __future__ import annotations
 
@@ -95,6 +101,10 @@ def main(argv=None) -> int:
                   bad_words_list=word_list(tokenizer, args.bad_words),
                   output_log_probs=args.output_log_probs,
                   output_cum_log_probs=args.output_cum_log_probs)
+    # Every rank computes the same tokens; rank 0 alone shows them.
+    if not runner.is_first_rank:
+        runner.generate(batch, streaming=False, **kwargs)
+        return 0
     t0 = time.perf_counter()
     if args.streaming and args.num_beams > 1:
         # Beams are re-ranked at every step: show the best one so far.

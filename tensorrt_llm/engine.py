@@ -131,7 +131,7 @@ class Engine:
         save_file(weights, str(tmp), metadata=metadata)
         os.replace(tmp, path)
         config = dict(self.config, version={"format": ENGINE_FORMAT_VERSION, "package": __version__})
-        tmp = engine_dir / "config.json.tmp"
+        tmp = engine_dir / f"config.json.{self.rank}.tmp"  # ranks may be saved at once (--workers)
         tmp.write_text(json.dumps(config, indent=2))
         os.replace(tmp, engine_dir / "config.json")
         return path
@@ -187,11 +187,7 @@ class Engine:
         if build_config["target_device"] != meta.get("target_device", "any"):
             raise EngineError(f"{path}: its target device {meta.get('target_device')!r} is not its build "
                               f"config's {build_config['target_device']!r}; rebuild the engine")
-        differ = config_differences(engine_configs(config), engine_configs(own))
-        if differ:
-            shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
-            raise EngineError(f"{engine_dir / 'config.json'} disagrees with {path.name} on {shown}: "
-                              f"config.json was edited; restore it or rebuild the engine")
+        _check_config_copy(engine_dir, path, config, own)
         if refit is not None and not _is_refit_map(refit):
             raise EngineError(f"{path}: its refit map is malformed; rebuild the engine")
         try:
@@ -220,6 +216,28 @@ def check_versions(format_version, package_version, where) -> None:
     if package_version != __version__:
         raise EngineError(f"{where} was built by tensorrt_llm {package_version}, this is "
                           f"tensorrt_llm {__version__}; rebuild the engine with trtllm-build")
+
+
+def _check_config_copy(engine_dir: Path, path: Path, config: dict, own: dict) -> None:
+    differ = config_differences(engine_configs(config), engine_configs(own))
+    if differ:
+        shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+        raise EngineError(f"{engine_dir / 'config.json'} disagrees with {path.name} on {shown}: "
+                          f"config.json was edited; restore it or rebuild the engine")
+
+
+def check_config_copy(engine_dir, rank: int = 0) -> None:
+    """config.json against rank `rank`'s copy of it, reading the rank file's metadata only
+    (no weights): EngineError when they differ (Engine.from_dir checks the same, and more)."""
+    engine_dir = Path(engine_dir)
+    config = read_engine_config(engine_dir)
+    path = engine_dir / f"rank{rank}.engine"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            own = json.loads((f.metadata() or {})["config"])
+    except Exception:  # missing, damaged, not an engine: Engine.from_dir says which
+        return
+    _check_config_copy(engine_dir, path, config, own)
 
 
 def read_engine_config(engine_dir: Path) -> dict:

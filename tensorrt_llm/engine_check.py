@@ -416,15 +416,16 @@ def check_config_matches_graph(pretrained: dict, build: dict, network, where: st
                                          max_seq_len)
         elif layer.op == "embedding":
             ids, rows = layer.inputs[0], (shape(layer.inputs[1]) or (None,))[0]
-            if ids == "input_ids" and rows != vocab:
+            # A vocabulary-parallel table (vocab_start) holds this rank's slice of the padded rows.
+            want = -(-vocab // tp) if "vocab_start" in a else vocab
+            if ids == "input_ids" and rows != want:
                 problems.append(f"layer {layer.name}: the token embedding has {rows} rows, vocab_size "
-                                f"is {vocab}")
+                                f"is {vocab}" + (f" ({want} per rank of {tp})" if want != vocab else ""))
             elif ids == "position_ids" and (rows is None or rows < max_seq_len):
                 problems.append(f"layer {layer.name}: the position embedding has {rows} rows, "
                                 f"max_seq_len is {max_seq_len}")
     if "logits" in network.outputs:
-        padded = -(-vocab // tp) * tp
-        if tensors["logits"].shape[-1:] != (padded,):
+        if tensors["logits"].shape[-1:] != (vocab,):
             problems.append(f"output logits has shape {list(tensors['logits'].shape)}, vocab_size is {vocab}")
     ranges = {name: network.dim_range(name) for name in ("input_ids", "block_tables") if network.is_input(name)}
     if "input_ids" in ranges and ranges["input_ids"].get(0, (None, (0, 0, 0)))[1][2] != build["max_num_tokens"]:

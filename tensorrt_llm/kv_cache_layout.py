@@ -44,7 +44,8 @@ class KVCacheLayout:
     @classmethod
     def of_engine(cls, pretrained_config: dict, tokens_per_block: int) -> "KVCacheLayout":
         cfg = pretrained_config
-        return cls(num_layers=cfg["num_hidden_layers"],
+        # A pipeline stage caches its own layers only.
+        return cls(num_layers=cfg["num_hidden_layers"] // cfg["mapping"].get("pp_size", 1),
                    num_kv_heads=max(1, cfg["num_key_value_heads"] // cfg["mapping"]["tp_size"]),
                    head_dim=cfg.get("head_size") or cfg["hidden_size"] // cfg["num_attention_heads"],
                    tokens_per_block=tokens_per_block, dtype_name=canonical_dtype(cfg["dtype"]))

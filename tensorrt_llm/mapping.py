@@ -42,6 +42,17 @@ class Mapping:
     def is_last_pp_rank(self) -> bool:
         return self.pp_rank == self.pp_size - 1
 
+    def prev_pp_rank(self) -> int:
+        """The global rank of this tensor-parallel rank in the previous pipeline stage."""
+        return self.rank - self.tp_size
+
+    def next_pp_rank(self) -> int:
+        return self.rank + self.tp_size
+
+    def last_pp_rank(self) -> int:
+        """The global rank of this tensor-parallel rank in the last pipeline stage."""
+        return self.pp_group[-1]
+
     def pp_layers(self, num_layers: int) -> list[int]:
         """The global indices of the layers this rank's pipeline stage runs."""
         if num_layers % self.pp_size:

@@ -137,7 +137,9 @@ def _float32_math(fn):
     return converter
 
 
-def _embedding(g, ids, weight):
+def _embedding(g, ids, weight, vocab_start=None):
+    if vocab_start is not None:
+        raise ValueError("ONNX export of a vocabulary-parallel (tensor-parallel) embedding is not supported")
     return g.op("Gather", weight, ids, axis=0)
 
 

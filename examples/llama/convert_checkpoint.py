@@ -1,5 +1,6 @@
 """Converts a LLaMA-family model (Hugging Face folder, llama.cpp GGUF file or Meta checkpoint) into our
-checkpoint folder: config.json, rank{N}.safetensors for each tensor-parallel rank, and the
+checkpoint folder: config.json, rank{N}.safetensors for each rank (tensor-parallel ranks of each
+pipeline stage, rank = pp_rank * tp_size + tp_rank), and the
 tokenizer files.
 
     python examples/llama/convert_checkpoint.py --gguf_file model.gguf --output_dir ckpt
@@ -57,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--dtype", choices=["auto", *MODEL_DTYPES], default="auto")
     parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks to write")
+    parser.add_argument("--pp_size", type=int, default=1,
+                        help="pipeline stages (the layers split between them); tp_size x pp_size rank files")
     add_weight_only_arguments(parser)
     add_debug_argument(parser)
     args = parser.parse_args(argv)
@@ -68,13 +71,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--meta_ckpt_dir {args.meta_ckpt_dir} is not a folder")
     if args.tp_size < 1:
         parser.error("--tp_size must be >= 1")
+    if args.pp_size < 1:
+        parser.error("--pp_size must be >= 1")
     given = [f for f in ("weight_only_precision", "group_size") if getattr(args, f) is not None]
     if given and not args.use_weight_only:
         parser.error(f"--{given[0]} needs --use_weight_only")
     if args.use_weight_only and args.gguf_file is not None and given:
         parser.error(f"--{given[0]} does not apply to a GGUF file: its blocks keep their own precision and group")
-    if args.use_weight_only and args.gguf_file is not None and args.tp_size != 1:
-        parser.error("--use_weight_only of a GGUF file writes one rank (--tp_size 1)")
+    if args.use_weight_only and args.gguf_file is not None and args.tp_size * args.pp_size != 1:
+        parser.error("--use_weight_only of a GGUF file writes one rank (--tp_size 1 --pp_size 1)")
     args.weight_only_precision = args.weight_only_precision or "int8"
     return args
 
@@ -83,7 +88,7 @@ def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
     check_output_dir(args.output_dir, sources=[args.model_dir or args.gguf_file or args.meta_ckpt_dir])
-    mapping = Mapping(world_size=args.tp_size, tp_size=args.tp_size)
+    mapping = Mapping(world_size=args.tp_size * args.pp_size, tp_size=args.tp_size, pp_size=args.pp_size)
     dtype = None if args.dtype == "auto" else args.dtype
     if args.gguf_file is not None:
         source = args.gguf_file
@@ -136,7 +141,7 @@ def main(argv=None):
 
     print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, "
           f"hidden {config.hidden_size}, vocab {config.vocab_size}, dtype {config.dtype}, "
-          f"tp_size {mapping.tp_size}")
+          f"tp_size {mapping.tp_size}, pp_size {mapping.pp_size}")
     if config.quant_config.quantizes_weights:
         print(f"  quantization: {config.quant_config.quant_algo.value}"
               + (f", group {config.quant_config.group_size}" if config.quant_config.group_size else ""))

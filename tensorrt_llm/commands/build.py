@@ -46,8 +46,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="kernel timings of earlier builds to reuse (an unusable file is ignored with a warning)")
     p.add_argument("--output_timing_cache", default=None,
                    help="write the kernel timings (reused and new) to this file")
+    p.add_argument("--workers", type=int, default=1,
+                   help="build this many ranks at once, each in a process of its own (default 1)")
     add_debug_argument(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
+    return args
 
 
 def _size(n: int) -> str:
@@ -118,47 +123,76 @@ def check_build(config: PretrainedConfig, build_config: BuildConfig, dtype: Opti
     return resolved
 
 
+def _build_rank(checkpoint_dir, output_dir, architecture: str, rank: int, build_config: BuildConfig,
+                dtype: Optional[str], timing_entries: Optional[dict]) -> tuple[int, dict, Optional[dict]]:
+    """Build and save one rank: (bytes written, its build summary, the timing cache's entries
+    after it). Runs in trtllm-build's process, or in a --workers process."""
+    timing_cache = TimingCache(timing_entries) if timing_entries is not None else None
+    model = MODEL_MAP[architecture].from_checkpoint(Path(checkpoint_dir), rank=rank, dtype=dtype)
+    engine = build(model, build_config, timing_cache=timing_cache)
+    path = engine.save(output_dir)
+    return (path.stat().st_size, engine.config["build_summary"],
+            timing_cache.entries if timing_cache is not None else None)
+
+
+def _log_rank(log, rank: int, world: int, s: dict) -> None:
+    fused = s["rewrites"].get("rewrites", {})
+    log(f"[rank {rank}/{world}] layers: {s['layers_before_rewriting']} defined, "
+        f"{s['layers_after_rewriting']} after rewriting "
+        f"({', '.join(f'{k} x{v}' for k, v in fused.items()) or 'no rewrites'}); "
+        f"{s['weight_bytes'] / 2**20:.1f} MiB of weights, built in {s['build_seconds']:.1f} s")
+    if "kernel_choice" in s:
+        k = s["kernel_choice"]
+        picked = {}
+        for layer in k["layers"].values():
+            picked[layer["implementation"]] = picked.get(layer["implementation"], 0) + 1
+        log(f"[rank {rank}/{world}] kernel choice on {k['device']}: "
+            f"{', '.join(f'{n} x{c}' for n, c in sorted(picked.items())) or 'nothing to choose'} "
+            f"({k['hits']} timing cache hits, {k['misses']} timed)")
+
+
 def build_engines(checkpoint_dir, output_dir, config: PretrainedConfig, build_config: BuildConfig, *,
                   dtype: Optional[str] = None, timing_cache: Optional[TimingCache] = None,
-                  log: Callable[[str], None] = print) -> int:
+                  log: Callable[[str], None] = print, workers: int = 1) -> int:
     """Builds every rank of the checkpoint (`config`: its checkpoint_config) and saves each
     into output_dir; says one line per rank (and its kernel choice) through `log`.
-    `dtype`: cast the weights to it (None: keep the checkpoint's). Returns the bytes written."""
-    ckpt = Path(checkpoint_dir)
-    model_cls = MODEL_MAP[config.architecture]
+    `dtype`: cast the weights to it (None: keep the checkpoint's). `workers` > 1 builds that
+    many ranks at once, each in a process of its own (spawned); their kernel timings are
+    merged into `timing_cache`. Returns the bytes written."""
     world = config.mapping.world_size
+    entries = timing_cache.entries if timing_cache is not None else None
+    args = [(checkpoint_dir, output_dir, config.architecture, rank, build_config, dtype) for rank in range(world)]
     total_bytes = 0
-    for rank in range(world):
-        model = model_cls.from_checkpoint(ckpt, rank=rank, dtype=dtype)
-        engine = build(model, build_config, timing_cache=timing_cache)
-        path = engine.save(output_dir)
-        total_bytes += path.stat().st_size
-        s = engine.config["build_summary"]
-        fused = s["rewrites"].get("rewrites", {})
-        log(f"[rank {rank}/{world}] layers: {s['layers_before_rewriting']} defined, "
-            f"{s['layers_after_rewriting']} after rewriting "
-            f"({', '.join(f'{k} x{v}' for k, v in fused.items()) or 'no rewrites'}); "
-            f"{s['weight_bytes'] / 2**20:.1f} MiB of weights, built in {s['build_seconds']:.1f} s")
-        if "kernel_choice" in s:
-            k = s["kernel_choice"]
-            picked = {}
-            for layer in k["layers"].values():
-                picked[layer["implementation"]] = picked.get(layer["implementation"], 0) + 1
-            log(f"[rank {rank}/{world}] kernel choice on {k['device']}: "
-                f"{', '.join(f'{n} x{c}' for n, c in sorted(picked.items())) or 'nothing to choose'} "
-                f"({k['hits']} timing cache hits, {k['misses']} timed)")
+    if workers <= 1 or world == 1:
+        for a in args:
+            size, summary, _ = _build_rank(*a, entries)
+            total_bytes += size
+            _log_rank(log, a[3], world, summary)
+        return total_bytes
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(min(workers, world),
+                                                mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_build_rank, *a, entries) for a in args]
+        for rank, future in enumerate(futures):  # logged in rank order, as each is done
+            size, summary, new_entries = future.result()
+            total_bytes += size
+            if timing_cache is not None:
+                timing_cache.entries.update(new_entries)
+            _log_rank(log, rank, world, summary)
     return total_bytes
 
 
 def build_checkpoint(checkpoint_dir, output_dir, build_config: BuildConfig, *, dtype: Optional[str] = None,
-                     timing_cache: Optional[TimingCache] = None, log: Callable[[str], None] = print) -> int:
+                     timing_cache: Optional[TimingCache] = None, log: Callable[[str], None] = print,
+                     workers: int = 1) -> int:
     """What trtllm-build does, as a function: checkpoint folder -> engine files in output_dir
     (written in place, rank file by rank file: wrap it in an atomic folder write where a
     half-written output matters). Returns the bytes written."""
     config = checkpoint_config(checkpoint_dir)
     check_build(config, build_config, dtype)
     return build_engines(checkpoint_dir, output_dir, config, build_config, dtype=dtype,
-                         timing_cache=timing_cache, log=log)
+                         timing_cache=timing_cache, log=log, workers=workers)
 
 
 def main(argv=None) -> int:
@@ -187,7 +221,7 @@ def main(argv=None) -> int:
         except TimingCacheError as e:
             print(f"trtllm-build: warning: {e}; timing from scratch", file=sys.stderr)
     total_bytes = build_engines(ckpt, args.output_dir, config, build_config, dtype=args.dtype,
-                                timing_cache=timing_cache)
+                                timing_cache=timing_cache, workers=args.workers)
     if args.output_timing_cache is not None:
         timing_cache.save(args.output_timing_cache)
     print(f"Engine written to {args.output_dir}: {config.mapping.world_size} rank(s), "

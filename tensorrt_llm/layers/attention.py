@@ -47,17 +47,19 @@ class Attention(Module):
                  rotary_dim: int = 0, sliding_window: Optional[int] = None,
                  dtype: str = "float32", tp_size: int = 1):
         super().__init__()
-        if num_attention_heads % tp_size or num_kv_heads % tp_size:
+        # KV heads split across ranks, or, when tp_size exceeds them, each replicated on
+        # tp_size / num_kv_heads ranks (one per rank).
+        if num_attention_heads % tp_size or (num_kv_heads % tp_size and tp_size % num_kv_heads):
             raise ValueError(f"{num_attention_heads} heads / {num_kv_heads} KV heads are not divisible "
                              f"by tp_size {tp_size}")
         self.layer_idx = layer_idx
         self.num_heads = num_attention_heads // tp_size
-        self.num_kv_heads = num_kv_heads // tp_size
+        self.num_kv_heads = max(1, num_kv_heads // tp_size)
         self.head_size = head_size
         self.position_embedding_type = position_embedding_type
         self.rotary_dim = rotary_dim or head_size
         self.sliding_window = sliding_window
-        q, kv = num_attention_heads * head_size, num_kv_heads * head_size
+        q, kv = num_attention_heads * head_size, self.num_kv_heads * tp_size * head_size
         self.qkv = ColumnLinear(hidden_size, q + 2 * kv, bias, dtype, tp_size)
         self.dense = RowLinear(q, hidden_size, dense_bias, dtype, tp_size)
 

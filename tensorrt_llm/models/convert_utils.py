@@ -17,8 +17,9 @@ a few source tensors.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 from tqdm import tqdm
@@ -172,15 +173,31 @@ def _narrow(t: torch.Tensor, dim: int, mapping: Mapping) -> torch.Tensor:
     return t.narrow(dim, mapping.tp_rank * size, size)
 
 
+def _kv_rows(t: torch.Tensor, config: PretrainedConfig, mapping: Mapping) -> torch.Tensor:
+    """This rank's rows of a K or V projection: its share of the KV heads, or, when tp_size
+    exceeds them, the one KV head its query heads read (replicated on tp / KV ranks)."""
+    kv_heads = config.num_key_value_heads
+    if kv_heads % mapping.tp_size == 0:
+        return _narrow(t, 0, mapping)
+    head = mapping.tp_rank // (mapping.tp_size // kv_heads)
+    return t.narrow(0, head * config.head_size, config.head_size)
+
+
 def shard(name: str, t: torch.Tensor, config: PretrainedConfig, mapping: Mapping) -> torch.Tensor:
-    """The part of our weight `name` (whole tensor `t`) that mapping's rank holds, in config.dtype."""
-    if name.startswith("lm_head.") and t.shape[0] < config.vocab_size_padded:
+    """The part of our weight `name` (whole tensor `t`) that mapping's rank holds, in config.dtype.
+    With tp_size > 1 the token embedding is vocabulary-parallel: padded like lm_head, split by rows."""
+    vocab_table = name.startswith("lm_head.") or (name == "transformer.vocab_embedding.weight"
+                                                  and mapping.tp_size > 1)
+    if vocab_table and t.shape[0] < config.vocab_size_padded:
         t = torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, config.vocab_size_padded - t.shape[0]))
     if mapping.tp_size > 1:
         if ".attention.qkv." in name:
             q = config.num_attention_heads * config.head_size
             kv = config.num_key_value_heads * config.head_size
-            t = torch.cat([_narrow(part, 0, mapping) for part in t.split([q, kv, kv])])
+            q, k, v = t.split([q, kv, kv])
+            t = torch.cat([_narrow(q, 0, mapping), _kv_rows(k, config, mapping), _kv_rows(v, config, mapping)])
+        elif vocab_table:
+            t = _narrow(t, 0, mapping)
         elif name.endswith((".attention.dense.weight", ".mlp.proj.weight")):
             t = _narrow(t, 1, mapping)
         elif ".mlp.gate." in name or ".mlp.fc." in name or name.startswith("lm_head."):
@@ -191,15 +208,44 @@ def shard(name: str, t: torch.Tensor, config: PretrainedConfig, mapping: Mapping
     return t
 
 
+_LAYER = re.compile(r"transformer\.layers\.(\d+)\.")
+
+
+def stage_name(name: str, config: PretrainedConfig, mapping: Mapping) -> Optional[str]:
+    """The name weight `name` has on mapping's pipeline stage, or None when the stage does not
+    hold it: a stage holds its layers (renumbered from 0), the first the token embedding (and
+    position embedding), the last ln_f and lm_head, and also the token embedding when the LM
+    head reads it (share_embedding_table)."""
+    if mapping.pp_size == 1:
+        return name
+    m = _LAYER.match(name)
+    if m is not None:
+        layers = mapping.pp_layers(config.num_hidden_layers)
+        i = int(m.group(1))
+        return f"transformer.layers.{i - layers[0]}.{name[m.end():]}" if i in layers else None
+    if name.startswith("transformer.vocab_embedding."):
+        keep = mapping.is_first_pp_rank() or (mapping.is_last_pp_rank() and config.share_embedding_table)
+    elif name.startswith(("transformer.position_embedding.", "transformer.ln_embed.")):
+        keep = mapping.is_first_pp_rank()
+    else:  # ln_f, lm_head
+        keep = mapping.is_last_pp_rank()
+    return name if keep else None
+
+
 def rank_weights(weights: Iterable[tuple[str, torch.Tensor]], config: PretrainedConfig,
                  mapping: Mapping) -> dict[str, torch.Tensor]:
-    """One rank's weights (our names, config.dtype) from a converter's whole weights."""
-    if mapping.pp_size != 1:
-        raise ConfigError("pipeline-parallel checkpoints are not supported (pp_size must be 1)")
-    if (mapping.world_size, mapping.tp_size) != (config.mapping.world_size, config.mapping.tp_size):
+    """One rank's weights (our names, config.dtype) from a converter's whole weights: its
+    tensor-parallel slice of each weight its pipeline stage holds (stage_name)."""
+    if (mapping.world_size, mapping.tp_size, mapping.pp_size) != (
+            config.mapping.world_size, config.mapping.tp_size, config.mapping.pp_size):
         raise ConfigError(f"mapping {mapping} does not match the config's {config.mapping}")
     progress = tqdm(weights, desc=f"converting rank {mapping.rank}", unit="tensor", disable=None)
-    return {name: shard(name, t, config, mapping) for name, t in progress}
+    out = {}
+    for name, t in progress:
+        local = stage_name(name, config, mapping)
+        if local is not None:
+            out[local] = shard(name, t, config, mapping)
+    return out
 
 
 def load_weights(source, config: PretrainedConfig, mapping: Mapping | None,

@@ -55,14 +55,16 @@ class DecoderModelForCausalLM(PretrainedModel):
         rows = max_batch_size * max_beam_width
         batch = ("batch_size", (1, rows // 2 + 1, rows))
         max_blocks = -(-max_seq_len // tokens_per_block)
-        kv_heads = cfg.num_key_value_heads // cfg.mapping.tp_size
+        # KV heads replicated (one per rank) when tp_size exceeds them; this stage's layers only.
+        kv_heads = max(1, cfg.num_key_value_heads // cfg.mapping.tp_size)
+        num_layers = len(cfg.mapping.pp_layers(cfg.num_hidden_layers))
         inputs = {
             "input_ids": net.add_input("input_ids", "int32", [-1], {0: tokens}),
             "position_ids": net.add_input("position_ids", "int32", [-1], {0: tokens}),
             "last_token_ids": net.add_input("last_token_ids", "int64", [-1], {0: logit_rows}),
             "kv_cache_pool": net.add_input(
                 "kv_cache_pool", cfg.dtype,
-                [cfg.num_hidden_layers, -1, 2, kv_heads, tokens_per_block, cfg.head_size],
+                [num_layers, -1, 2, kv_heads, tokens_per_block, cfg.head_size],
                 {1: ("num_blocks", (1, max_batch_size * max_blocks, max_batch_size * max_blocks * 64))}),
             "block_tables": net.add_input("block_tables", "int32", [-1, -1],
                                           {0: batch, 1: ("max_blocks_per_seq", (1, max_blocks, max_blocks))}),
@@ -93,10 +95,29 @@ class DecoderModelForCausalLM(PretrainedModel):
 
     def forward(self, input_ids, position_ids, last_token_ids, kv_cache_pool, block_tables,
                 sequence_lengths, context_lengths, host_context_lengths, host_sequence_lengths) -> Tensor:
+        """The network of this rank. Tensor parallelism: each rank computes its heads and MLP
+        columns (RowLinear's allreduce sums them) and its slice of the vocabulary's logits,
+        gathered into the whole row. Pipeline parallelism: a stage after the first receives
+        the hidden states from the previous one; a stage before the last sends its output to
+        the next and receives the logits from the last, which sends them to every other stage,
+        so every rank's `logits` are the same."""
+        cfg = self.config
+        m = cfg.mapping
         attn = AttentionInputs(position_ids, kv_cache_pool, block_tables, sequence_lengths,
                                context_lengths, host_context_lengths, host_sequence_lengths,
                                rotary_cos_sin=self.rotary_table(), alibi_slopes=self.alibi_table())
-        hidden = self.transformer(input_ids, attn)
+        if m.pp_size == 1:
+            hidden = self.transformer(input_ids, attn)
+        else:
+            received = None if m.is_first_pp_rank() else F.recv(
+                input_ids, peer=m.prev_pp_rank(), dtype=cfg.dtype, tail=[cfg.hidden_size])
+            hidden = self.transformer(input_ids, attn, received)
+        if not m.is_last_pp_rank():
+            sent = F.send(hidden, peer=m.next_pp_rank())
+            logits = F.recv(last_token_ids, sent, peer=m.last_pp_rank(), dtype=cfg.logits_dtype,
+                            tail=[cfg.vocab_size])
+            default_net().mark_output(logits, "logits")
+            return logits
         # Only the rows whose logits are asked for go through ln_f and lm_head.
         hidden = F.index_select(hidden, 0, last_token_ids)
         if self.transformer.ln_f is not None:  # None: post-norm layers end normed
@@ -105,9 +126,15 @@ class DecoderModelForCausalLM(PretrainedModel):
             logits = F.linear(hidden, self.transformer.vocab_embedding.weight.tensor)
         else:
             logits = self.lm_head(hidden)
-        if self.config.mapping.tp_size > 1:
-            raise NotImplementedError("tensor-parallel lm_head gather is not implemented yet")
+        if m.tp_size > 1:
+            # Each rank holds vocab_size_padded / tp rows of the head: gather the slices and
+            # drop the padding rows' logits.
+            logits = F.allgather(logits, dim=-1, group_size=m.tp_size)
+            if cfg.vocab_size_padded != cfg.vocab_size:
+                logits = F.slice(logits, -1, 0, cfg.vocab_size)
         if logits.dtype != self.config.logits_dtype:
             logits = F.cast(logits, self.config.logits_dtype)
+        for peer in m.pp_group[:-1]:
+            F.send(logits, peer=peer)
         default_net().mark_output(logits, "logits")
         return logits

@@ -218,12 +218,28 @@ class PretrainedConfig:
         if not isinstance(scaling["factor"], (int, float)) or not scaling["factor"] > 0:
             raise ConfigError(f"PretrainedConfig: rotary_scaling factor must be > 0, got {scaling!r}")
 
+    def tp_size_fits(self, tp: int) -> bool:
+        """Whether `tp` ranks can split this model: each takes a whole number of query heads,
+        MLP columns, and KV heads (or one KV head, replicated, when tp exceeds them)."""
+        kv = self.num_key_value_heads
+        return (self.num_attention_heads % tp == 0 and self.intermediate_size % tp == 0
+                and (kv % tp == 0 or tp % kv == 0))
+
     def _validate_mapping(self):
         tp = self.mapping.tp_size
-        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-            if getattr(self, name) % tp:
-                raise ConfigError(f"PretrainedConfig: tp_size ({tp}) must divide {name} "
-                                  f"({getattr(self, name)})")
+        if self.tp_size_fits(tp):
+            pass
+        else:
+            works = [t for t in range(1, self.num_attention_heads + 1) if self.tp_size_fits(t)]
+            kv = self.num_key_value_heads
+            if self.num_attention_heads % tp:
+                what = f"num_attention_heads ({self.num_attention_heads})"
+            elif self.intermediate_size % tp:
+                what = f"intermediate_size ({self.intermediate_size})"
+            else:
+                what = f"num_key_value_heads ({kv}) (or be a multiple of it)"
+            raise ConfigError(f"PretrainedConfig: tp_size ({tp}) must divide {what}; "
+                              f"the tp sizes that split this model: {', '.join(map(str, works))}")
         if self.num_hidden_layers % self.mapping.pp_size:
             raise ConfigError(f"PretrainedConfig: pp_size ({self.mapping.pp_size}) must divide "
                               f"num_hidden_layers ({self.num_hidden_layers})")

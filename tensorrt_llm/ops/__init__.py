@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     activation,
     attention,
     attention_cuda,
+    comm,
     elementwise,
     fp8_linear,
     linear,

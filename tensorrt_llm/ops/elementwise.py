@@ -1,5 +1,4 @@
-"""Arithmetic: add, sub, mul, div (broadcasting), pow, and allreduce (the sum over the
-tensor-parallel group)."""
+"""Arithmetic: add, sub, mul, div (broadcasting), pow."""
 from __future__ import annotations
 
 import torch
@@ -33,20 +32,3 @@ def pow(x: Tensor, exponent: float) -> Tensor:
 
 
 pow.implementation(REFERENCE)(lambda x, *, exponent: torch.pow(x, exponent))
-
-
-@define
-def allreduce(x: Tensor) -> Tensor:
-    """Sum over the tensor-parallel group (identity at world size 1)."""
-    return add_layer("allreduce", [x], [(x.dtype, x.shape)])
-
-
-@allreduce.implementation(REFERENCE)
-def allreduce_reference(x):
-    """Sum over the default process group once torch.distributed runs with > 1 ranks."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return x
-    out = x.clone()
-    dist.all_reduce(out)
-    return out

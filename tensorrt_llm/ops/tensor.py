@@ -201,16 +201,29 @@ def squeeze_reference(x, *, dim):
 
 
 @define
-def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+def embedding(ids: Tensor, weight: Tensor, *, vocab_start: Optional[int] = None) -> Tensor:
+    """The rows of `weight` the ids name. With `vocab_start`, `weight` holds the rows
+    [vocab_start, vocab_start + rows) of a vocabulary-parallel table and ids outside them give
+    zeros: the tensor-parallel ranks' results sum to the whole lookup."""
     check_int("embedding", ids, "ids")
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be [vocab, hidden], got {list(weight.shape)}")
-    return add_layer("embedding", [ids, weight], [(weight.dtype, ids.shape + (weight.shape[1],))])
+    if vocab_start is not None and (not isinstance(vocab_start, int) or vocab_start < 0):
+        raise ValueError(f"embedding: vocab_start must be an integer >= 0, got {vocab_start!r}")
+    attrs = {} if vocab_start is None else {"vocab_start": vocab_start}
+    return add_layer("embedding", [ids, weight], [(weight.dtype, ids.shape + (weight.shape[1],))], **attrs)
 
 
 @embedding.implementation(REFERENCE)
-def embedding_reference(ids, weight):
-    return weight.index_select(0, ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+def embedding_reference(ids, weight, *, vocab_start=None):
+    flat = ids.reshape(-1)
+    if vocab_start is None:
+        return weight.index_select(0, flat).view(*ids.shape, weight.shape[1])
+    local = flat.long() - vocab_start
+    inside = (local >= 0) & (local < weight.shape[0])
+    rows = weight.index_select(0, torch.where(inside, local, 0))
+    rows = rows.masked_fill(~inside.unsqueeze(1), 0)
+    return rows.view(*ids.shape, weight.shape[1])
 
 
 @define

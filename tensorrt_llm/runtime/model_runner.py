@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ..engine import Engine
+from .. import distributed
+from ..engine import Engine, check_config_copy, read_engine_config
 from ..errors import ConfigError, RequestError
+from ..mapping import Mapping
 from ..kv_cache_layout import KVCacheLayout
 from ..logger import logger
 from .cuda_graph import CudaGraphDecoder
@@ -63,6 +66,9 @@ class ModelRunner:
         self.engine = engine
         self.device = device
         cfg = engine.pretrained_config
+        # A multi-rank engine: this process's rank and groups (distributed.init, by from_dir).
+        self.mapping = Mapping.from_dict(dict(cfg["mapping"], rank=engine.rank))
+        self.rank = engine.rank
         bc = engine.build_config
         self.config = cfg
         self.build_config = bc
@@ -78,6 +84,9 @@ class ModelRunner:
         num_blocks = KVCacheConfig(kv_cache_free_gpu_mem_fraction, max_tokens_in_paged_kv_cache).num_blocks(
             device, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
             tokens_per_block=tpb, dtype=dtype, max_batch_size=max_sequences, max_seq_len=bc.max_seq_len)
+        # The ranks of one engine schedule the same steps: one pool size, the smallest any
+        # rank's memory allows.
+        num_blocks = distributed.agree_min(num_blocks)
         self.kv_cache = KVCacheManager(num_blocks, tpb, max_blocks_per_seq, enable_block_reuse)
         # One block past the manager's: the scratch block that padding rows of a CUDA-graph
         # bucket write into.
@@ -101,10 +110,41 @@ class ModelRunner:
         logger.info(f"engine on {device}: KV cache of {num_blocks} blocks x {tpb} tokens")
 
     @classmethod
-    def from_dir(cls, engine_dir: str | Path, rank: int = 0, device=None, **kwargs) -> "ModelRunner":
-        device = _device(device) if device is not None else default_device()
-        engine = Engine.from_dir(engine_dir, rank=rank, device=device)
+    def from_dir(cls, engine_dir: str | Path, rank: Optional[int] = None, device=None,
+                 **kwargs) -> "ModelRunner":
+        """The engine's rank that this process is. A multi-rank engine's processes are started
+        by torchrun or mpirun, one per rank: each finds its rank in the launcher's environment
+        (distributed.launch_info), checks that there are as many processes as the engine has
+        ranks, takes its local GPU (or the CPU) and joins the others (distributed.init).
+        `rank`: load that rank of a single-rank launch (a one-rank engine's 0)."""
+        engine_dir = Path(engine_dir)
+        mapping = Mapping.from_dict(read_engine_config(engine_dir)["pretrained_config"]["mapping"])
+        info = distributed.launch_info()
+        if mapping.world_size != info.world_size:
+            check_config_copy(engine_dir)  # an edited config.json is the problem to name then
+            how = (f"launched as {info.world_size} process(es) by {info.launcher}"
+                   if info.launcher != "none" else "launched as one process")
+            raise ConfigError(
+                f"{engine_dir} is an engine of {mapping.world_size} rank(s) (tp_size {mapping.tp_size}, "
+                f"pp_size {mapping.pp_size}), {how}: run it with `mpirun -n {mapping.world_size} ...` "
+                f"or `torchrun --nproc_per_node {mapping.world_size} ...`")
+        if rank is not None and rank != info.rank:
+            raise ConfigError(f"rank {rank} asked for, but this process is rank {info.rank} of {info.world_size}")
+        if mapping.world_size > 1:
+            if device is None and not torch.cuda.is_available() and info.rank == 0:
+                default_device()  # the one-line CPU notice, once
+            device = distributed.device_for(info, _device(device) if device is not None else None)
+        else:
+            device = _device(device) if device is not None else default_device()
+        mapping = mapping.with_rank(info.rank)
+        distributed.init(mapping, device, info)
+        engine = Engine.from_dir(engine_dir, rank=info.rank, device=device)
         return cls(engine, device, **kwargs)
+
+    @property
+    def is_first_rank(self) -> bool:
+        """Rank 0: the one that prints (every rank returns the same tokens)."""
+        return self.rank == 0
 
     @property
     def vocab_size(self) -> int:
@@ -135,6 +175,9 @@ class ModelRunner:
         if unknown:
             raise RequestError(f"generate() got unknown option(s) {', '.join(unknown)}; sampling "
                                f"options are {', '.join(sorted(_SAMPLING_FIELDS))}")
+        if random_seed is None and self.mapping.world_size > 1:
+            # The ranks draw the same tokens: rank 0's random seed for all.
+            random_seed = distributed.broadcast_object(secrets.randbits(63))
         sampling = SamplingConfig(end_id=end_id, pad_id=pad_id,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   random_seed=random_seed, **sampling_kwargs)

@@ -50,9 +50,10 @@ def test_the_ranks_together_hold_each_weight_once(tp_size):
             joined = torch.cat([torch.cat([c[i] for c in cut]) for i in range(3)])
         elif name.endswith(("dense.weight", "proj.weight")):
             joined = torch.cat(parts, dim=1)
-        elif ".mlp.gate." in name or ".mlp.fc." in name or name.startswith("lm_head."):
+        elif ".mlp.gate." in name or ".mlp.fc." in name or name.startswith("lm_head.") or (
+                "vocab_embedding" in name and tp_size > 1):  # vocabulary-parallel tables
             joined = torch.cat(parts)
-            if name.startswith("lm_head."):
+            if name.startswith("lm_head.") or "vocab_embedding" in name:
                 assert joined.shape[0] == padded and not joined[VOCAB:].any()
                 joined = joined[:VOCAB]
         else:
@@ -70,8 +71,36 @@ def test_a_split_weight_never_keeps_its_source_alive():
 def test_a_mapping_that_is_not_the_configs_is_refused():
     with pytest.raises(ConfigError, match="does not match the config"):
         rank_weights(whole().items(), config(2), Mapping(world_size=4, tp_size=4))
-    with pytest.raises(ConfigError, match="pipeline-parallel"):
+    with pytest.raises(ConfigError, match="does not match the config"):
         rank_weights(whole().items(), config(2), Mapping(world_size=2, tp_size=1, pp_size=2))
+
+
+def test_tp_over_the_kv_heads_gives_each_rank_the_kv_head_its_queries_read():
+    # 8 query heads, 4 KV heads, 8 ranks: rank r holds query head r and KV head r // 2.
+    cfg, weights = config(8), whole()
+    qkv = weights["transformer.layers.0.attention.qkv.weight"].half()
+    q, k, v = qkv.split([HEADS * D, KV_HEADS * D, KV_HEADS * D])
+    for r in range(8):
+        part = rank_weights(weights.items(), cfg, cfg.mapping.with_rank(r))["transformer.layers.0.attention.qkv.weight"]
+        kv_head = slice((r // 2) * D, (r // 2 + 1) * D)
+        assert torch.equal(part, torch.cat([q[r * D:(r + 1) * D], k[kv_head], v[kv_head]]))
+
+
+def test_pipeline_stages_hold_their_layers_renumbered():
+    weights = whole()
+    weights["transformer.layers.1.input_layernorm.weight"] = torch.randn(H)
+    weights["transformer.ln_f.weight"] = torch.randn(H)
+    cfg = PretrainedConfig(architecture="LlamaForCausalLM", dtype="float16", num_hidden_layers=2,
+                           num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, hidden_size=H,
+                           intermediate_size=INTER, vocab_size=VOCAB,
+                           mapping=Mapping(world_size=2, tp_size=1, pp_size=2))
+    first, last = (rank_weights(weights.items(), cfg, cfg.mapping.with_rank(r)) for r in (0, 1))
+    assert "transformer.vocab_embedding.weight" in first and "lm_head.weight" not in first
+    assert "transformer.ln_f.weight" not in first and "transformer.layers.1.input_layernorm.weight" not in first
+    assert torch.equal(last["transformer.layers.0.input_layernorm.weight"],
+                       weights["transformer.layers.1.input_layernorm.weight"].half())
+    assert "transformer.vocab_embedding.weight" not in last and "lm_head.weight" in last
+    assert "transformer.ln_f.weight" in last and not any(".attention." in n for n in last if ".0." not in n)
 
 
 def test_one_converter_module_per_model_and_no_private_names_taken_from_another_module():

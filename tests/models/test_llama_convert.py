@@ -97,12 +97,12 @@ def reassemble(ranks: list[dict], config: PretrainedConfig) -> dict:
             out[name] = torch.cat(parts, dim=1)
         elif ".mlp.gate." in name or ".mlp.fc." in name:
             out[name] = torch.cat(parts)
-        elif name == "lm_head.weight":
+        elif name in ("lm_head.weight", "transformer.vocab_embedding.weight"):  # vocabulary-parallel
             assert all(p.shape[0] == config.vocab_size_padded // tp for p in parts)
             full = torch.cat(parts)
             assert not full[config.vocab_size:].any(), "vocab padding rows must be zero"
             out[name] = full[:config.vocab_size]
-        else:  # replicated: embedding, norms, row-parallel biases
+        else:  # replicated: norms, row-parallel biases
             assert all(torch.equal(p, parts[0]) for p in parts), name
             out[name] = parts[0]
     return out
@@ -207,7 +207,7 @@ def test_mapping_defaults_to_the_configs_rank():
     assert all(torch.equal(implicit[k], explicit[k]) for k in explicit)
     with pytest.raises(ValueError, match="does not match the config"):
         load_weights_from_hf(model, cfg, Mapping())
-    with pytest.raises(ValueError, match="pipeline-parallel"):
+    with pytest.raises(ValueError, match="does not match the config"):
         load_weights_from_hf(model, cfg, Mapping(world_size=2, pp_size=2))
 
 

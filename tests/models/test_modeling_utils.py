@@ -93,9 +93,10 @@ def test_vocab_padding():
     (dict(architecture="GPTForCausalLM", quantization={"quant_algo": "W8A16"}),
      "quantized checkpoints of GPTForCausalLM are not supported"),
     (dict(mapping={"world_size": 3, "tp_size": 3}),
-     r"tp_size \(3\) must divide num_attention_heads \(8\)"),
-    (dict(mapping={"world_size": 4, "tp_size": 4}),
-     r"tp_size \(4\) must divide num_key_value_heads \(2\)"),
+     r"tp_size \(3\) must divide num_attention_heads \(8\); the tp sizes that split this model: 1, 2, 4, 8$"),
+    (dict(num_attention_heads=12, num_key_value_heads=4, hidden_size=96, mapping={"world_size": 6, "tp_size": 6}),
+     r"tp_size \(6\) must divide num_key_value_heads \(4\) \(or be a multiple of it\); "
+     r"the tp sizes that split this model: 1, 2, 4, 12$"),
     (dict(num_key_value_heads=8, intermediate_size=100, mapping={"world_size": 8, "tp_size": 8}),
      r"tp_size \(8\) must divide intermediate_size \(100\)"),
     (dict(mapping={"world_size": 4, "tp_size": 1, "pp_size": 4}),
@@ -105,6 +106,13 @@ def test_vocab_padding():
 def test_invalid_configs_are_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
         make(**overrides)
+
+
+def test_tp_size_over_the_kv_heads_replicates_them():
+    # 8 query heads over 2 KV heads: 4 or 8 ranks each hold one KV head, shared by 2 or 4 ranks.
+    for tp in (4, 8):
+        c = make(mapping={"world_size": tp, "tp_size": tp})
+        assert c.tp_size_fits(tp)
 
 
 def test_explicit_head_size_need_not_divide_hidden():

@@ -13,6 +13,7 @@ OPT, Phi and Bloom. The config picks the variant:
 """
 from __future__ import annotations
 
+from ...errors import ConfigError
 from ...layers import MLP, Attention, AttentionInputs, Embedding, LayerNorm
 from ...layers.linear import ColumnLinear
 from ...module import Module, ModuleList
@@ -54,7 +55,11 @@ class GPTModel(Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
         c = config
-        self.vocab_embedding = Embedding(c.vocab_size, c.hidden_size, c.dtype)
+        if c.mapping.pp_size > 1:
+            raise ConfigError(f"{c.architecture}: pipeline parallelism is supported for the LLaMA family "
+                              f"only (pp_size must be 1, got {c.mapping.pp_size})")
+        self.vocab_embedding = Embedding(c.vocab_size, c.hidden_size, c.dtype, c.mapping.tp_size,
+                                         c.mapping.tp_rank)
         self.position_embedding = (Embedding(c.max_position_embeddings, c.hidden_size, c.dtype)
                                    if c.position_embedding_type == "learned_absolute" else None)
         self.ln_embed = (LayerNorm(c.hidden_size, c.norm_epsilon, dtype=c.dtype)

@@ -29,16 +29,25 @@ class LLaMADecoderLayer(Module):
 
 
 class LLaMAModel(Module):
+    """The decoder layers of this rank's pipeline stage (numbered from 0 in its KV cache and
+    weight names), with the token embedding on the first stage (and on the last when the LM
+    head reads it) and ln_f on the last."""
 
     def __init__(self, config: PretrainedConfig):
         super().__init__()
-        self.vocab_embedding = Embedding(config.vocab_size, config.hidden_size, config.dtype)
+        m = config.mapping
+        first, last = m.is_first_pp_rank(), m.is_last_pp_rank()
+        self.vocab_embedding = (Embedding(config.vocab_size, config.hidden_size, config.dtype, m.tp_size,
+                                          m.tp_rank)
+                                if first or (last and config.share_embedding_table) else None)
         self.layers = ModuleList([LLaMADecoderLayer(config, i)
-                                  for i in range(config.num_hidden_layers)])
-        self.ln_f = RmsNorm(config.hidden_size, config.norm_epsilon, config.dtype)
+                                  for i in range(len(m.pp_layers(config.num_hidden_layers)))])
+        self.ln_f = RmsNorm(config.hidden_size, config.norm_epsilon, config.dtype) if last else None
 
-    def forward(self, input_ids, attn: AttentionInputs):
-        hidden = self.vocab_embedding(input_ids)
+    def forward(self, input_ids, attn: AttentionInputs, hidden=None):
+        """`hidden`: the previous pipeline stage's output (None on the first stage)."""
+        if hidden is None:
+            hidden = self.vocab_embedding(input_ids)
         for layer in self.layers:
             hidden = layer(hidden, attn)
         return hidden
@@ -49,7 +58,7 @@ class LLaMAForCausalLM(DecoderModelForCausalLM):
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.transformer = LLaMAModel(config)
-        if not config.share_embedding_table:
+        if not config.share_embedding_table and config.mapping.is_last_pp_rank():
             self.lm_head = ColumnLinear(config.hidden_size, config.vocab_size_padded, False,
                                         config.dtype, config.mapping.tp_size)
         quantize_linears(self, config)
