@@ -167,30 +167,92 @@ __device__ __forceinline__ Shared carveShared(float* smem, int parts) {
 }
 
 // Stages what the block reads once (the group's query heads, rotated, into sh.q [group][D] as
-// float; the chunk's block ids into sh.blocks) in one memory round trip, and, in the fused form,
-// the owner block rotates and writes this step's K/V rows into the cache. Ends synchronised.
-template <typename T, int D>
+// float; the chunk's block ids into sh.blocks) in one memory round trip: every thread issues
+// all of its loads (16-byte packs where the rows are aligned) before it stores any, since a
+// store of a loaded value waits for that load and would turn each further load into another
+// round trip. In the fused form, the owner block then rotates and writes this step's K/V rows
+// into the cache. Ends synchronised. THREADS: the block size.
+template <typename T, int D, int THREADS>
 __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group,
                            Shared const& sh) {
+    constexpr int V = kVec16<T>;
+    using P = Pack<T, V>;
+    constexpr int kQ = (kDecodeAttentionMaxGroup * D / V + THREADS - 1) / THREADS;  // q packs a thread loads
+    constexpr int kRow = (D / V + THREADS - 1) / THREADS;                           // new K (V) row packs
+    constexpr int kCs = (D / 2 + THREADS - 1) / THREADS;                            // cos/sin pairs
     T const* q = static_cast<T const*>(p.q) + b * p.qTokenStride + kvh * group * D;
-    for (int i = threadIdx.x; i < group * D; i += blockDim.x) sh.q[i] = toFloat(q[i]);
-    if (c.owner) {
-        T const* kIn = static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D;
-        T const* vIn = static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D;
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            sh.k[d] = toFloat(kIn[d]);
-            sh.v[d] = toFloat(vIn[d]);
+    T const* kIn = c.owner ? static_cast<T const*>(p.kNew) + b * p.kNewTokenStride + kvh * D : nullptr;
+    T const* vIn = c.owner ? static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D : nullptr;
+    auto isAligned = [](T const* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
+    bool const packed = isAligned(q) && (!c.owner || (isAligned(kIn) && isAligned(vIn)));
+
+    int32_t const* table = p.blockTables + b * p.maxBlocks;
+    int const i0 = c.firstBlock + static_cast<int>(threadIdx.x);
+    int64_t const firstId = c.numBlocks > static_cast<int>(threadIdx.x) && i0 < p.maxBlocks ? table[i0] : -1;
+    float2 const* cs = c.rotary ? reinterpret_cast<float2 const*>(p.cosSin + static_cast<int64_t>(c.qPos) * p.rotaryDim)
+                                : nullptr;
+    float2 csv[kCs];
+#pragma unroll
+    for (int u = 0; u < kCs; ++u) {
+        int const i = threadIdx.x + u * THREADS;
+        if (cs != nullptr && i < p.rotaryDim / 2) csv[u] = cs[i];
+    }
+    if (packed) {
+        P qv[kQ], kv[kRow], vv[kRow];
+#pragma unroll
+        for (int u = 0; u < kQ; ++u) {
+            int const i = threadIdx.x + u * THREADS;
+            if (i < group * D / V) qv[u] = reinterpret_cast<P const*>(q)[i];
+        }
+#pragma unroll
+        for (int u = 0; u < kRow; ++u) {
+            int const i = threadIdx.x + u * THREADS;
+            if (c.owner && i < D / V) {
+                kv[u] = reinterpret_cast<P const*>(kIn)[i];
+                vv[u] = reinterpret_cast<P const*>(vIn)[i];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kQ; ++u) {
+            int const i = threadIdx.x + u * THREADS;
+            if (i < group * D / V) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) sh.q[i * V + e] = toFloat(qv[u].v[e]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kRow; ++u) {
+            int const i = threadIdx.x + u * THREADS;
+            if (c.owner && i < D / V) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    sh.k[i * V + e] = toFloat(kv[u].v[e]);
+                    sh.v[i * V + e] = toFloat(vv[u].v[e]);
+                }
+            }
+        }
+    } else {  // unaligned rows (a strided view): element by element
+        for (int i = threadIdx.x; i < group * D; i += THREADS) sh.q[i] = toFloat(q[i]);
+        if (c.owner) {
+            for (int d = threadIdx.x; d < D; d += THREADS) {
+                sh.k[d] = toFloat(kIn[d]);
+                sh.v[d] = toFloat(vIn[d]);
+            }
         }
     }
-    if (c.rotary) {
-        float const* cs = p.cosSin + static_cast<int64_t>(c.qPos) * p.rotaryDim;
-        for (int i = threadIdx.x; i < p.rotaryDim; i += blockDim.x) sh.cs[i] = cs[i];
+#pragma unroll
+    for (int u = 0; u < kCs; ++u) {
+        int const i = threadIdx.x + u * THREADS;
+        if (cs != nullptr && i < p.rotaryDim / 2) {
+            sh.cs[2 * i] = csv[u].x;
+            sh.cs[2 * i + 1] = csv[u].y;
+        }
     }
-    int32_t const* table = p.blockTables + b * p.maxBlocks;
-    for (int i = threadIdx.x; i < c.numBlocks; i += blockDim.x) {
+    auto blockId = [&](int64_t block) { return (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1; };
+    if (static_cast<int>(threadIdx.x) < c.numBlocks) sh.blocks[threadIdx.x] = blockId(firstId);
+    for (int i = threadIdx.x + THREADS; i < c.numBlocks; i += THREADS) {  // chunks of many blocks
         int64_t const blockInSeq = c.firstBlock + i;
-        int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
-        sh.blocks[i] = (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1;
+        sh.blocks[i] = blockId(blockInSeq < p.maxBlocks ? table[blockInSeq] : -1);
     }
     __syncthreads();
     if (c.rotary) {
@@ -203,7 +265,7 @@ __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b
         if (block >= 0) {
             T* kDst = const_cast<T*>(kRowOf<T, D>(p, c, block, kvh, c.qPos));
             T* vDst = kDst + p.kvHeads * p.tokensPerBlock * D;
-            for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            for (int d = threadIdx.x; d < D; d += THREADS) {
                 kDst[d] = fromFloat<T>(sh.k[d]);
                 vDst[d] = fromFloat<T>(sh.v[d]);
             }
@@ -319,7 +381,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
     int const laneGroup = warp * L::RPW + lane / L::LPR;
     Chunk const c = chunkOf(p, b, split);
     int const n = c.n;
-    stageBlock<T, D>(p, c, b, kvh, group, sh);
+    stageBlock<T, D, THREADS>(p, c, b, kvh, group, sh);
 
     // This lane's slice of every query head, scaled, in registers for the whole walk.
     float qr[MAXG][L::EPL];
@@ -426,9 +488,11 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
 // ---- tensor-core kernel (half precision, head sizes 64 and 128; sm_80 and later) ------------
 
 // Each warp walks tiles of 16 positions with two MMAs (m16n8k16, float accumulators):
-//   S = Q K^T:  M = the group's query heads (rows 0..7 of 16; rows 8..15 stay zero),
-//               N = 8 positions per MMA (two per tile), K = the head dimension;
-//   O += P V:   M = the heads again, N = 8 output dims per MMA, K = the tile's 16 positions.
+//   S = Q K^T:      M = the group's query heads (rows 0..7 of 16; rows 8..15 stay zero),
+//                   N = 8 positions per MMA (two per tile), K = the head dimension;
+//   O^T += V^T P^T: M = 16 output dims per MMA, N = the 8 heads, K = the tile's 16 positions,
+//                   so no accumulator is spent on the zero rows, and P leaves the S fragment
+//                   exactly where the B operand wants it.
 // Memory is the bound, so the layout is chosen for the loads, not the MMAs: a lane loads whole
 // 16-byte pieces of K/V rows straight into the registers an MMA reads (no shared memory, no
 // synchronisation in the loop). That works because a dot product may visit its terms in any
@@ -472,13 +536,13 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], 
 #endif
 }
 
-template <typename T, int D, int WARPS, int TILES>
-__global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAttentionParams p) {
+template <typename T, int D, int WARPS, int TILES, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(DecodeAttentionParams p) {
     static_assert(D == 64 || D == 128, "head dims of the tensor-core kernel");
     constexpr int MAXG = kDecodeAttentionMaxGroup;   // query heads: MMA rows 0..7
     constexpr int KC = D / 16;                        // MMA k-steps of a score (S = Q K^T)
     constexpr int KP = D / 32;                        // 16-byte pieces of a K row a lane loads
-    constexpr int NT = D / 8;                         // MMA n-tiles of the output (O += P V)
+    constexpr int MT = D / 16;                        // MMA m-tiles of the output (O^T += V^T P^T)
     constexpr int VP = D / 64;                        // 16-byte pieces of a V row a lane loads
     constexpr float kLog2e = 1.4426950408889634f;
     extern __shared__ float smem[];
@@ -493,7 +557,7 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
     int const g = lane / 4;  // MMA row (query head) and column (position, output dim) of this lane
     int const t = lane % 4;  // its place in the quad
     Chunk const c = chunkOf(p, b, split);
-    stageBlock<T, D>(p, c, b, kvh, group, sh);
+    stageBlock<T, D, WARPS * 32>(p, c, b, kvh, group, sh);
 
     // Q as the A operand of every k-step, in the permuted dim order (rows 8..15 zero).
     uint32_t qa[KC][2];
@@ -508,9 +572,11 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
     float const slope = (p.alibiSlopes != nullptr && g < group) ? p.alibiSlopes[kvh * group + g] * kLog2e : 0.f;
     int64_t const vOffset = p.kvHeads * p.tokensPerBlock * D;
 
-    float acc[NT][4];
+    // O^T (dims x heads), m-tile i: rows g and g+8 are this lane's output dims dimOf(i, 0 / 1),
+    // columns 2t and 2t+1 its heads; no rows wasted on absent heads.
+    float acc[MT][4];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     float m = -FLT_MAX;  // running max of row g (log2 units), the same in the quad
     float l = 0.f;       // this lane's part of row g's sum of exponentials
 
@@ -592,24 +658,35 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
                     l += pr[j][e];
                 }
             }
+            // Heads 2t and 2t+1 (this lane's output columns) take their rows' rescales.
+            float const rescale0 = __shfl_sync(0xffffffffu, rescale, 8 * t);
+            float const rescale1 = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);
 #pragma unroll
-            for (int i = 0; i < NT; ++i) {
-                acc[i][0] *= rescale;
-                acc[i][1] *= rescale;
+            for (int i = 0; i < MT; ++i) {
+                acc[i][0] *= rescale0;
+                acc[i][1] *= rescale1;
+                acc[i][2] *= rescale0;
+                acc[i][3] *= rescale1;
             }
-            // P as the A operand: k = 2t, 2t+1 from the first 8 positions, 8+2t, 9+2t from the next.
-            uint32_t const pa[4] = {packPair<T>(pr[0][0], pr[0][1]), 0u, packPair<T>(pr[1][0], pr[1][1]), 0u};
-            // O += P V: n-tile i holds output dims (i / 8) * 64 + n * 8 + i % 8 for n = 0..7.
+            // P^T as the B operand (k = positions, n = heads): lane (g, t) holds head g's
+            // positions 2t, 2t+1 and 8+2t, 9+2t, just where the S fragment left them.
+            uint32_t const pb0 = packPair<T>(pr[0][0], pr[0][1]);
+            uint32_t const pb1 = packPair<T>(pr[1][0], pr[1][1]);
+            // O^T += V^T P^T: A = V^T (rows: dims, k: positions). Lane (g, t) holds dims
+            // dimOf(i, h) = (idx / 8) * 64 + g * 8 + idx % 8 with idx = 2i + h of positions
+            // 2t, 2t+1, 8+2t, 9+2t: m-tile i reads word (i % 4) of piece i / 4, its low halves
+            // for row g and its high halves for row g + 8.
 #pragma unroll
-            for (int i = 0; i < NT; ++i) {
-                int const piece = i / 8;
-                int const word = (i % 8) / 2;
-                unsigned const sel = (i % 2) ? 0x7632u : 0x5410u;  // the high or the low halves
-                uint32_t const* v0 = reinterpret_cast<uint32_t const*>(&vq[u][0][piece]);
-                uint32_t const* v1 = reinterpret_cast<uint32_t const*>(&vq[u][1][piece]);
-                uint32_t const* v2 = reinterpret_cast<uint32_t const*>(&vq[u][2][piece]);
-                uint32_t const* v3 = reinterpret_cast<uint32_t const*>(&vq[u][3][piece]);
-                mma16816<T>(acc[i], pa, __byte_perm(v0[word], v1[word], sel), __byte_perm(v2[word], v3[word], sel));
+            for (int i = 0; i < MT; ++i) {
+                int const piece = i / 4;
+                int const word = i % 4;
+                uint32_t const v0 = reinterpret_cast<uint32_t const*>(&vq[u][0][piece])[word];
+                uint32_t const v1 = reinterpret_cast<uint32_t const*>(&vq[u][1][piece])[word];
+                uint32_t const v2 = reinterpret_cast<uint32_t const*>(&vq[u][2][piece])[word];
+                uint32_t const v3 = reinterpret_cast<uint32_t const*>(&vq[u][3][piece])[word];
+                uint32_t const a[4] = {__byte_perm(v0, v1, 0x5410u), __byte_perm(v0, v1, 0x7632u),
+                                       __byte_perm(v2, v3, 0x5410u), __byte_perm(v2, v3, 0x7632u)};
+                mma16816<T>(acc[i], a, pb0, pb1);
             }
         }
     }
@@ -617,19 +694,22 @@ __global__ void __launch_bounds__(WARPS * 32) decodeAttentionMmaKernel(DecodeAtt
     // The quad's sums, then this warp's partial into shared memory in the real dim order.
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (g < group) {
 #pragma unroll
-        for (int i = 0; i < NT; ++i) {
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int const idx = 2 * i + h;
+            int const d = (idx / 8) * 64 + g * 8 + idx % 8;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                int const d = (i / 8) * 64 + (2 * t + e) * 8 + i % 8;
-                sh.acc[(warp * MAXG + g) * D + d] = acc[i][e];
+                int const head = 2 * t + e;
+                if (head < group) sh.acc[(warp * MAXG + head) * D + d] = acc[i][2 * h + e];
             }
         }
-        if (t == 0) {
-            sh.stat[(warp * MAXG + g) * 2] = m != -FLT_MAX ? m / kLog2e : -FLT_MAX;  // natural-log units
-            sh.stat[(warp * MAXG + g) * 2 + 1] = l;
-        }
+    }
+    if (g < group && t == 0) {
+        sh.stat[(warp * MAXG + g) * 2] = m != -FLT_MAX ? m / kLog2e : -FLT_MAX;  // natural-log units
+        sh.stat[(warp * MAXG + g) * 2 + 1] = l;
     }
     mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, WARPS, b, kvh, split, group);
 }
@@ -668,10 +748,10 @@ void launchCudaCore(DecodeAttentionParams const& p, cudaStream_t stream) {
     }
 }
 
-template <typename T, int D, int WARPS, int TILES>
+template <typename T, int D, int WARPS, int TILES, int MINB>
 void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
     size_t const smem = sharedBytes<D, kDecodeAttentionMaxGroup>(p, WARPS);
-    auto kernel = decodeAttentionMmaKernel<T, D, WARPS, TILES>;
+    auto kernel = decodeAttentionMmaKernel<T, D, WARPS, TILES, MINB>;
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
@@ -700,14 +780,20 @@ DeviceInfo const& deviceInfo() {
 }
 
 // Which kernel and block size. Half-precision heads of 64 or 128 on sm_80+ take the tensor-core
-// kernel, two tiles (32 positions) per warp and iteration. With several waves of blocks (large
-// decode batches of short sequences) small blocks spend less of each block on its fixed part
-// (staging, merging) and overlap one another's fixed parts; with few blocks (long sequences,
-// small batches: the caller's splits fill the GPU) larger blocks share a chunk. Measured on an
-// H100 (benchmarks/bench_decode_attention.py, 8B shape, bf16, 192 positions):
-//   batch 512: tensor cores 194 us (2.07 TB/s of K/V) with 2-warp blocks, 225 us with 4 warps,
-//              205 us with one tile per iteration; CUDA cores 265 us (64 threads), 331 (256);
-//   batch 256: 105 us; CUDA cores 135;   batch 32: 11.6 us; CUDA cores 20.2 (256 threads).
+// kernel. With several waves of blocks (large decode batches of short sequences) one-warp blocks
+// of two tiles per iteration (224 registers, 8 blocks per multiprocessor): a block's fixed part
+// (staging, merging) then holds up one warp only, and the other blocks' loads overlap it; with
+// few blocks (long sequences, small batches: the caller's splits fill the GPU) four-warp blocks
+// share a chunk. Measured on an H100 (the 8B shape of benchmarks/bench_decode_attention.py, bf16,
+// fused write + RoPE, tokens per block 32; microseconds at b512 L192 / b512 L96 / b512 L512 /
+// b256 L192):
+//   1 warp x 2 tiles, 8 blocks per SM   160.5 / 100.2 / 372.3 / 83.9   (chosen)
+//   1 warp x 1 tile, 12 blocks          157.9 / 101.2 / 374.8 / 92.5
+//   2 warps x 2 tiles                   168.8 / 116.7 / 381.2 / 89.5
+//   2 warps x 1 tile, 6 blocks          167.5 / 100.4 / 387.5 / 86.5
+//   4 warps x 1 tile, 3 blocks          168.8 / 120.7 / 385.3 / 92.7
+// (before the O^T = V^T P^T layout and the one-round-trip staging, 2 warps x 2 tiles: 192.5 /
+// 137.7 / 403.5 / 105). CUDA cores: 265 us at b512 L192 (64 threads); b32 L192 20.2 (256).
 template <typename T, int D>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     DeviceInfo const& info = deviceInfo();
@@ -715,9 +801,9 @@ void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     if constexpr (!std::is_same_v<T, float> && (D == 64 || D == 128)) {
         if (info.major >= 8) {
             if (manyWaves) {
-                launchMma<T, D, 2, 2>(p, stream);
+                launchMma<T, D, 1, 2, 8>(p, stream);
             } else {
-                launchMma<T, D, 4, 2>(p, stream);
+                launchMma<T, D, 4, 2, 1>(p, stream);
             }
             return;
         }

@@ -17,6 +17,8 @@ CASES = [  # (batch, heads, kv_heads, head_dim, tokens_per_block, max_len)
     (2, 8, 1, 128, 8, 33),       # MQA, group 8
     (4, 4, 2, 256, 16, 100),     # head_dim 256
     (1, 32, 8, 128, 32, 2100),   # one long sequence, many splits
+    (160, 32, 8, 128, 16, 150),  # many waves of blocks: the large-batch instance
+    (400, 9, 3, 64, 32, 90),     # the same, group 3, head size 64
 ]
 
 
@@ -122,7 +124,7 @@ def test_kernel_refuses_bad_arguments(bad, message):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rotary", ["none", "neox", "gptj", "neox_partial"])
-@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[3]])
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[3], CASES[6]])
 def test_fused_write_and_rotation_match_reference(case, rotary, dtype):
     from tensorrt_llm.functional import rope_cos_sin_cache
     seed = int.from_bytes(os.urandom(4), "little")
@@ -142,3 +144,24 @@ def test_fused_write_and_rotation_match_reference(case, rotary, dtype):
                                      v_new.float(), cos_sin, is_neox)
     assert_close(out, ref.to(dtype), dtype, msg=f"seed={seed} case={case} rotary={rotary}")
     assert_close(ours, theirs.to(dtype), dtype, msg=f"cache, seed={seed}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [CASES[2], CASES[6]])
+def test_rows_not_16_byte_aligned_are_read_element_by_element(case):
+    # q, k_new and v_new as views one element into their storage: the staging cannot use
+    # 16-byte loads there and must still read them right.
+    gen = torch.Generator().manual_seed(7)
+    batch, heads, kv_heads, head_dim = case[:4]
+    q, cache, tables, lengths = make_inputs(*case, torch.bfloat16, "cuda", gen)
+    width = (heads + 2 * kv_heads) * head_dim
+    packed = torch.randn(batch, width + 1, generator=gen).to(torch.bfloat16).cuda()[:, 1:]
+    q = packed[:, :heads * head_dim].view(batch, heads, head_dim)
+    k_new = packed[:, heads * head_dim:(heads + kv_heads) * head_dim].view(batch, kv_heads, head_dim)
+    v_new = packed[:, (heads + kv_heads) * head_dim:].view(batch, kv_heads, head_dim)
+    ours, theirs = cache.clone(), cache.float().clone()
+    out = kernels.decode_attention(q, ours, tables, lengths, 0.1, None, 0, k_new, v_new, None, True)
+    ref = reference.decode_attention(q.float(), theirs, tables, lengths, 0.1, None, 0, k_new.float(),
+                                     v_new.float(), None, True)
+    assert_close(out, ref.to(torch.bfloat16), torch.bfloat16, msg=f"case={case}")
+    assert_close(ours, theirs.to(torch.bfloat16), torch.bfloat16, msg="cache")
