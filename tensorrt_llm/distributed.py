@@ -175,12 +175,9 @@ def _group(kind: str, ranks: list[int], backend: str):
     return _state.groups[key]
 
 
-def init(mapping: Mapping, device: torch.device, info: Optional[LaunchInfo] = None) -> None:
-    """Join the process group of `mapping.world_size` ranks (once per process) and make the
-    tensor- and pipeline-parallel groups of `mapping` current. A world of one does nothing."""
-    if mapping.world_size == 1:
-        _state.mapping = mapping
-        return
+def join(device: torch.device, info: Optional[LaunchInfo] = None) -> None:
+    """Join the process group of this launch's ranks (once per process): NCCL for a CUDA
+    device, gloo for the CPU, with TRTLLM_DIST_TIMEOUT on every collective."""
     info = info or launch_info()
     dist = torch.distributed
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -205,8 +202,21 @@ def init(mapping: Mapping, device: torch.device, info: Optional[LaunchInfo] = No
         atexit.register(shutdown)
         _state.backend = backend
         logger.info(f"rank {info.rank} of {info.world_size} joined ({backend}, timeout {timeout})")
+        # Host-side agreement (pool sizes, seeds, commands) over gloo, whatever the device.
+        _state.cpu_group = _group("cpu", list(range(info.world_size)), "gloo")
     elif dist.get_backend() != backend:
         raise ConfigError(f"torch.distributed runs {dist.get_backend()}, but a {device.type} engine needs {backend}")
+
+
+def init(mapping: Mapping, device: torch.device, info: Optional[LaunchInfo] = None) -> None:
+    """Join the process group of `mapping.world_size` ranks (once per process) and make the
+    tensor- and pipeline-parallel groups of `mapping` current. A world of one does nothing."""
+    if mapping.world_size == 1:
+        _state.mapping = mapping
+        return
+    join(device, info)
+    dist = torch.distributed
+    backend = _state.backend or dist.get_backend()
     if dist.get_world_size() != mapping.world_size or dist.get_rank() != mapping.rank:
         raise ConfigError(f"this process is rank {dist.get_rank()} of {dist.get_world_size()}, "
                           f"not the mapping's rank {mapping.rank} of {mapping.world_size}")
@@ -215,7 +225,6 @@ def init(mapping: Mapping, device: torch.device, info: Optional[LaunchInfo] = No
     pp_groups = [[p * mapping.tp_size + t for p in range(mapping.pp_size)] for t in range(mapping.tp_size)]
     tp = {tuple(r): _group("tp", r, backend) for r in tp_groups}
     pp = {tuple(r): _group("pp", r, backend) for r in pp_groups}
-    _state.cpu_group = _group("cpu", list(range(mapping.world_size)), "gloo")
     _state.tp_group = tp[tuple(mapping.tp_group)]
     _state.pp_group = pp[tuple(mapping.pp_group)]
     _state.mapping = mapping

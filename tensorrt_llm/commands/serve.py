@@ -55,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shutdown_timeout", type=float, default=30.0,
                    help="seconds running requests get to finish after Ctrl-C / SIGTERM")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--tp_size", type=int, default=1,
+                   help="tensor-parallel ranks (one engine process per rank, started by the server)")
+    p.add_argument("--pp_size", type=int, default=1, help="pipeline-parallel stages (LLaMA family)")
     from ..cli import add_debug_argument
     add_debug_argument(p)
     return p.parse_args(argv)
@@ -118,7 +121,8 @@ def main(argv=None) -> int:
     name = args.served_model_name or args.model
     with LLM(args.model, tokenizer=args.tokenizer, device=args.device, max_batch_size=args.max_batch_size,
              max_num_tokens=args.max_num_tokens, max_seq_len=args.max_seq_len,
-             kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction) as llm:
+             kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction,
+             tensor_parallel_size=args.tp_size, pipeline_parallel_size=args.pp_size) as llm:
         server = OpenAIServer(llm, name, max_queue_size=args.max_queue_size, api_key=args.api_key)
         # uvicorn handles SIGINT/SIGTERM while it serves (a graceful shutdown), then raises the
         # signal again into the handlers it found: these make that a normal exit.

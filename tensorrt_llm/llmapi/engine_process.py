@@ -35,6 +35,7 @@ The pipe is private to our two processes, so its messages are pickled.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -90,15 +91,27 @@ class EngineProcess:
     """The front end's handle on the engine process."""
 
     def __init__(self, start: Callable[[Callable[[str], None]], tuple[Executor, Any]],
-                 progress: Optional[Callable[[str], None]] = print):
+                 progress: Optional[Callable[[str], None]] = print, world_size: int = 1,
+                 follow: Optional[Callable[[], Executor]] = None):
         """Starts the child, which runs `start(progress)` (picklable; returns the executor and
         the model_loader.ResolvedModel it loaded); returns once it has. What `start` raises is
-        raised here."""
+        raised here. world_size > 1: a multi-rank engine; the child is rank 0, and world_size - 1
+        more children (ranks 1...) run `follow()` (picklable; returns their executor) and then
+        do what rank 0 sends them each step. They meet on a free port of this host."""
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._process = ctx.Process(target=_engine_main, args=(child_conn, start), name="trtllm-engine",
+        launch = [{}] * world_size
+        if world_size > 1:
+            port = _free_port()
+            launch = [{"RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} for r in range(world_size)]
+        self._process = ctx.Process(target=_engine_main, args=(child_conn, start, launch[0]), name="trtllm-engine",
                                     daemon=True)
+        self._followers = [ctx.Process(target=_follower_main, args=(follow, launch[r]), name=f"trtllm-engine-{r}",
+                                       daemon=True) for r in range(1, world_size)]
         self._process.start()
+        for p in self._followers:
+            p.start()
         child_conn.close()  # ours is gone, so the child's end of the pipe closes when it exits
         self._send_lock = threading.Lock()
         self._sinks: dict[int, Callable[[Update], None]] = {}
@@ -222,14 +235,15 @@ class EngineProcess:
             sink(update)
 
     def _stop_process(self, timeout: float) -> None:
-        self._process.join(timeout)
-        if self._process.is_alive():
-            logger.warning(f"the engine process did not stop within {timeout} s; terminating it")
-            self._process.terminate()
-            self._process.join(5.0)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
+        for p in [self._process, *self._followers]:
+            p.join(timeout)
+            if p.is_alive():
+                logger.warning(f"the engine process {p.name} did not stop within {timeout} s; terminating it")
+                p.terminate()
+                p.join(5.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
 
 
 class _RemoteTraceback(Exception):
@@ -241,16 +255,29 @@ class _RemoteTraceback(Exception):
 
 # -- the engine process ---------------------------------------------------------------------
 
-def _engine_main(conn, start) -> None:
-    """The child's entry point."""
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# How often an idle rank 0 tells the other ranks it is still there (well within any collective timeout).
+HEARTBEAT_S = 5.0
+
+
+def _engine_main(conn, start, launch: dict) -> None:
+    """The child's entry point (rank 0 of a multi-rank engine: `launch` holds its rank's
+    environment)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front end's to handle
+    os.environ.update(launch)
     send = _Sender(conn)
     try:
         executor, resolved = start(lambda line: send(("progress", line)))
     except BaseException as e:  # noqa: BLE001 - raised again in the front end
         send(("failed", (_portable(e), traceback.format_exc())))
         return
-    core = _EngineCore(executor, send)
+    core = _EngineCore(executor, send, followers=bool(launch))
     send(("started", EngineInfo(executor.admission, executor.scheduler.max_batch_size, resolved.engine_dir,
                                 resolved.tokenizer_source, core.stats())))
     core.run(conn)
@@ -274,12 +301,43 @@ def _portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-class _EngineCore:
-    """The child's loop: requests in, the executor stepped, one message out per step."""
+def _follower_main(follow, launch: dict) -> None:
+    """A rank > 0 of a multi-rank engine: load its part, then apply what rank 0 applied and
+    step when it steps (the executors stay in lockstep: the same requests in the same order
+    give the same schedule), until rank 0 says shutdown or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(launch)
+    from .. import distributed
+    try:
+        executor = follow()
+        while True:
+            commands, step = distributed.broadcast_object(None)
+            for kind, *args in commands:
+                if kind == "add":
+                    try:
+                        executor.add_request(args[0])
+                    except Exception:  # refused on rank 0 too, which tells its request
+                        pass
+                elif kind == "abort":
+                    executor.abort(args[0])
+                elif kind == "shutdown":
+                    return
+            if step:
+                executor.step()
+    except Exception as e:  # rank 0 is gone (its error is reported there), or this rank failed
+        logger.error(f"engine rank {os.environ.get('RANK')} stopped: {type(e).__name__}: {e}")
 
-    def __init__(self, executor: Executor, send: _Sender):
+
+class _EngineCore:
+    """The child's loop: requests in, the executor stepped, one message out per step. With
+    followers (the other ranks of a multi-rank engine), each turn of the loop first sends them
+    the messages it applied and whether it steps."""
+
+    def __init__(self, executor: Executor, send: _Sender, followers: bool = False):
         self.executor = executor
         self.send = send
+        self.followers = followers
+        self._applied: list[tuple] = []  # this turn's messages, for the followers
         self._open: dict[int, list] = {}   # request id -> [request, tokens sent, generation logits sent]
         self._tokens: list[tuple[int, list[int]]] = []  # this step's plain updates: new tokens only
         self._updates: list[Update] = []                # and the others
@@ -298,6 +356,10 @@ class _EngineCore:
                 # Idle, wait for the front end; else take only what has arrived.
                 self._apply(conn, block=not self.executor.has_work)
                 stepped = self.executor.has_work and not self._stop
+                if self.followers:
+                    from .. import distributed
+                    applied, self._applied = self._applied, []
+                    distributed.broadcast_object((applied, stepped))
                 if stepped:
                     for request in self.executor.step():
                         self._collect(request)
@@ -322,10 +384,14 @@ class _EngineCore:
         self.send(("step", (tokens, updates, self.stats())))
 
     def _apply(self, conn, block: bool) -> None:
-        if not conn.poll(None if block else 0):
+        # Idle with followers: wake up now and then, so they hear from rank 0 within their timeout.
+        if not conn.poll((HEARTBEAT_S if self.followers else None) if block else 0):
             return
         while True:
-            kind, *args = pickle.loads(conn.recv_bytes())
+            message = pickle.loads(conn.recv_bytes())
+            if self.followers:
+                self._applied.append(message)
+            kind, *args = message
             if kind == "add":
                 self._add(args[0])
             elif kind == "abort":

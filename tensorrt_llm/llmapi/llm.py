@@ -252,12 +252,32 @@ class GenerationResult:
 
 
 def _load_engine(progress, *, model, device, build: dict, runtime: dict):
-    """In the engine process: resolve (build once, cache) and load the engine; returns its
-    executor and the resolved model (engine_process.EngineProcess's `start`)."""
+    """In the engine process (rank 0): resolve (build once, cache) and load the engine; returns
+    its executor and the resolved model (engine_process.EngineProcess's `start`). With several
+    ranks, the others (_follow_engine) learn the engine folder from it once it is built."""
+    from .. import distributed
     from ..runtime.model_runner import ModelRunner, _device, default_device
     resolved = resolve_engine(model, progress=progress, **build)
+    info = distributed.launch_info()
+    if info.world_size > 1:
+        device = distributed.device_for(info, _device(device) if device is not None else None)
+        distributed.join(device, info)
+        distributed.broadcast_object(str(resolved.engine_dir))
+        return ModelRunner.from_dir(resolved.engine_dir, device=device, **runtime).executor, resolved
     device = _device(device) if device is not None else default_device()
     return ModelRunner.from_dir(resolved.engine_dir, device=device, **runtime).executor, resolved
+
+
+def _follow_engine(*, device, runtime: dict):
+    """In an engine process of rank > 0: the engine folder rank 0 resolved, this rank of it
+    loaded; returns its executor (engine_process's `follow`)."""
+    from .. import distributed
+    from ..runtime.model_runner import ModelRunner, _device
+    info = distributed.launch_info()
+    device = distributed.device_for(info, _device(device) if device is not None else None)
+    distributed.join(device, info)
+    engine_dir = distributed.broadcast_object(None)
+    return ModelRunner.from_dir(engine_dir, device=device, **runtime).executor
 
 
 class LLM:
@@ -267,7 +287,10 @@ class LLM:
     enable_chunked_context, enable_block_reuse) to every model. max_batch_size and
     max_num_tokens also limit the executor's steps, so an engine folder takes them as
     runtime limits (at most what it was built for). `progress` is called here with each line
-    the engine's build says."""
+    the engine's build says. tensor_parallel_size / pipeline_parallel_size: the engine is split
+    over that many ranks (a Hugging Face folder or GGUF file is converted so; an engine or
+    checkpoint folder must be), one engine process per rank, all started here (rank 0 talks to
+    this process and sends the others each step's requests)."""
 
     def __init__(self, model, tokenizer=None, *, dtype: str = "auto", device=None,
                  max_batch_size: Optional[int] = None, max_input_len: Optional[int] = None,
@@ -275,7 +298,8 @@ class LLM:
                  kv_cache_free_gpu_memory_fraction: float = 0.9,
                  max_tokens_in_paged_kv_cache: Optional[int] = None,
                  enable_chunked_context: bool = True, enable_block_reuse: bool = False,
-                 cache_dir=None, progress=print):
+                 cache_dir=None, progress=print, tensor_parallel_size: int = 1,
+                 pipeline_parallel_size: int = 1):
         self._engine: Optional[EngineProcess] = None
         self._lock = threading.Lock()
         # An engine folder is used as built, but its executor may take fewer sequences or
@@ -285,12 +309,16 @@ class LLM:
         start = functools.partial(
             _load_engine, model=model, device=device,
             build=dict(dtype=dtype, max_input_len=max_input_len, max_seq_len=max_seq_len, cache_dir=cache_dir,
+                       tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                        **build_limits),
             runtime=dict(kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_memory_fraction,
                          max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
                          enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse,
                          **step_limits))
-        self._engine = EngineProcess(start, progress)
+        world = tensor_parallel_size * pipeline_parallel_size if (
+            isinstance(tensor_parallel_size, int) and isinstance(pipeline_parallel_size, int)) else 1
+        follow = functools.partial(_follow_engine, device=device, runtime=start.keywords["runtime"])
+        self._engine = EngineProcess(start, progress, world_size=max(1, world), follow=follow)
         info = self._engine.info
         self.engine_dir = info.engine_dir
         self.admission = info.admission            # the limits and checks every request meets

@@ -247,8 +247,10 @@ def source_identity(path: Path) -> list:
     return identity
 
 
-def cache_key(path: Path, kind: str, options: dict, dtype: str, target_device: str) -> str:
-    """sha256 (hex) of everything an entry's engine follows from (see the module docstring)."""
+def cache_key(path: Path, kind: str, options: dict, dtype: str, target_device: str,
+              mapping: Optional[Mapping] = None) -> str:
+    """sha256 (hex) of everything an entry's engine follows from (see the module docstring);
+    a multi-rank mapping too (a one-rank engine keeps the key it always had)."""
     material = {
         "cache_format": CACHE_FORMAT,
         "package_version": __version__,
@@ -260,6 +262,8 @@ def cache_key(path: Path, kind: str, options: dict, dtype: str, target_device: s
         "dtype": dtype,
         "target_device": target_device,
     }
+    if mapping is not None and mapping.world_size > 1:
+        material["mapping"] = {"tp_size": mapping.tp_size, "pp_size": mapping.pp_size}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
@@ -311,11 +315,12 @@ def _auto_dtype(kind: str, source_dtype: str, on_gpu: bool) -> str:
     return source_dtype if source_dtype in ("float16", "bfloat16") else "bfloat16"
 
 
-def _source(path: Path, kind: str, dtype: str, on_gpu: bool):
+def _source(path: Path, kind: str, dtype: str, on_gpu: bool, mapping: Optional[Mapping] = None):
     """(config, rank -> weights) of a Hugging Face folder or GGUF file, through the
-    converters examples/convert_checkpoint.py and examples/llama/convert_checkpoint.py call.
-    Only the config is read here; the weights are converted when the function is called."""
-    mapping = Mapping()
+    converters examples/convert_checkpoint.py and examples/llama/convert_checkpoint.py call,
+    split for `mapping` (default one rank). Only the config is read here; the weights are
+    converted when the function is called."""
+    mapping = mapping or Mapping()
     if kind == "gguf":
         from ..models.llama import convert
         reader = convert.open_gguf(path)
@@ -351,9 +356,18 @@ def _resolved(entry: Path, kind: str, built: bool) -> ResolvedModel:
     return ResolvedModel(entry, entry if _has_tokenizer(entry) else None, kind, built)
 
 
-def _check_engine_options(path: Path, options: dict, dtype: str) -> None:
+def _check_mapping(what: str, built: Mapping, mapping: Optional[Mapping]) -> None:
+    """An engine or checkpoint folder keeps the split it was made with."""
+    if mapping is not None and (built.tp_size, built.pp_size) != (mapping.tp_size, mapping.pp_size):
+        raise ConfigError(f"{what} has tp_size {built.tp_size} and pp_size {built.pp_size} "
+                          f"({built.world_size} rank(s)); tensor_parallel_size {mapping.tp_size} and "
+                          f"pipeline_parallel_size {mapping.pp_size} were asked for")
+
+
+def _check_engine_options(path: Path, options: dict, dtype: str, mapping: Optional[Mapping] = None) -> None:
     """An engine folder is used as built: options that contradict it are a ConfigError."""
     config = read_engine_config(path)
+    _check_mapping(f"engine folder {path}", Mapping.from_dict(config["pretrained_config"]["mapping"]), mapping)
     built = config["build_config"]
     differ = [f"{k} {v} (it has {built.get(k)})" for k, v in options.items()
               if v is not None and built.get(k) != v]
@@ -409,7 +423,8 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
                    max_input_len: Optional[int] = None, max_seq_len: Optional[int] = None,
                    max_num_tokens: Optional[int] = None, max_beam_width: Optional[int] = None,
                    tokens_per_block: Optional[int] = None, cache_dir=None,
-                   progress: Optional[Callable[[str], None]] = print) -> ResolvedModel:
+                   progress: Optional[Callable[[str], None]] = print, tensor_parallel_size: int = 1,
+                   pipeline_parallel_size: int = 1) -> ResolvedModel:
     """The engine folder for `model`: an engine folder, a checkpoint folder, a Hugging Face
     model folder or a GGUF file (a local path; see the module docstring), building it into the
     cache on a miss.
@@ -428,6 +443,8 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
         ~/.cache/tensorrt_llm/engines).
     progress: called with one line per stage (a cache hit is one line; a miss says each of
         convert, build and saved with its seconds); None is silent.
+    tensor_parallel_size, pipeline_parallel_size: the ranks a Hugging Face folder or GGUF file
+        is split over (tp x pp rank files); an engine or checkpoint folder must have that split.
 
     Raises ConfigError for a path that does not exist (a hub name is never downloaded) or is
     none of the four kinds, and for options out of range; the converters' CheckpointError and
@@ -438,11 +455,19 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
                "max_num_tokens": max_num_tokens, "max_beam_width": max_beam_width,
                "tokens_per_block": tokens_per_block}
     _check_options(dtype, options)
+    for name, value in (("tensor_parallel_size", tensor_parallel_size),
+                        ("pipeline_parallel_size", pipeline_parallel_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    mapping = Mapping(world_size=tensor_parallel_size * pipeline_parallel_size, tp_size=tensor_parallel_size,
+                      pp_size=pipeline_parallel_size)
     path = local_path(model)
     kind = detect_kind(path)
     if kind == "engine":
-        _check_engine_options(path, options, dtype)
+        _check_engine_options(path, options, dtype, mapping)
         return _resolved(path, kind, built=False)
+    if kind == "checkpoint":
+        _check_mapping(f"checkpoint folder {path}", checkpoint_config(path).mapping, mapping)
 
     on_gpu = _on_gpu()
     target = current_device_target() if on_gpu else "any"
@@ -453,7 +478,7 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
     except OSError as e:
         raise ConfigError(f"cannot create the engine cache folder {cache} ({e.strerror or e}); "
                           f"pass cache_dir or set ${CACHE_DIR_ENV}") from None
-    key = cache_key(path, kind, options, dtype, target)
+    key = cache_key(path, kind, options, dtype, target, mapping)
     entry = cache / _entry_name(path, key)
     if _engine_ready(entry):
         say(f"[tensorrt_llm] engine for {path} found in the cache: {entry}")
@@ -468,7 +493,7 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
         if entry.exists():
             say(f"[tensorrt_llm] cache entry {entry} does not read as an engine; rebuilding it")
         try:
-            _build_entry(path, kind, entry, cache, options, dtype, on_gpu, target, key, say)
+            _build_entry(path, kind, entry, cache, options, dtype, on_gpu, target, key, say, mapping)
         except _LostRace:
             say(f"[tensorrt_llm] another process built {entry} first; using that engine")
             return _resolved(entry, kind, built=False)
@@ -476,14 +501,15 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
 
 
 def _build_entry(path: Path, kind: str, entry: Path, cache: Path, options: dict, dtype: str,
-                 on_gpu: bool, target: str, key: str, say: Callable[[str], None]) -> None:
+                 on_gpu: bool, target: str, key: str, say: Callable[[str], None],
+                 mapping: Optional[Mapping] = None) -> None:
     t_start = time.perf_counter()
     seconds = {}
     if kind == "checkpoint":
         config = checkpoint_config(path)
         build_dtype = dtype if dtype != "auto" else _auto_dtype(kind, config.dtype, on_gpu)
     else:
-        config, rank_weights = _source(path, kind, dtype, on_gpu)
+        config, rank_weights = _source(path, kind, dtype, on_gpu, mapping)
         build_dtype = config.dtype  # converted to it
     build_config = build_config_for(options, config.max_position_embeddings, on_gpu, target)
     # Limits that do not fit the model are refused before any weight is converted.

@@ -69,6 +69,10 @@ class ModelRunner:
         # A multi-rank engine: this process's rank and groups (distributed.init, by from_dir).
         self.mapping = Mapping.from_dict(dict(cfg["mapping"], rank=engine.rank))
         self.rank = engine.rank
+        if self.mapping.world_size != distributed.world_size():
+            raise ConfigError(f"rank {engine.rank} of an engine of {self.mapping.world_size} ranks needs the "
+                              f"others: load it with ModelRunner.from_dir in each of {self.mapping.world_size} "
+                              f"processes (torchrun or mpirun)")
         bc = engine.build_config
         self.config = cfg
         self.build_config = bc

@@ -17,7 +17,7 @@ def main(job_path: str) -> int:
     results = {}
     for name, run in job["engines"].items():
         t0 = time.perf_counter()
-        runner = ModelRunner.from_dir(run["dir"], device="cpu")
+        runner = ModelRunner.from_dir(run["dir"], device=job.get("device", "cpu"))
         if job.get("die_before_generate") and rank == 1:
             os._exit(3)
         out = runner.generate(run["prompts"], max_new_tokens=run["max_new_tokens"])

@@ -268,3 +268,56 @@ def test_nvlink_multicast_stays_off_in_this_process_and_its_children():
     disable_multicast(d)
     assert d == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     assert torch.distributed.is_available()
+
+
+def test_llm_api_starts_its_tensor_parallel_ranks_itself(llama, tmp_path):
+    # A Hugging Face folder converted and built for 2 ranks into the cache, then run by the
+    # LLM's two engine processes; the tokens are the one-rank engine's.
+    from tensorrt_llm import LLM, SamplingParams
+    with LLM(str(llama["root"] / "hf"), tensor_parallel_size=2, dtype="float32", max_batch_size=2,
+             max_input_len=48, max_seq_len=64, cache_dir=tmp_path / "cache", progress=None) as llm:
+        outs = llm.generate(LLAMA_PROMPTS, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == llama["expected"]
+        engine_dir = llm.engine_dir
+    config = json.loads((Path(engine_dir) / "config.json").read_text())
+    assert config["pretrained_config"]["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1}
+
+
+def test_an_engine_folder_keeps_its_split(llama):
+    from tensorrt_llm.errors import ConfigError
+    from tensorrt_llm.llmapi.model_loader import resolve_engine
+    with pytest.raises(ConfigError, match=r"has tp_size 2 and pp_size 1 \(2 rank\(s\)\); "
+                                          r"tensor_parallel_size 1 and pipeline_parallel_size 1 were asked for"):
+        resolve_engine(llama["engines"]["tp2"], progress=None)
+    assert resolve_engine(llama["engines"]["tp2"], tensor_parallel_size=2, progress=None).engine_dir == \
+        llama["engines"]["tp2"]
+
+
+def test_vocabulary_parallel_lookups_sum_to_the_whole_lookup():
+    from tensorrt_llm.ops import OPS
+    table = torch.randn(11, 4)
+    ids = torch.tensor([0, 5, 10, 3, 7], dtype=torch.int32)
+    padded = torch.cat([table, torch.zeros(1, 4)])  # 12 rows: 3 ranks of 4
+    parts = [OPS["embedding"].reference(ids, padded[4 * r:4 * r + 4], vocab_start=4 * r) for r in range(3)]
+    assert torch.equal(parts[0] + parts[1] + parts[2], table[ids.long()])
+    assert torch.equal(parts[1][0], torch.zeros(4))  # id 0 is not rank 1's
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tp2_on_two_gpus_with_cuda_graphs_gives_one_ranks_tokens(llama, tmp_path):
+    # NCCL allreduce / allgather inside the captured decode steps (CUDA graphs are on by default on a GPU).
+    expected = tp1_tokens_on(llama["engines"]["tp1"], LLAMA_PROMPTS, 6, "cuda")
+    job = write_job(tmp_path / "job.json", {"llama_tp2": (llama["engines"]["tp2"], LLAMA_PROMPTS, 6),
+                                            "llama_pp2": (llama["engines"]["pp2"], LLAMA_PROMPTS, 6)},
+                    device="cuda")
+    procs = launch(2, job)
+    assert [p.returncode for p in procs] == [0, 0], procs[0].stderr[-3000:]
+    for res in results(job, 2):
+        assert res["llama_tp2"]["tokens"] == expected
+        assert res["llama_pp2"]["tokens"] == expected
+
+
+def tp1_tokens_on(engine_dir, prompts, n, device) -> list[list[int]]:
+    out = ModelRunner.from_dir(engine_dir, device=device).generate(prompts, max_new_tokens=n)
+    return [generated(out, b, len(p)) for b, p in enumerate(prompts)]
