@@ -89,6 +89,9 @@ def llama(tmp_path_factory):
     assert "tp_size 1, pp_size 2" in out.stdout and "2 rank file(s)" in out.stdout
     build_checkpoint(root / "ckpt_pp2", root / "pp2", BuildConfig(**BUILD), log=lambda line: None)
     engines["pp2"] = root / "pp2"
+    tp2pp2 = config_from_hf(hf.config, dtype="float32", mapping=Mapping(world_size=4, tp_size=2, pp_size=2))
+    engines["tp2pp2"] = build_ranks(tp2pp2, lambda r: load_weights_from_hf(hf, tp2pp2, tp2pp2.mapping.with_rank(r)),
+                                    root / "ckpt_tp2pp2", root / "tp2pp2")
     return {"engines": engines, "expected": tp1_tokens(engines["tp1"], LLAMA_PROMPTS, 6), "root": root}
 
 
@@ -164,6 +167,16 @@ def test_tp3_smollm2_gives_one_ranks_tokens(smollm2, tmp_path):
     assert [p.returncode for p in procs] == [0, 0, 0], procs[0].stderr[-3000:]
     for res in results(job, 3):
         assert res["smollm2_tp3"]["tokens"] == smollm2["expected"]
+
+
+def test_tp2_by_pp2_over_four_ranks_gives_one_ranks_tokens(llama, tmp_path):
+    # Two stages of two tensor-parallel ranks: allreduce / allgather within a stage's group,
+    # hidden states and logits between the ranks of a pipeline group.
+    job = write_job(tmp_path / "job.json", {"llama_tp2pp2": (llama["engines"]["tp2pp2"], LLAMA_PROMPTS, 6)})
+    procs = launch(4, job)
+    assert [p.returncode for p in procs] == [0] * 4, "".join(p.stderr[-2000:] for p in procs)
+    for res in results(job, 4):
+        assert res["llama_tp2pp2"]["tokens"] == llama["expected"]
 
 
 def test_a_rank_that_dies_makes_the_others_fail_not_hang(llama, tmp_path):
