@@ -51,7 +51,8 @@ def free_port() -> int:
 def env(**extra) -> dict:
     e = {k: v for k, v in os.environ.items()
          if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    e.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRTLLM_DIST_TIMEOUT="60", OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    e.update(PYTHONPATH=path, HF_HUB_OFFLINE="1", TRTLLM_DIST_TIMEOUT="60", OMP_NUM_THREADS="1")
     e.update({k: str(v) for k, v in extra.items()})
     return e
 
