@@ -11,9 +11,9 @@ import torch
 from .. import distributed
 from ..engine import Engine, check_config_copy, read_engine_config
 from ..errors import ConfigError, RequestError
-from ..mapping import Mapping
 from ..kv_cache_layout import KVCacheLayout
 from ..logger import logger
+from ..mapping import Mapping
 from .cuda_graph import CudaGraphDecoder
 from .executor import Executor
 from .generation import GenerationSession

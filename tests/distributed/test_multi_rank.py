@@ -24,8 +24,13 @@ from tensorrt_llm.builder import BuildConfig
 from tensorrt_llm.commands.build import build_checkpoint
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.convert_utils import rank_weights
-from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf, open_gguf
-from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
+from tensorrt_llm.models.llama.convert import (
+    config_from_gguf,
+    config_from_hf,
+    load_weights_from_gguf,
+    load_weights_from_hf,
+    open_gguf,
+)
 from tensorrt_llm.models.modeling_utils import write_checkpoint
 from tensorrt_llm.runtime import ModelRunner
 
