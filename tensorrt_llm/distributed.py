@@ -114,6 +114,10 @@ def _mpi_rendezvous(env) -> None:
         host = env.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
         addr = (host, env.get("MASTER_PORT") or str(_free_port()))
     env["MASTER_ADDR"], env["MASTER_PORT"] = comm.bcast(addr, root=0)
+    local = _int_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    if env["MASTER_ADDR"].startswith("127.") and local is not None and local < comm.Get_size():
+        raise ConfigError(f"rank 0's host name resolves to {env['MASTER_ADDR']}, which the other machines "
+                          f"cannot reach: set MASTER_ADDR to its address (mpirun -x MASTER_ADDR=...)")
 
 
 def timeout_seconds(env=None) -> float:
