@@ -124,10 +124,13 @@ def check_build(config: PretrainedConfig, build_config: BuildConfig, dtype: Opti
 
 
 def _build_rank(checkpoint_dir, output_dir, architecture: str, rank: int, build_config: BuildConfig,
-                dtype: Optional[str], timing_entries: Optional[dict]) -> tuple[int, dict, Optional[dict]]:
+                dtype: Optional[str], timing_entries: Optional[dict],
+                in_worker: bool = False) -> tuple[int, dict, Optional[dict]]:
     """Build and save one rank: (bytes written, its build summary, the timing cache's entries
     after it). Runs in trtllm-build's process, or in a --workers process."""
     timing_cache = TimingCache(timing_entries) if timing_entries is not None else None
+    if in_worker and torch.cuda.is_available():  # ranks built at once time their kernels on GPUs of their own
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     model = MODEL_MAP[architecture].from_checkpoint(Path(checkpoint_dir), rank=rank, dtype=dtype)
     engine = build(model, build_config, timing_cache=timing_cache)
     path = engine.save(output_dir)
@@ -173,7 +176,7 @@ def build_engines(checkpoint_dir, output_dir, config: PretrainedConfig, build_co
     import multiprocessing
     with concurrent.futures.ProcessPoolExecutor(min(workers, world),
                                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_build_rank, *a, entries) for a in args]
+        futures = [pool.submit(_build_rank, *a, entries, True) for a in args]
         for rank, future in enumerate(futures):  # logged in rank order, as each is done
             size, summary, new_entries = future.result()
             total_bytes += size
