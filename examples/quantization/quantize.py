@@ -14,6 +14,11 @@ static by default (quant_algo FP8): each linear's input max |x| over --calib_siz
 samples, the first --calib_max_len tokens of the project's articles (examples/data; no
 download), run through the float model in transformers; --dynamic_activations
 (FP8_PER_CHANNEL_PER_TOKEN) scales each token by its own max instead and needs no calibration.
+Per-tensor static scales are the default because they are the fast ones on a GPU (one
+tensor-wise FP8 GEMM; ops/fp8_linear.py). On SmolLM2-135M no mode is more accurate beyond the
+spread of its own rounding: each costs +2.6 to +3.8% perplexity on average over equally valid
+roundings, one engine anywhere from +0.7 to +5.3% (benchmarks/README.md, eighth session;
+benchmarks/fp8_rounding_spread.py).
 
 --qformat int8_wo / int4_wo: W8A16 (per output channel, or groups of --group_size) / W4A16
 (groups of --group_size, 128 by default) of the same linears, as convert_checkpoint.py
