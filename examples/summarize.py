@@ -19,7 +19,8 @@ differences and how many summaries are token for token the first's: one changed 
 in a greedy summary changes the rest of it, so a few articles can move the mean by points.
 --json writes every backend's scores, per-summary ROUGE-1, token ids and summaries.
 
-The articles are examples/data/summarize_articles.jsonl (see the README there). --check_accuracy exits with status 1 when the engine's ROUGE-1 is below
+The articles are examples/data/summarize_articles.jsonl (see the README there).
+--check_accuracy exits with status 1 when the engine's ROUGE-1 is below
 --tensorrt_llm_rouge1_threshold. A bad engine, model or data file ends in one "error:" line
 (exit code 2); --debug shows its traceback.
 """
