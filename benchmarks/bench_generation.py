@@ -53,11 +53,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from eval_ppl import article_token_ids, perplexity  # noqa: E402
 
+from launch_ranks import launched_here, run_ranks  # noqa: E402
+
+import tensorrt_llm.distributed as distributed  # noqa: E402
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.mapping import Mapping  # noqa: E402
 from tensorrt_llm.models.llama.convert import config_from_hf  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
@@ -76,6 +81,14 @@ SHAPES = {
                      num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
                      rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5,
                      rope_scaling=dict(LLAMA3_ROPE, factor=8.0)),
+    "llama-70b": dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                      num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False,
+                      rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                      rope_scaling=dict(LLAMA3_ROPE, factor=8.0)),
+    # A few kilobytes of weights, for the CPU tests of the multi-rank launch (tests/benchmarks).
+    "llama-tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                       rope_theta=500000.0, max_position_embeddings=1024, rms_norm_eps=1e-5),
 }
 
 
@@ -157,6 +170,35 @@ def random_models(name, dtype, device, with_hf):
     if with_hf:
         hf = hf_twin(hf_config, config, weights, dtype, device)
     return model, hf
+
+
+def random_rank_engine(name, dtype, device, mapping, build_config, seed: int = 0):
+    """This rank's engine of the `name` shape split by `mapping`, built in memory with random
+    weights (no file): the network is built over weights on the meta device (no memory), then
+    each of the engine's weights (this rank's shard only, the fused gate/up ones included) is
+    made on `device`. The whole model is never made; a rank holds just its own weight bytes.
+    Returns (engine, parameters of this rank)."""
+    import transformers
+    config = config_from_hf(transformers.LlamaConfig(**SHAPES[name]), dtype=dtype, mapping=mapping)
+    model = LLaMAForCausalLM(config)
+    torch_dtype = getattr(torch, dtype)
+    model.load({pname: torch.empty(p.shape, dtype=torch_dtype, device="meta") for pname, p in model.named_parameters()})
+    params = sum(p.numel() for _, p in model.named_parameters())
+    engine = build(model, build_config)
+    del model
+    gen = torch.Generator(device=device).manual_seed(seed + 1000 * mapping.rank)
+    weights = engine.network.weights
+    for wname in list(weights):
+        w = weights[wname]
+        if w is None or not w.is_meta:
+            continue  # the model's own constants (the rotary table)
+        t = torch.empty(w.shape, dtype=w.dtype, device=device)
+        if wname.endswith("layernorm.weight") or wname.endswith("ln_f.weight"):
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02, generator=gen)
+        weights[wname] = t
+    return engine, params
 
 
 def hf_twin(hf_config, config, weights, dtype, device):
@@ -281,6 +323,7 @@ def time_call(fn, device, repeats) -> float:
 
 def bench_ours(runner, batch, input_len, output_len, device, repeats):
     prompts = [torch.randint(100, 1000, (input_len,), dtype=torch.int32) for _ in range(batch)]
+    prompts = distributed.broadcast_object(prompts)  # every rank runs rank 0's (no-op on one rank)
     runner.generate(prompts, max_new_tokens=4)  # warm-up (and CUDA graph capture)
     t1 = time_call(lambda: runner.generate(prompts, max_new_tokens=1), device, repeats)
     tn = time_call(lambda: runner.generate(prompts, max_new_tokens=output_len), device, repeats)
@@ -319,9 +362,23 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (on a shared 2-core machine 1 thread can be faster: "
                         "a busy core stalls the kernels' 2-thread parallel regions)")
+    p.add_argument("--tp_size", type=int, default=1,
+                   help="tensor-parallel ranks (the script starts the --tp_size x --pp_size rank processes)")
+    p.add_argument("--pp_size", type=int, default=1, help="pipeline-parallel ranks")
+    p.add_argument("--compare_one_gpu", action="store_true",
+                   help="first run the one-rank engine of the same shape on one device (its own process), "
+                        "then the --tp_size x --pp_size one, and compare their steps")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tp_size < 1 or args.pp_size < 1:
+        p.error("--tp_size and --pp_size must be >= 1")
+    if args.tp_size * args.pp_size > 1 or args.compare_one_gpu:
+        if args.model not in SHAPES:
+            p.error(f"a multi-rank run builds random weights in memory: --model must be one of {', '.join(SHAPES)}")
+        if args.quant != "none":
+            p.error("a multi-rank run times the float engine only (--quant none)")
+        return run_multi(args)
     quants = args.quant.split(",")
     unknown = [q for q in quants if q not in QUANTS]
     if unknown:
@@ -353,17 +410,77 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps(results, indent=2))
 
 
+def rank_main(args, out: str) -> None:
+    """One rank process of run_multi: run_one, rank 0 writes the result to `out`."""
+    result = run_one(args, "none")
+    if result is not None:
+        Path(out).write_text(json.dumps(result))
+    distributed.barrier()
+
+
+def run_multi(args):
+    """The --tp_size x --pp_size engine in as many rank processes this script starts (or, under
+    torchrun / mpirun, in the launched ones), each building its own shard of random weights in
+    memory; with --compare_one_gpu the one-rank engine first, in a process of its own. Rank 0
+    prints; the comparison is printed and --json written once."""
+    import argparse as _argparse
+    world = args.tp_size * args.pp_size
+    base = dict(vars(args), ranks=True, no_hf=True, json=None)
+    with tempfile.TemporaryDirectory() as tmp:
+        one = None
+        if args.compare_one_gpu:
+            if launched_here(world) and world > 1:
+                raise SystemExit("--compare_one_gpu starts its own processes: run the script without a launcher")
+            print(f"== one rank (tp_size 1, pp_size 1) ==", flush=True)
+            run_ranks(1, rank_main, _argparse.Namespace(**dict(base, tp_size=1, pp_size=1)), f"{tmp}/one.json")
+            one = json.loads(Path(f"{tmp}/one.json").read_text())
+        if world == 1:
+            result = one
+        else:
+            print(f"== tp_size {args.tp_size} x pp_size {args.pp_size} ==", flush=True)
+            run_ranks(world, rank_main, _argparse.Namespace(**base), f"{tmp}/multi.json")
+            if not Path(f"{tmp}/multi.json").exists():
+                return None  # a launched rank other than 0
+            result = json.loads(Path(f"{tmp}/multi.json").read_text())
+    if one is not None and world > 1:
+        result["one_gpu"] = one
+        print(f"\n{'batch':>5} {'1 GPU ms/step':>13} {f'TP{args.tp_size}xPP{args.pp_size} ms/step':>16} "
+              f"{'speedup':>7} {'floor/GPU':>9} {'of floor':>8}")
+        for row, ref in zip(result["rows"], one["rows"]):
+            row["one_gpu_ms_per_step"] = ref["ours_ms_per_step"]
+            row["speedup_vs_one_gpu"] = ref["ours_ms_per_step"] / row["ours_ms_per_step"]
+            print(f"{row['batch']:>5} {ref['ours_ms_per_step']:>13.3f} {row['ours_ms_per_step']:>16.3f} "
+                  f"{row['speedup_vs_one_gpu']:>6.2f}x {row['floor_ms']:>9.3f} {row['fraction_of_roofline']:>8.1%}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
 def run_one(args, quant, prompts=None, tokens=None):
-    """Build, load and time one engine (`quant` of the --model's weights); returns its result."""
+    """Build, load and time one engine (`quant` of the --model's weights); returns its result.
+    In a rank process of a multi-rank run (`args.ranks`, run_ranks), this rank's part of the
+    --tp_size x --pp_size engine, built in memory; rank 0 alone prints (and returns the result)."""
     dtype_name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
-    device = torch.device(args.device)
+    ranks = getattr(args, "ranks", False)
+    if ranks:
+        info = distributed.launch_info()
+        if args.threads is None and info.world_size > 1 and torch.device(args.device).type == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.world_size))
+        device = distributed.device_for(info, args.device)
+        mapping = Mapping(world_size=args.tp_size * args.pp_size, rank=info.rank, tp_size=args.tp_size,
+                          pp_size=args.pp_size)
+        distributed.init(mapping, device, info)
+    else:
+        device = torch.device(args.device)
+    lead = distributed.rank() == 0
+    log = print if lead else (lambda *a, **k: None)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     torch.manual_seed(0)
 
     result = {"model": args.model, "dtype": dtype_name, "device": str(device),
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch_threads": torch.get_num_threads(), "input_len": args.input_len,
-              "output_len": args.output_len}
+              "output_len": args.output_len, "tp_size": args.tp_size, "pp_size": args.pp_size}
     result["copy_bandwidth_GBps"] = copy_bandwidth(device) / 1e9
     result["matmul_TFLOPs"] = matmul_rate(device, getattr(torch, dtype_name)) / 1e12
 
@@ -372,51 +489,83 @@ def run_one(args, quant, prompts=None, tokens=None):
                      max_seq_len=max_input + args.output_len + 8,
                      max_num_tokens=max(max(batch_sizes) * args.input_len, max_input))
     result["quant"] = quant
-    with PeakRSS() as rss_build:
-        t = time.perf_counter()
-        torch.manual_seed(0)  # every variant of a random model has the same weights
-        with_hf = not args.no_hf or quant == "fp8"  # fp8 calibrates through transformers
-        if args.model == "smollm2-gguf":
-            model, hf = gguf_models(dtype_name, device, with_hf)
-        else:
-            model, hf = random_models(args.model, dtype_name, device, with_hf)
-        if QUANTS[quant] is not None:
-            calibration = prompts or [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32)]
-            model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf", hf, calibration)
-        if args.no_hf:
-            hf = None
-        result["weights_seconds"] = time.perf_counter() - t
-        t = time.perf_counter()
-        engine = build(model, bc)
-        result["build_seconds"] = time.perf_counter() - t
-    engine_weights_bytes = {name: w.numel() * w.element_size() for name, w in engine.network.weights.items()
-                            if w is not None}
-    weight_bytes = sum(engine_weights_bytes.values())
-    untied = "lm_head.weight" in engine_weights_bytes
-    params = sum(p.numel() for _, p in model.named_parameters())
-    with tempfile.TemporaryDirectory() as tmp:
-        t = time.perf_counter()
-        path = engine.save(tmp)
-        result["save_seconds"] = time.perf_counter() - t
-        engine_bytes = path.stat().st_size
-        del engine
-        gc.collect()
-        with PeakRSS() as rss_load:
-            base = rss_load.peak
+    if ranks:
+        hf = None
+        with PeakRSS() as rss_build:
             t = time.perf_counter()
-            runner = ModelRunner.from_dir(tmp, device=device)
+            engine, params = random_rank_engine(args.model, dtype_name, device, mapping, bc)
             sync(device)
-            result["load_seconds"] = time.perf_counter() - t
-    result.update(engine_bytes=engine_bytes, params=params,
-                  peak_rss_build_bytes=rss_build.peak,
-                  load_rss_increase_bytes=rss_load.peak - base,
-                  load_rss_over_engine=(rss_load.peak - base) / engine_bytes)
+            result["build_seconds"] = time.perf_counter() - t
+        engine_weights_bytes = {name: w.numel() * w.element_size() for name, w in engine.network.weights.items()
+                                if w is not None}
+        weight_bytes = sum(engine_weights_bytes.values())
+        untied = "lm_head.weight" in engine_weights_bytes
+        # Every rank's bytes and parameters: a step's floor is its slowest rank per stage,
+        # the stages one after another.
+        per_rank = [distributed.broadcast_object((weight_bytes, params), src=r) for r in range(mapping.world_size)]
+        result["per_rank_weight_bytes"] = [b for b, _ in per_rank]
+        stage_bytes = [max(per_rank[s * args.tp_size + t][0] for t in range(args.tp_size))
+                       for s in range(args.pp_size)]
+        params = sum(n for _, n in per_rank) if args.tp_size * args.pp_size > 1 else params
+        t = time.perf_counter()
+        runner = ModelRunner(engine, device)
+        del engine
+        sync(device)
+        result["load_seconds"] = time.perf_counter() - t
+        engine_bytes = sum(result["per_rank_weight_bytes"])
+        result.update(engine_bytes=engine_bytes, params=params, peak_rss_build_bytes=rss_build.peak,
+                      per_gpu_weight_bytes=max(result["per_rank_weight_bytes"]))
+        if device.type == "cuda":
+            result["gpu_memory_allocated_bytes"] = torch.cuda.memory_allocated(device)
+    else:
+        with PeakRSS() as rss_build:
+            t = time.perf_counter()
+            torch.manual_seed(0)  # every variant of a random model has the same weights
+            with_hf = not args.no_hf or quant == "fp8"  # fp8 calibrates through transformers
+            if args.model == "smollm2-gguf":
+                model, hf = gguf_models(dtype_name, device, with_hf)
+            else:
+                model, hf = random_models(args.model, dtype_name, device, with_hf)
+            if QUANTS[quant] is not None:
+                calibration = prompts or [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32)]
+                model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf", hf, calibration)
+            if args.no_hf:
+                hf = None
+            result["weights_seconds"] = time.perf_counter() - t
+            t = time.perf_counter()
+            engine = build(model, bc)
+            result["build_seconds"] = time.perf_counter() - t
+        engine_weights_bytes = {name: w.numel() * w.element_size() for name, w in engine.network.weights.items()
+                                if w is not None}
+        weight_bytes = sum(engine_weights_bytes.values())
+        stage_bytes = [weight_bytes]
+        untied = "lm_head.weight" in engine_weights_bytes
+        params = sum(p.numel() for _, p in model.named_parameters())
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            path = engine.save(tmp)
+            result["save_seconds"] = time.perf_counter() - t
+            engine_bytes = path.stat().st_size
+            del engine
+            gc.collect()
+            with PeakRSS() as rss_load:
+                base = rss_load.peak
+                t = time.perf_counter()
+                runner = ModelRunner.from_dir(tmp, device=device)
+                sync(device)
+                result["load_seconds"] = time.perf_counter() - t
+        result.update(engine_bytes=engine_bytes, params=params,
+                      peak_rss_build_bytes=rss_build.peak,
+                      load_rss_increase_bytes=rss_load.peak - base,
+                      load_rss_over_engine=(rss_load.peak - base) / engine_bytes)
     # The floor of a decode step: every weight byte over the bandwidth (the issue's definition).
     # A step does not read the embedding table (one row per token), unless it is also the LM
     # head, so the floor of the bytes a step reads is lower: both are reported.
-    floor_ms = weight_bytes / (result["copy_bandwidth_GBps"] * 1e9) * 1e3
+    # A multi-rank engine: the bytes of one GPU (the most any rank of a stage holds), its
+    # pipeline stages one after another.
+    floor_ms = sum(stage_bytes) / (result["copy_bandwidth_GBps"] * 1e9) * 1e3
     embedding = engine_weights_bytes.get("transformer.vocab_embedding.weight", 0) if untied else 0
-    read_floor_ms = (weight_bytes - embedding) / (result["copy_bandwidth_GBps"] * 1e9) * 1e3
+    read_floor_ms = (sum(stage_bytes) - embedding) / (result["copy_bandwidth_GBps"] * 1e9) * 1e3
     result["decode_floor_ms"] = floor_ms
     result["decode_read_floor_ms"] = read_floor_ms
     rows = []
@@ -430,35 +579,39 @@ def run_one(args, quant, prompts=None, tokens=None):
             row.update(hf_ms_per_step=hf_step * 1e3, hf_tok_s=b / hf_step, hf_ttft_ms=hf_ttft * 1e3,
                        speedup_vs_hf=hf_step / step)
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        log(json.dumps(row), flush=True)
     result["rows"] = rows
     if args.ttft_input_len:
-        prompt = [torch.randint(100, 1000, (args.ttft_input_len,), dtype=torch.int32)]
+        prompt = distributed.broadcast_object([torch.randint(100, 1000, (args.ttft_input_len,), dtype=torch.int32)])
         runner.generate(prompt, max_new_tokens=1)
         ttft = time_call(lambda: runner.generate(prompt, max_new_tokens=1), device, args.repeats)
         floor = 2 * params * args.ttft_input_len / (result["matmul_TFLOPs"] * 1e12)
         result["long_prompt"] = {"tokens": args.ttft_input_len, "ttft_ms": ttft * 1e3,
                                  "floor_ms": floor * 1e3, "ratio_to_floor": ttft / floor}
 
-    print(f"\n{args.model} {dtype_name} on {result['device_name']}: copy {result['copy_bandwidth_GBps']:.0f} GB/s, "
+    log(f"\n{args.model} {dtype_name} on {result['device_name']}: copy {result['copy_bandwidth_GBps']:.0f} GB/s, "
           f"matmul {result['matmul_TFLOPs']:.1f} TFLOP/s, weights {weight_bytes / 2**30:.2f} GiB, "
           f"floor {floor_ms:.3f} ms/step ({read_floor_ms:.3f} ms without the embedding table)")
-    print(f"build {result['build_seconds']:.1f} s, load {result['load_seconds']:.1f} s, "
-          f"load RSS +{result['load_rss_increase_bytes'] / 2**20:.0f} MiB "
-          f"({result['load_rss_over_engine']:.2f}x the {engine_bytes / 2**20:.0f} MiB engine)")
+    if ranks:
+        log(f"tp_size {args.tp_size} x pp_size {args.pp_size}: {result['per_gpu_weight_bytes'] / 2**30:.2f} GiB "
+            f"of weights on the busiest GPU, built in memory in {result['build_seconds']:.1f} s")
+    else:
+        log(f"build {result['build_seconds']:.1f} s, load {result['load_seconds']:.1f} s, "
+            f"load RSS +{result['load_rss_increase_bytes'] / 2**20:.0f} MiB "
+            f"({result['load_rss_over_engine']:.2f}x the {engine_bytes / 2**20:.0f} MiB engine)")
     hdr = f"{'batch':>5} {'ms/step':>9} {'tok/s':>9} {'floor':>7} {'roofline':>8} {'read rl':>7} {'TTFT ms':>8}"
     if hf is not None:
         hdr += f" {'HF ms/step':>10} {'HF tok/s':>9} {'speedup':>7}"
-    print(hdr)
+    log(hdr)
     for r in rows:
         line = (f"{r['batch']:>5} {r['ours_ms_per_step']:>9.3f} {r['ours_tok_s']:>9.1f} {r['floor_ms']:>7.3f} "
                 f"{r['fraction_of_roofline']:>8.1%} {r['fraction_of_read_roofline']:>7.1%} {r['ours_ttft_ms']:>8.1f}")
         if hf is not None:
             line += f" {r['hf_ms_per_step']:>10.3f} {r['hf_tok_s']:>9.1f} {r['speedup_vs_hf']:>6.2f}x"
-        print(line)
+        log(line)
     if "long_prompt" in result:
         lp = result["long_prompt"]
-        print(f"TTFT {lp['tokens']} tokens: {lp['ttft_ms']:.1f} ms, floor {lp['floor_ms']:.1f} ms "
+        log(f"TTFT {lp['tokens']} tokens: {lp['ttft_ms']:.1f} ms, floor {lp['floor_ms']:.1f} ms "
               f"({lp['ratio_to_floor']:.2f}x)")
     if prompts:
         result["perplexity"] = perplexity(runner, prompts)
@@ -467,10 +620,10 @@ def run_one(args, quant, prompts=None, tokens=None):
             tokens["reference"] = ours
         else:
             result["agreement"] = agreement(ours, tokens["reference"])
-            print(f"greedy tokens vs the first engine: {json.dumps(result['agreement'])}")
-    if args.json and prompts is None:
+            log(f"greedy tokens vs the first engine: {json.dumps(result['agreement'])}")
+    if args.json and prompts is None and lead:
         Path(args.json).write_text(json.dumps(result, indent=2))
-    return result
+    return result if lead else None
 
 
 if __name__ == "__main__":
