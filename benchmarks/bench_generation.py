@@ -57,7 +57,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from eval_ppl import article_token_ids, perplexity  # noqa: E402
-
 from launch_ranks import launched_here, run_ranks  # noqa: E402
 
 import tensorrt_llm.distributed as distributed  # noqa: E402
@@ -172,20 +171,25 @@ def random_models(name, dtype, device, with_hf):
     return model, hf
 
 
-def random_rank_engine(name, dtype, device, mapping, build_config, seed: int = 0):
-    """This rank's engine of the `name` shape split by `mapping`, built in memory with random
-    weights (no file): the network is built over weights on the meta device (no memory), then
-    each of the engine's weights (this rank's shard only, the fused gate/up ones included) is
-    made on `device`. The whole model is never made; a rank holds just its own weight bytes.
-    Returns (engine, parameters of this rank)."""
+def meta_rank_engine(name, dtype, mapping, build_config):
+    """This rank's engine of the `name` shape split by `mapping`, built over weights on the meta
+    device (shapes only, no memory). Returns (engine, parameters of this rank)."""
     import transformers
     config = config_from_hf(transformers.LlamaConfig(**SHAPES[name]), dtype=dtype, mapping=mapping)
     model = LLaMAForCausalLM(config)
     torch_dtype = getattr(torch, dtype)
     model.load({pname: torch.empty(p.shape, dtype=torch_dtype, device="meta") for pname, p in model.named_parameters()})
     params = sum(p.numel() for _, p in model.named_parameters())
-    engine = build(model, build_config)
-    del model
+    return build(model, build_config), params
+
+
+def random_rank_engine(name, dtype, device, mapping, build_config, seed: int = 0):
+    """This rank's engine of the `name` shape split by `mapping`, built in memory with random
+    weights (no file): the network is built over meta weights (meta_rank_engine), then each of
+    the engine's weights (this rank's shard only, the fused gate/up ones included) is made on
+    `device`. The whole model is never made; a rank holds just its own weight bytes.
+    Returns (engine, parameters of this rank)."""
+    engine, params = meta_rank_engine(name, dtype, mapping, build_config)
     gen = torch.Generator(device=device).manual_seed(seed + 1000 * mapping.rank)
     weights = engine.network.weights
     for wname in list(weights):
@@ -431,7 +435,7 @@ def run_multi(args):
         if args.compare_one_gpu:
             if launched_here(world) and world > 1:
                 raise SystemExit("--compare_one_gpu starts its own processes: run the script without a launcher")
-            print(f"== one rank (tp_size 1, pp_size 1) ==", flush=True)
+            print("== one rank (tp_size 1, pp_size 1) ==", flush=True)
             run_ranks(1, rank_main, _argparse.Namespace(**dict(base, tp_size=1, pp_size=1)), f"{tmp}/one.json")
             one = json.loads(Path(f"{tmp}/one.json").read_text())
         if world == 1:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -37,9 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_generation import SHAPES, gguf_models, matmul_rate, random_models, sync  # noqa: E402
+from bench_generation import SHAPES, gguf_models, matmul_rate, random_models, random_rank_engine, sync  # noqa: E402
+from launch_ranks import launched_here, run_ranks  # noqa: E402
 
+import tensorrt_llm.distributed as distributed  # noqa: E402
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.mapping import Mapping  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
 from tensorrt_llm.runtime.request import Request  # noqa: E402
 from tensorrt_llm.runtime.sampling import SamplingConfig  # noqa: E402
@@ -100,8 +104,12 @@ def run_executor(runner, workload, arrival, device, profile: bool = False) -> di
     t0 = time.perf_counter()
     submitted, last = 0, 0.0
     steps = []  # per step() call: (seconds, prompt tokens launched, requests running before)
+    # The ranks of a multi-rank engine admit the same requests at the same step: rank 0's clock.
+    agree = distributed.world_size() > 1 and not np.all(arrival == 0)
     while submitted < len(reqs) or ex.has_work:
         now = time.perf_counter() - t0
+        if agree:
+            now = distributed.broadcast_object(now)
         while submitted < len(reqs) and arrival[submitted] <= now:
             ex.add_request(reqs[submitted])
             submitted += 1
@@ -226,9 +234,85 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="print torch.profiler tables of the measured run (throughput) or of the reuse run")
     p.add_argument("--json", default=None)
+    p.add_argument("--tp_size", type=int, default=1,
+                   help="tensor-parallel ranks (the script starts the --tp_size x --pp_size rank processes, "
+                        "each building its own shard of random weights in memory)")
+    p.add_argument("--pp_size", type=int, default=1, help="pipeline-parallel ranks")
+    p.add_argument("--compare_one_gpu", action="store_true",
+                   help="first run the one-rank engine of the same shape on one device (its own process), "
+                        "then the --tp_size x --pp_size one, and compare their output tokens/s")
     args = p.parse_args(argv)
+    if args.tp_size < 1 or args.pp_size < 1:
+        p.error("--tp_size and --pp_size must be >= 1")
+    if args.tp_size * args.pp_size > 1 or args.compare_one_gpu:
+        if args.model not in SHAPES:
+            p.error(f"a multi-rank run builds random weights in memory: --model must be one of {', '.join(SHAPES)}")
+        if args.scenario != "throughput" or args.llm_api or args.profile:
+            p.error("a multi-rank run measures --scenario throughput (without --llm_api / --profile)")
+        return run_multi(args)
+    return run(args)
+
+
+def rank_main(args, out: str) -> None:
+    """One rank process of run_multi: run, rank 0 writes the result to `out`."""
+    result = run(args)
+    if result is not None:
+        Path(out).write_text(json.dumps(result))
+    distributed.barrier()
+
+
+def run_multi(args):
+    """The --tp_size x --pp_size engine in the rank processes this script starts (or the ones
+    torchrun / mpirun launched); with --compare_one_gpu the one-rank engine first, in a process
+    of its own, on the same requests. Rank 0 prints; the comparison and --json come once."""
+    world = args.tp_size * args.pp_size
+    base = dict(vars(args), ranks=True, json=None)
+    with tempfile.TemporaryDirectory() as tmp:
+        one = None
+        if args.compare_one_gpu:
+            if launched_here(world) and world > 1:
+                raise SystemExit("--compare_one_gpu starts its own processes: run the script without a launcher")
+            print("== one rank (tp_size 1, pp_size 1) ==", flush=True)
+            run_ranks(1, rank_main, argparse.Namespace(**dict(base, tp_size=1, pp_size=1)), f"{tmp}/one.json")
+            one = json.loads(Path(f"{tmp}/one.json").read_text())
+        if world == 1:
+            result = one
+        else:
+            print(f"== tp_size {args.tp_size} x pp_size {args.pp_size} ==", flush=True)
+            run_ranks(world, rank_main, argparse.Namespace(**base), f"{tmp}/multi.json")
+            if not Path(f"{tmp}/multi.json").exists():
+                return None  # a launched rank other than 0
+            result = json.loads(Path(f"{tmp}/multi.json").read_text())
+    if one is not None and world > 1:
+        result["one_gpu"] = one
+        a, b = one["inflight"], result["inflight"]
+        result["speedup_vs_one_gpu"] = b["output_tok_s"] / a["output_tok_s"]
+        print(f"\n| run | output tok/s | TPOT p50 ms | steps |\n| --- | --- | --- | --- |\n"
+              f"| 1 GPU | {a['output_tok_s']:.1f} | {a['tpot_s']['p50'] * 1e3:.2f} | {a['steps']} |\n"
+              f"| TP{args.tp_size} x PP{args.pp_size} | {b['output_tok_s']:.1f} | {b['tpot_s']['p50'] * 1e3:.2f} | "
+              f"{b['steps']} |\nTP{args.tp_size} x PP{args.pp_size} / 1 GPU: {result['speedup_vs_one_gpu']:.2f}x "
+              f"output tokens/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def run(args):
+    """Build, load and measure (in a rank process of run_multi: this rank's part, built in
+    memory; rank 0 alone prints and returns the result)."""
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
-    device = torch.device(args.device)
+    ranks = getattr(args, "ranks", False)
+    world = args.tp_size * args.pp_size if ranks else 1
+    if ranks:
+        info = distributed.launch_info()
+        if info.world_size > 1 and torch.device(args.device).type == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.world_size))
+        device = distributed.device_for(info, args.device)
+        mapping = Mapping(world_size=world, rank=info.rank, tp_size=args.tp_size, pp_size=args.pp_size)
+        distributed.init(mapping, device, info)
+    else:
+        device = torch.device(args.device)
+    lead = distributed.rank() == 0
     rng = np.random.default_rng(args.seed)
     result = {"args": vars(args), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu"}
@@ -244,23 +328,31 @@ def main(argv=None):
     bc = BuildConfig(max_batch_size=args.max_batch_size, max_input_len=max_in, max_seq_len=max_in + max_out + 8,
                      max_num_tokens=max(args.max_num_tokens, max_in + args.max_batch_size),
                      tokens_per_block=args.tokens_per_block)
-    if args.model == "smollm2-gguf":
-        model, _ = gguf_models(dtype, device, False)
+    runner_kwargs = dict(kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_memory_fraction,
+                         enable_chunked_context=not args.no_chunked_context,
+                         enable_block_reuse=args.scenario == "reuse", max_num_tokens=args.max_num_tokens)
+    tmp = None
+    if ranks:
+        # This rank's shard of random weights, built in memory (bench_generation.random_rank_engine).
+        engine, params = random_rank_engine(args.model, dtype, device, mapping, bc)
+        params = sum(distributed.broadcast_object(params, src=r) for r in range(world)) if world > 1 else params
+        runner = ModelRunner(engine, device, **runner_kwargs)
+        del engine
     else:
-        model, _ = random_models(args.model, dtype, device, False)
-    params = sum(p.numel() for _, p in model.named_parameters())
-    engine = build(model, bc)
-    del model
-    tmp = tempfile.mkdtemp()
-    engine.save(tmp)
-    del engine
-    runner = ModelRunner.from_dir(tmp, device=device,
-                                  kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_memory_fraction,
-                                  enable_chunked_context=not args.no_chunked_context,
-                                  enable_block_reuse=args.scenario == "reuse",
-                                  max_num_tokens=args.max_num_tokens)
+        if args.model == "smollm2-gguf":
+            model, _ = gguf_models(dtype, device, False)
+        else:
+            model, _ = random_models(args.model, dtype, device, False)
+        params = sum(p.numel() for _, p in model.named_parameters())
+        engine = build(model, bc)
+        del model
+        tmp = tempfile.mkdtemp()
+        engine.save(tmp)
+        del engine
+        runner = ModelRunner.from_dir(tmp, device=device, **runner_kwargs)
     vocab = runner.vocab_size
-    result.update(params=params, kv_blocks=runner.kv_cache.num_blocks, tokens_per_block=args.tokens_per_block)
+    result.update(params=params, kv_blocks=runner.kv_cache.num_blocks, tokens_per_block=args.tokens_per_block,
+                  tp_size=args.tp_size, pp_size=args.pp_size)
 
     # Warm-up: CUDA graphs of every bucket, the attention paths.
     warm = make_workload(argparse.Namespace(**{**vars(args), "num_requests": min(args.max_batch_size, 64),
@@ -278,16 +370,19 @@ def main(argv=None):
                                                 matmul_rate(device, getattr(torch, dtype)) / 1e12]
         result["matmul_TFLOPs"] = max(result["matmul_TFLOPs_before_after"])
         processed = res["input_tokens"] + res["output_tokens"]
-        ceiling = res["output_tokens"] / (2 * params * processed / (result["matmul_TFLOPs"] * 1e12))
+        # Every rank's GPU computes at the measured rate (rank 0's measurement stands for all).
+        ceiling = res["output_tokens"] / (2 * params * processed / (world * result["matmul_TFLOPs"] * 1e12))
         res["compute_ceiling_tok_s"] = ceiling
         res["fraction_of_ceiling"] = res["output_tok_s"] / ceiling
         outputs = res.pop("outputs")
         result["inflight"] = res
-        print(json.dumps({"inflight": res}), flush=True)
+        if lead:
+            print(json.dumps({"inflight": res}), flush=True)
         static = []
         for b in [int(x) for x in args.static_batch_sizes.split(",") if x]:
             static.append(run_static(runner, workload, b, device, arrival))
-            print(json.dumps({"static": static[-1]}), flush=True)
+            if lead:
+                print(json.dumps({"static": static[-1]}), flush=True)
         if static:
             best = max(static, key=lambda s: s["output_tok_s"])
             result["static"] = static
@@ -310,9 +405,12 @@ def main(argv=None):
     else:
         result["reuse"] = scenario_reuse(runner, vocab, rng, device, args.profile)
 
+    if not lead:
+        return None
     print_summary(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
 
 
 def scenario_chunked(runner, vocab, rng, device) -> dict:

@@ -1,0 +1,100 @@
+"""The multi-rank benchmarks as a user runs them: bench_generation.py and bench_throughput.py
+with --tp_size / --pp_size start their own rank processes (gloo on the CPU here, a tiny random
+Llama), each rank builds its own shard in memory, rank 0 alone prints and writes the JSON."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--model", "llama-tiny", "--dtype", "float32", "--device", "cpu"]
+
+
+def run(script: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRTLLM_DIST_TIMEOUT="60", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_bench_generation_tp2_against_one_rank_in_one_run(tmp_path):
+    out = tmp_path / "g.json"
+    proc = run("bench_generation.py", *TINY, "--batch_sizes", "1,2", "--input_len", "8", "--output_len", "6",
+               "--repeats", "1", "--tp_size", "2", "--compare_one_gpu", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert (result["tp_size"], result["pp_size"]) == (2, 1)
+    one = result["one_gpu"]
+    assert (one["tp_size"], one["pp_size"]) == (1, 1)
+    # Each rank holds its shard: more than half the one-rank bytes (norms and the rotary table
+    # are replicated), less than all of them.
+    half = one["per_rank_weight_bytes"][0] / 2
+    assert len(result["per_rank_weight_bytes"]) == 2
+    assert all(half <= b < 2 * half for b in result["per_rank_weight_bytes"])
+    floor = max(result["per_rank_weight_bytes"]) / (result["copy_bandwidth_GBps"] * 1e9) * 1e3
+    for row in result["rows"]:
+        assert abs(row["floor_ms"] - floor) < 1e-9 * floor
+        assert row["speedup_vs_one_gpu"] == pytest.approx(row["one_gpu_ms_per_step"] / row["ours_ms_per_step"])
+    # Rank 0 alone prints: one row line per batch size and run.
+    assert proc.stdout.count('{"batch": 1,') == 2 and proc.stdout.count('{"batch": 2,') == 2
+    assert "TP2xPP1 ms/step" in proc.stdout
+
+
+def test_bench_generation_pp2_floor_is_its_stages_in_turn(tmp_path):
+    out = tmp_path / "g.json"
+    proc = run("bench_generation.py", *TINY, "--batch_sizes", "2", "--input_len", "8", "--output_len", "4",
+               "--repeats", "1", "--pp_size", "2", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert (result["tp_size"], result["pp_size"]) == (1, 2)
+    stages = sum(result["per_rank_weight_bytes"])
+    assert result["rows"][0]["floor_ms"] == pytest.approx(stages / (result["copy_bandwidth_GBps"] * 1e9) * 1e3)
+    assert proc.stdout.count('{"batch": 2,') == 1
+
+
+def test_llama_70b_rank_of_tp2_holds_half_the_model_built_over_meta_weights():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_generation import SHAPES, meta_rank_engine
+
+    from tensorrt_llm.builder import BuildConfig
+    from tensorrt_llm.mapping import Mapping
+    shape = SHAPES["llama-70b"]
+    assert (shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]) == (8192, 28672, 80)
+    assert (shape["num_attention_heads"], shape["num_key_value_heads"], shape["vocab_size"]) == (64, 8, 128256)
+    assert shape["rope_theta"] == 500000.0 and shape["rope_scaling"]["factor"] == 8.0
+    bc = BuildConfig(max_batch_size=32, max_input_len=128, max_seq_len=264, max_num_tokens=4096)
+    engine, params = meta_rank_engine("llama-70b", "bfloat16", Mapping(world_size=2, rank=1, tp_size=2), bc)
+    whole, norms = 70_553_706_496, 8192 * (2 * 80 + 1)  # Llama-3.1-70B; its norms are on every rank
+    assert params == (whole - norms) // 2 + norms
+    meta = [w for w in engine.network.weights.values() if w is not None and w.is_meta]
+    assert sum(w.numel() for w in meta) == params  # no weight made, none lost by the rewrites
+    assert engine.rank == 1
+
+
+def test_bench_throughput_pp2_against_one_rank(tmp_path):
+    out = tmp_path / "t.json"
+    proc = run("bench_throughput.py", *TINY, "--num_requests", "12", "--input_len", "8", "--output_len", "6",
+               "--max_batch_size", "8", "--max_num_tokens", "128", "--tokens_per_block", "8", "--pp_size", "2",
+               "--compare_one_gpu", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert (result["tp_size"], result["pp_size"]) == (1, 2)
+    for run_ in (result["inflight"], result["one_gpu"]["inflight"]):
+        assert run_["output_tokens"] == 12 * 6 and run_["input_tokens"] == 12 * 8
+    assert result["speedup_vs_one_gpu"] == pytest.approx(
+        result["inflight"]["output_tok_s"] / result["one_gpu"]["inflight"]["output_tok_s"])
+    assert proc.stdout.count("| in-flight |") == 2  # rank 0 of each run alone prints
+    assert "TP1 x PP2 / 1 GPU:" in proc.stdout
+
+
+def test_bench_throughput_tp2_with_poisson_arrivals(tmp_path):
+    # Arrivals on rank 0's clock: both ranks admit each request at the same step.
+    out = tmp_path / "t.json"
+    run("bench_throughput.py", *TINY, "--num_requests", "8", "--input_len", "8", "--output_len", "4",
+        "--max_batch_size", "4", "--max_num_tokens", "64", "--tokens_per_block", "8", "--tp_size", "2",
+        "--request_rate", "200", "--static_batch_sizes", "4", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["inflight"]["output_tokens"] == 8 * 4 and result["static"][0]["batch"] == 4
