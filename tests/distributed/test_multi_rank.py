@@ -252,11 +252,17 @@ def test_two_nodes_of_one_rank_meet_on_loopback(llama, tmp_path):
         assert res["llama_tp2"]["tokens"] == llama["expected"]
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed (Open MPI or MPICH)")
+# The mpirun of this Python's environment first (requirements-dev.txt installs Open MPI's wheel,
+# whose mpirun lands next to python and matches the library mpi4py loads), else the system's.
+MPIRUN = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed (pip install -r requirements-dev.txt: "
+                    "mpi4py and Open MPI's wheel)")
 def test_mpirun_launch(llama, tmp_path):
     pytest.importorskip("mpi4py", reason="mpi4py is not installed (rank 0 broadcasts the rendezvous with it)")
     job = write_job(tmp_path / "job.json", {"llama_tp2": (llama["engines"]["tp2"], LLAMA_PROMPTS, 6)})
-    out = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable,
+    out = subprocess.run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable,
                           str(WORKER), str(job)], cwd=REPO, env=env(), capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
