@@ -194,8 +194,11 @@ def random_rank_engine(name, dtype, device, mapping, build_config, seed: int = 0
     weights = engine.network.weights
     for wname in list(weights):
         w = weights[wname]
-        if w is None or not w.is_meta:
-            continue  # the model's own constants (the rotary table)
+        if w is None:
+            continue
+        if not w.is_meta:  # the model's own constants (the rotary table), made on the host
+            weights[wname] = w.to(device)
+            continue
         t = torch.empty(w.shape, dtype=w.dtype, device=device)
         if wname.endswith("layernorm.weight") or wname.endswith("ln_f.weight"):
             t.fill_(1.0)
@@ -487,6 +490,8 @@ def run_one(args, quant, prompts=None, tokens=None):
               "output_len": args.output_len, "tp_size": args.tp_size, "pp_size": args.pp_size}
     result["copy_bandwidth_GBps"] = copy_bandwidth(device) / 1e9
     result["matmul_TFLOPs"] = matmul_rate(device, getattr(torch, dtype_name)) / 1e12
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the measurements' buffers back to the GPU before the KV pool is sized
 
     max_input = max(args.input_len, args.ttft_input_len)
     bc = BuildConfig(max_batch_size=max(batch_sizes), max_input_len=max_input,

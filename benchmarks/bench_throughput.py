@@ -317,6 +317,8 @@ def run(args):
     result = {"args": vars(args), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu"}
     result["matmul_TFLOPs"] = matmul_rate(device, getattr(torch, dtype)) / 1e12
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the measurement's buffers back to the GPU before the KV pool is sized
 
     if args.scenario == "chunked":
         max_in, max_out = 4096, 256
