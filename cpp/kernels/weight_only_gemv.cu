@@ -3,22 +3,38 @@
 // [N, K / 2], two codes a byte, with group scales and zeros), read as 16-byte packs of int32
 // words (16 INT8 or 32 INT4 codes).
 //
-// The GEMV (decode, a few rows). Decode is bound by the bytes of the weights, so the weight is
-// streamed once for up to MT rows of x (more rows loop over tiles of MT, rereading it). A block
-// first stores its tile of x in shared memory as float32, laid out so that lanes reading
-// consecutive packs read consecutive banks, and for INT4 each pack's sum of x. Then each warp
-// owns whole output rows: a lane loads kUnroll packs of the row with their group's scale (and
-// zero) before using any, turns the codes into floats in registers, and a warp reduction ends
-// the row. The grid is as many blocks as fit on the GPU at once; warps take rows in turn.
+// The GEMV (decode, up to 16 rows of x per read of the weight; more rows loop over tiles of 16).
+// float16 / bfloat16 activations take the tensor-core kernel (weightOnlyGemvMmaKernel, described
+// above it): no shared-memory prologue, x read straight from L1 / L2, each lane's 16-byte packs
+// of U k-steps (and their scales) loaded before any is used, codes turned into exact float16 /
+// bfloat16 integers with magic-number ORs and one packed FMA per two codes, mma.sync summing
+// the exact products in float32, the group's scale (and zero times the sum of x, from a second
+// mma with A = ones) applied once per group and k-step in float32; 8 warps of a block split K
+// and meet in shared memory. It replaced (2026-11-24) a kernel that staged x in shared memory
+// as float32 and did a float FMA per code and row (8 bytes of x read from shared memory per byte
+// of INT4 weight), which was not bound by the weight's bytes. H100, batch 1, fraction of the
+// layer's bytes floor, previous -> this kernel: INT4 group 128 qkv 31.6 -> 40.0%, o 26.0 ->
+// 37.8%, gate_up 52.6 -> 53.2%, down 31.5 -> 53.5%; INT8 per channel qkv 54.7 -> 61.4%, o
+// 44.1 -> 61.6%, gate_up 85.2 -> 83.8%, down 52.5 -> 77.6%; 16 rows 0.1-0.25x -> 1.2-1.6x
+// bfloat16's matmul.
+// float32 activations (and x rows off 16-byte boundaries) still take that kernel
+// (weightOnlyGemvKernel): a block stores its tile of x in shared memory as float32, then each
+// warp owns whole output rows, a lane loads kUnroll packs of the row with their group's scale
+// (and zero) before using any, turns the codes into floats in registers, and a warp reduction
+// ends the row.
 //
-// A pack lies in one group (a group is a whole number of packs), so a lane applies the group's
-// scale once per pack:
+// Figures and commands (NVIDIA H100 80GB HBM3, `python benchmarks/bench_weight_only_gemv.py`,
+// engines with bench_generation.py): benchmarks/README.md's weight-only section.
+//
+// In both, a group is applied once per group's part of the codes a lane (float32 kernel: a pack)
+// or a k-step (tensor-core kernel) covers:
 //     sum_k x_k (c_k * s + z) = s * sum_k x_k c_k + z * sum_k x_k.
 // That is formats.py's W = code * scale + zero up to the float32 rounding of the sums (the
 // reference rounds each W to float32 and sums in cuBLAS's order): both far below the
 // output's float16 / bfloat16 rounding. Codes become floats without conversion instructions:
 // OR-ing an 8-bit value u into the mantissa of 2^23 gives the float 2^23 + u exactly, and one
-// subtraction leaves u (INT8 codes are offset by 128 first).
+// subtraction leaves u (INT8 codes are offset by 128 first); likewise 1024 + u in float16 and
+// 128 + u in bfloat16 (4-bit u).
 //
 // The dequantization (prompt steps, more rows than the GEMV serves): W in the activation dtype,
 // W = code * scale + zero in float32 exactly as formats.py (two roundings, no fused
@@ -232,6 +248,281 @@ void launchGemvTile(Params const& p, cudaStream_t stream) {
     }
 }
 
+// ---- The tensor-core GEMV (float16 / bfloat16 activations) ----
+// A block owns 16 output features and its 8 warps split K: a k-step is 4 consecutive packs of
+// each of the 16 rows (128 INT4 / 64 INT8 codes), warp w takes k-steps w, w + 8, ... Lane
+// (g, t) = (lane / 4, lane % 4) loads pack 4 * step + t of rows g and g + 8, U k-steps at once
+// before using any, with their scales (and zeros). The codes become exact small integers in x's
+// dtype (magic-number ORs and one fused multiply-add per two codes), they are mma.sync's A
+// (16 rows x 16 inputs), and x, read straight from global memory (L1 / L2: no shared-memory
+// prologue) is B (16 inputs x 8 rows of x), in the same order of inputs. The tensor core sums
+// the exact products in float32; a second mma with A = ones gives the sum of x over the same
+// inputs, so that each k-step's group (a k-step lies in one group when a group is 4 packs or
+// more) is applied once in float32: acc += s * sum(x c) + z * sum(x). Groups of 1 or 2 packs
+// mask B by group instead (one pass per group of the k-step). The warps' sums meet in shared
+// memory at the end. Up to 16 rows of x per read of the weight (two mma n-tiles).
+constexpr int kMmaWarps = 8;
+constexpr int kMmaRows = 16;  // output features per block
+
+template <typename T>
+struct MmaTraits;
+template <>
+struct MmaTraits<__half> {
+    static constexpr uint32_t kOne = 0x3C003C00u;       // 1, 1
+    static constexpr uint32_t kMagic4 = 0x64006400u;    // 1024, 1024: | nibble = 1024 + code
+    static constexpr uint32_t kNegMagic4 = 0xE400E400u; // -1024, -1024
+};
+template <>
+struct MmaTraits<__nv_bfloat16> {
+    static constexpr uint32_t kOne = 0x3F803F80u;
+    static constexpr uint32_t kMagic4 = 0x43004300u;    // 128, 128: | nibble = 128 + code
+    static constexpr uint32_t kNegMagic4 = 0xC300C300u; // -128, -128
+};
+
+// a * b + c on two halves of T (exact here: small integers).
+template <typename T>
+__device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    if constexpr (std::is_same_v<T, __half>) {
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    } else {
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    }
+    return d;
+}
+
+// d += A (16 x 16, row) * B (16 x 8, col), float32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    if constexpr (std::is_same_v<T, __half>) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+__device__ __forceinline__ uint32_t word(uint4 const& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Pair P of a pack's codes as two exact values of T (low half, high half): INT4 pair 4j + e holds
+// codes 8j + e and 8j + e + 4 (nibbles e and e + 4 of word j); INT8 pair P codes 2P and 2P + 1.
+template <typename T, int BITS>
+__device__ __forceinline__ uint32_t codePair(uint4 const& w, int pair) {
+    using Tr = MmaTraits<T>;
+    if constexpr (BITS == 4) {
+        uint32_t const v = ((word(w, pair / 4) >> (4 * (pair % 4))) & 0x000F000Fu) | Tr::kMagic4;
+        return fma2<T>(v, Tr::kOne, Tr::kNegMagic4);
+    } else {
+        uint32_t const u = word(w, pair / 2) ^ 0x80808080u;  // code + 128 as unsigned bytes
+        int const h = pair % 2;
+        if constexpr (std::is_same_v<T, __half>) {
+            // 0x64 | byte = 1024 + code + 128; minus 1152 (0x6480).
+            return fma2<T>(__byte_perm(u, 0x64646464u, h ? 0x4342u : 0x4140u), Tr::kOne, 0xE480E480u);
+        } else {
+            // bfloat16 has 8 significant bits: through float32 (2^23 + byte), exact, then packed.
+            float const f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u + 2 * h)) - 8388736.f;
+            float const f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441u + 2 * h)) - 8388736.f;
+            __nv_bfloat162 const b = __floats2bfloat162_rn(f0, f1);
+            return *reinterpret_cast<uint32_t const*>(&b);
+        }
+    }
+}
+
+// The x values of codePair's pair (xs: the pack's inputs of one row of x, 8 per uint4).
+template <int BITS>
+__device__ __forceinline__ uint32_t xPair(uint4 const (&xs)[16 / BITS], int pair) {
+    if constexpr (BITS == 4) {
+        uint4 const& v = xs[pair / 4];
+        int const e = pair % 4;
+        uint32_t const lo = e < 2 ? v.x : v.y, hi = e < 2 ? v.z : v.w;
+        return __byte_perm(lo, hi, e % 2 ? 0x7632u : 0x5410u);
+    } else {
+        return word(xs[pair / 4], pair % 4);
+    }
+}
+
+template <typename T, typename S, int BITS, int NT, bool MASKED>
+__device__ __forceinline__ void mmaStep(uint4 const& wa, uint4 const& wb, uint4 const (&xs)[NT][16 / BITS], float sa,
+                                        float sb, float za, float zb, int q, int groupShift, float (&acc)[NT][4]) {
+    constexpr int kPairs = kCodes<BITS> / 2;
+    int const lane = threadIdx.x % 32;
+    bool const mine = !MASKED || ((lane % 4) >> groupShift) == q;
+    if constexpr (MASKED) {
+        int const src = (lane & ~3) | (q << groupShift);  // a lane of the group's packs
+        sa = __shfl_sync(0xffffffffu, sa, src);
+        sb = __shfl_sync(0xffffffffu, sb, src);
+        za = __shfl_sync(0xffffffffu, za, src);
+        zb = __shfl_sync(0xffffffffu, zb, src);
+    }
+    float d[NT][4], xsum[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[nt][e] = xsum[nt][e] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPairs / 2; ++i) {
+        uint32_t const a0 = codePair<T, BITS>(wa, 2 * i), a1 = codePair<T, BITS>(wb, 2 * i);
+        uint32_t const a2 = codePair<T, BITS>(wa, 2 * i + 1), a3 = codePair<T, BITS>(wb, 2 * i + 1);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            uint32_t const b0 = mine ? xPair<BITS>(xs[nt], 2 * i) : 0u;
+            uint32_t const b1 = mine ? xPair<BITS>(xs[nt], 2 * i + 1) : 0u;
+            mma16816<T>(d[nt], a0, a1, a2, a3, b0, b1);
+            if constexpr (BITS == 4) {
+                constexpr uint32_t one = MmaTraits<T>::kOne;
+                mma16816<T>(xsum[nt], one, one, one, one, b0, b1);
+            }
+        }
+    }
+    // d[nt]: rows g, g, g + 8, g + 8 of the block; columns (rows of x) 2t, 2t + 1, 2t, 2t + 1.
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        acc[nt][0] += sa * d[nt][0];
+        acc[nt][1] += sa * d[nt][1];
+        acc[nt][2] += sb * d[nt][2];
+        acc[nt][3] += sb * d[nt][3];
+        if constexpr (BITS == 4) {
+            acc[nt][0] += za * xsum[nt][0];
+            acc[nt][1] += za * xsum[nt][1];
+            acc[nt][2] += zb * xsum[nt][2];
+            acc[nt][3] += zb * xsum[nt][3];
+        }
+    }
+}
+
+// x of k-step `step` for lane (g, t): pack 4 * step + t of rows g (+ 8 nt) of x; zeros outside.
+template <typename T, int BITS, int NT>
+__device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, uint4 (&xs)[NT][16 / BITS]) {
+    constexpr int C = kCodes<BITS>;
+    int const lane = threadIdx.x % 32;
+    int const pack = 4 * step + lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        int const m = nt * 8 + lane / 4;
+        bool const ok = pack < numPacks && m < p.m;
+        uint4 const* src = reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + m * p.xRowStride
+                                                          + static_cast<int64_t>(pack) * C);
+#pragma unroll
+        for (int j = 0; j < 16 / BITS; ++j) xs[nt][j] = ok ? __ldg(src + j) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// MASKED: groups of 1 or 2 packs (a k-step spans several groups); its own instance, as the masked
+// passes take registers the plain one needs for its loads.
+template <typename T, typename S, int BITS, int NT, bool MASKED>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Params p) {
+    constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
+    // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
+    constexpr int U = BITS == 8 ? (NT == 1 ? 4 : 2) : NT == 1 ? (MASKED ? 2 : 3) : 1;
+    __shared__ float red[kMmaWarps][NT * 8][kMmaRows];
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
+    int const kSteps = (numPacks + 3) / 4;
+    int64_t const n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+    int64_t const rowA = n0 + g, rowB = n0 + g + 8;
+    bool const okA = rowA < p.n, okB = rowB < p.n;
+    uint4 const* wA = p.qweight + rowA * numPacks;
+    uint4 const* wB = p.qweight + rowB * numPacks;
+    S const* scales = static_cast<S const*>(p.scales);
+    S const* zeros = static_cast<S const*>(p.zeros);
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+    }
+
+    for (int step0 = warp; step0 < kSteps; step0 += kMmaWarps * U) {
+        uint4 wa[U], wb[U];
+        float sa[U], sb[U], za[U], zb[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int const pack = 4 * (step0 + u * kMmaWarps) + t;
+            bool const in = pack < numPacks;
+            wa[u] = in && okA ? loadStreaming(wA + pack) : make_uint4(0, 0, 0, 0);
+            wb[u] = in && okB ? loadStreaming(wB + pack) : make_uint4(0, 0, 0, 0);
+            // The k-step's group (every lane the same; masked: the group of the lane's own pack, which
+            // the lanes of each group read from its first lane).
+            int const scalePack = MASKED ? pack : 4 * (step0 + u * kMmaWarps);
+            bool const sIn = scalePack < numPacks;
+            int const group = scalePack >> p.groupShift;
+            sa[u] = sIn && okA ? toFloat(scales[rowA * p.groups + group]) : 0.f;
+            sb[u] = sIn && okB ? toFloat(scales[rowB * p.groups + group]) : 0.f;
+            if constexpr (BITS == 4) {
+                za[u] = sIn && okA ? toFloat(zeros[rowA * p.groups + group]) : 0.f;
+                zb[u] = sIn && okB ? toFloat(zeros[rowB * p.groups + group]) : 0.f;
+            } else {
+                za[u] = zb[u] = 0.f;
+            }
+        }
+        uint4 xs[2][NT][XW];
+        loadX<T, BITS, NT>(p, step0, numPacks, xs[0]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int const step = step0 + u * kMmaWarps;
+            if (step >= kSteps) break;  // the same for the whole warp
+            if (u + 1 < U) loadX<T, BITS, NT>(p, step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
+            if constexpr (!MASKED) {
+                mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs[u % 2], sa[u], sb[u], za[u], zb[u], 0, 0, acc);
+            } else {
+                int const groupsPerStep = 4 >> p.groupShift;
+                for (int q = 0; q < groupsPerStep; ++q) {
+                    mmaStep<T, S, BITS, NT, true>(wa[u], wb[u], xs[u % 2], sa[u], sb[u], za[u], zb[u], q,
+                                                  p.groupShift, acc);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        red[warp][nt * 8 + 2 * t][g] = acc[nt][0];
+        red[warp][nt * 8 + 2 * t + 1][g] = acc[nt][1];
+        red[warp][nt * 8 + 2 * t][g + 8] = acc[nt][2];
+        red[warp][nt * 8 + 2 * t + 1][g + 8] = acc[nt][3];
+    }
+    __syncthreads();
+    int const m = threadIdx.x / kMmaRows, r = threadIdx.x % kMmaRows;
+    int64_t const n = n0 + r;
+    if (m < p.m && m < NT * 8 && n < p.n) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
+        if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
+        static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
+    }
+}
+
+// Tiles of up to 16 rows of x, each one pass over the weight.
+template <typename T, typename S, int BITS>
+void launchGemvMma(Params p, cudaStream_t stream) {
+    unsigned const blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
+    int64_t const rows = p.m;
+    for (int64_t m0 = 0; m0 < rows; m0 += 16) {
+        Params q = p;
+        q.m = std::min<int64_t>(16, rows - m0);
+        q.x = static_cast<T const*>(p.x) + m0 * p.xRowStride;
+        q.out = static_cast<T*>(p.out) + m0 * p.outRowStride;
+        bool const masked = p.groupShift < 2;  // groups of 1 or 2 packs
+        auto kernel = q.m <= 8 ? (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 1, true>
+                                         : weightOnlyGemvMmaKernel<T, S, BITS, 1, false>)
+                               : (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 2, true>
+                                         : weightOnlyGemvMmaKernel<T, S, BITS, 2, false>);
+        kernel<<<blocks, kMmaWarps * 32, 0, stream>>>(q);
+        checkLaunch("weight_only_gemv");
+    }
+}
+
 // One thread per pack: its codes, scale and zero to kCodes values of T (16-byte stores).
 template <typename T, typename S, int BITS>
 __global__ void weightOnlyDequantizeKernel(T* __restrict__ out, uint4 const* __restrict__ qweight,
@@ -316,7 +607,19 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
     p.groups = groupSize == 0 ? 1 : static_cast<int>(k / groupSize);
     p.groupShift = groupShiftOf(groupSize, bits);
     dispatch(dtype, scaleDtype, bits, "weight_only_gemv", [&](auto t, auto s, auto b) {
-        launchGemvTile<decltype(t), decltype(s), decltype(b)::value>(p, static_cast<cudaStream_t>(stream));
+        using T = decltype(t);
+        auto const st = static_cast<cudaStream_t>(stream);
+        // The tensor-core kernel reads x as 16-byte packs of float16 / bfloat16; float32 activations
+        // (and x rows off 16-byte boundaries) take the float32 kernel.
+        if constexpr (std::is_same_v<T, float>) {
+            launchGemvTile<T, decltype(s), decltype(b)::value>(p, st);
+        } else {
+            if (aligned16(x) && (xRowStride * static_cast<int64_t>(sizeof(T))) % 16 == 0) {
+                launchGemvMma<T, decltype(s), decltype(b)::value>(p, st);
+            } else {
+                launchGemvTile<T, decltype(s), decltype(b)::value>(p, st);
+            }
+        }
     });
 }
 

@@ -15,9 +15,11 @@ Implementations:
   x's dtype): the meaning of the op, on every device.
 - cuda: the compiled kernels (cpp/kernels/weight_only_gemv.cu), through
   `weight_only_matmul_cuda`. Up to GEMV_MAX_ROWS rows (decode) the weight-only GEMV reads the
-  weight once, dequantizing it in registers; it sums in float32 with the group's scale and zero
-  applied once per 16 / 32 codes, which differs from the reference by float32 roundings only,
-  then rounds once to x's dtype. More rows (prompt steps) dequantize the weight to x's dtype
+  weight once, turning the codes into exact small integers in registers (float16 / bfloat16 x:
+  tensor-core products summed in float32; float32 x: float FMAs), with the group's scale and
+  zero applied once per group's part of a 4-pack step (128 INT4 / 64 INT8 codes; float32 x: per
+  pack), which differs from the reference by float32 roundings only, then rounds once to x's
+  dtype. More rows (prompt steps) dequantize the weight to x's dtype
   (W = code * scale + zero in float32 exactly as formats.py, rounded once) and multiply with
   cuBLAS: the weight's rounding to float16 / bfloat16 is that path's extra error. A call the
   kernels' 16-byte packs cannot read (an INT8 in_features not a multiple of 16, a weight not on
@@ -149,9 +151,10 @@ def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_
 # ---- CUDA: the weight-only GEMV (decode) or dequantization + cuBLAS (prompt steps) ------------
 
 # Rows the GEMV serves; more run as dequantization + cuBLAS. The GEMV reads the weight once per
-# 8 rows of x and does 8 multiply-adds per code there, so beyond a few tiles the tensor cores win.
+# 16 rows of x (float32 x: 8) and its tensor-core sums use 1 or 2 of mma's 8-row tiles there.
 GEMV_MAX_ROWS = 16
-# The binding's limit on in_features for the GEMV (a row of x as float32 in shared memory).
+# The binding's limit on in_features for the GEMV (the float32-activation kernel keeps a row of
+# x as float32 in shared memory).
 GEMV_MAX_K = 32768
 
 

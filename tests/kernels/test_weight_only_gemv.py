@@ -10,8 +10,9 @@ Tolerances, from the output dtype's rounding and K (eps: 2^-10 float16, 2^-7 bfl
 spacing of the dtype relative to the value; mag = (|x| @ |W|^T), the sum of the products'
 magnitudes):
 - GEMV: the kernel and the reference sum the same float32 products in different orders (the
-  kernel applies each group's scale once per 16 / 32 products; the reference rounds each W to
-  float32 first): each is within K * 2^-24 * mag of the exact sum, so the two float32 results
+  kernel's tensor cores sum the exact products x * code of a group's part of a 4-pack k-step in
+  float32, and it applies the group's scale (and zero, times the sum of x) once per such part;
+  the reference rounds each W to float32 first): each is within K * 2^-24 * mag of the exact sum, so the two float32 results
   differ by at most (2K + 4) * 2^-24 * mag; each then rounds once to the dtype, which adds at
   most a spacing: eps * |expected|.
 - dequantization + cuBLAS (more rows): W rounded to the dtype errs by eps / 2 relative per
@@ -136,6 +137,28 @@ def test_gemv_kernel_matches_reference(gen, needs_kernels, m, fmt, group, dtype,
             want = quantized_linear_reference(x, q, b)
             got = _gemv(x.to(DEVICE), qw, s, z, None if b is None else b.to(DEVICE), fmt, group)
             _check(got, want, x, q, b, dtype, False, f"gemv {fmt}/{group} {m}x{n}x{k} bias={b is not None}")
+
+
+@gpu
+@pytest.mark.parametrize("case", ["float32_x", "x_rows_off_16_bytes"])
+@pytest.mark.parametrize("fmt,group", [("int8", 0), ("int4", 32), ("int4", 128)])
+def test_gemv_float32_kernel_cases(gen, needs_kernels, case, fmt, group):
+    # float32 activations, and float16 rows of x off 16-byte boundaries, take the float32 kernel
+    # (the tensor-core one reads x as 16-byte packs of float16 / bfloat16).
+    n, k, m = 300, 1024, 3
+    q = _weight(gen, fmt, group, n, k, torch.float32)
+    qw, s, z = _on_device(q)
+    if case == "float32_x":
+        dtype = torch.float32
+        x = torch.randn(m, k, generator=gen)
+        xd = x.to(DEVICE)
+    else:
+        dtype = torch.float16
+        wide = torch.randn(m, k + 1, generator=gen).to(dtype)
+        x = wide[:, 1:].contiguous()
+        xd = wide.to(DEVICE)[:, 1:]
+    got = _gemv(xd, qw, s, z, None, fmt, group)
+    _check(got, quantized_linear_reference(x, q), x, q, None, dtype, False, f"{case} {fmt}/{group}")
 
 
 @gpu
