@@ -55,9 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shutdown_timeout", type=float, default=30.0,
                    help="seconds running requests get to finish after Ctrl-C / SIGTERM")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--tp_size", type=int, default=1,
-                   help="tensor-parallel ranks (one engine process per rank, started by the server)")
-    p.add_argument("--pp_size", type=int, default=1, help="pipeline-parallel stages (LLaMA family)")
+    p.add_argument("--tp_size", type=int, default=None,
+                   help="tensor-parallel ranks (one engine process per rank, started by the server; "
+                        "default: an engine or checkpoint folder's own split, else 1)")
+    p.add_argument("--pp_size", type=int, default=None,
+                   help="pipeline-parallel stages (LLaMA family; default as --tp_size)")
     from ..cli import add_debug_argument
     add_debug_argument(p)
     return p.parse_args(argv)

@@ -27,11 +27,11 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
-from ..errors import RequestError
+from ..errors import ConfigError, RequestError
 from ..tokenizer_utils import load_tokenizer
 from .detokenizer import IncrementalDetokenizer
 from .engine_process import EngineProcess, EngineStats, Update
-from .model_loader import detect_kind, local_path, resolve_engine
+from .model_loader import detect_kind, folder_split, local_path, resolve_engine
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, Sequence[int]]
@@ -289,7 +289,8 @@ class LLM:
     runtime limits (at most what it was built for). `progress` is called here with each line
     the engine's build says. tensor_parallel_size / pipeline_parallel_size: the engine is split
     over that many ranks (a Hugging Face folder or GGUF file is converted so; an engine or
-    checkpoint folder must be), one engine process per rank, all started here (rank 0 talks to
+    checkpoint folder must be; with neither given, one of those folders keeps its own split and
+    the others take one rank), one engine process per rank, all started here (rank 0 talks to
     this process and sends the others each step's requests)."""
 
     def __init__(self, model, tokenizer=None, *, dtype: str = "auto", device=None,
@@ -298,8 +299,8 @@ class LLM:
                  kv_cache_free_gpu_memory_fraction: float = 0.9,
                  max_tokens_in_paged_kv_cache: Optional[int] = None,
                  enable_chunked_context: bool = True, enable_block_reuse: bool = False,
-                 cache_dir=None, progress=print, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1):
+                 cache_dir=None, progress=print, tensor_parallel_size: Optional[int] = None,
+                 pipeline_parallel_size: Optional[int] = None):
         self._engine: Optional[EngineProcess] = None
         self._lock = threading.Lock()
         # An engine folder is used as built, but its executor may take fewer sequences or
@@ -315,8 +316,11 @@ class LLM:
                          max_tokens_in_paged_kv_cache=max_tokens_in_paged_kv_cache,
                          enable_chunked_context=enable_chunked_context, enable_block_reuse=enable_block_reuse,
                          **step_limits))
-        world = tensor_parallel_size * pipeline_parallel_size if (
-            isinstance(tensor_parallel_size, int) and isinstance(pipeline_parallel_size, int)) else 1
+        # Bad sizes are refused by resolve_engine in the engine process, with one rank.
+        try:
+            world = folder_split(model, tensor_parallel_size, pipeline_parallel_size).world_size
+        except ConfigError:
+            world = 1
         follow = functools.partial(_follow_engine, device=device, runtime=start.keywords["runtime"])
         self._engine = EngineProcess(start, progress, world_size=max(1, world), follow=follow)
         info = self._engine.info

@@ -75,7 +75,7 @@ except ImportError:  # not POSIX: no build lock, the atomic rename still keeps e
 
 from .._utils import read_json_object
 from ..builder import BuildConfig, current_device_target, read_engine_config
-from ..errors import ConfigError, EngineError
+from ..errors import CheckpointError, ConfigError, EngineError
 from ..mapping import Mapping
 from ..models.modeling_utils import (
     CONFIG_NAME,
@@ -356,6 +356,41 @@ def _resolved(entry: Path, kind: str, built: bool) -> ResolvedModel:
     return ResolvedModel(entry, entry if _has_tokenizer(entry) else None, kind, built)
 
 
+def _asked_mapping(tensor_parallel_size: Optional[int], pipeline_parallel_size: Optional[int]) -> Optional[Mapping]:
+    """The split asked for (an unset size is 1), or None when neither size is given."""
+    if tensor_parallel_size is None and pipeline_parallel_size is None:
+        return None
+    sizes = {"tensor_parallel_size": 1 if tensor_parallel_size is None else tensor_parallel_size,
+             "pipeline_parallel_size": 1 if pipeline_parallel_size is None else pipeline_parallel_size}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    tp, pp = sizes.values()
+    return Mapping(world_size=tp * pp, tp_size=tp, pp_size=pp)
+
+
+def folder_split(model, tensor_parallel_size: Optional[int] = None,
+                 pipeline_parallel_size: Optional[int] = None) -> Mapping:
+    """The split `resolve_engine` will give `model`: the one asked for, else an engine or
+    checkpoint folder's own (so a TP2 engine needs no tensor_parallel_size=2), else one rank.
+    Checks only what it reads; resolve_engine says what is wrong with a bad path."""
+    asked = _asked_mapping(tensor_parallel_size, pipeline_parallel_size)
+    if asked is not None:
+        return asked
+    try:
+        path = local_path(model)
+        kind = detect_kind(path)
+        if kind == "engine":
+            built = Mapping.from_dict(read_engine_config(path)["pretrained_config"]["mapping"])
+        elif kind == "checkpoint":
+            built = checkpoint_config(path).mapping
+        else:
+            return Mapping()
+    except (ConfigError, EngineError, CheckpointError, OSError):
+        return Mapping()
+    return Mapping(world_size=built.world_size, tp_size=built.tp_size, pp_size=built.pp_size)
+
+
 def _check_mapping(what: str, built: Mapping, mapping: Optional[Mapping]) -> None:
     """An engine or checkpoint folder keeps the split it was made with."""
     if mapping is not None and (built.tp_size, built.pp_size) != (mapping.tp_size, mapping.pp_size):
@@ -423,8 +458,9 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
                    max_input_len: Optional[int] = None, max_seq_len: Optional[int] = None,
                    max_num_tokens: Optional[int] = None, max_beam_width: Optional[int] = None,
                    tokens_per_block: Optional[int] = None, cache_dir=None,
-                   progress: Optional[Callable[[str], None]] = print, tensor_parallel_size: int = 1,
-                   pipeline_parallel_size: int = 1) -> ResolvedModel:
+                   progress: Optional[Callable[[str], None]] = print,
+                   tensor_parallel_size: Optional[int] = None,
+                   pipeline_parallel_size: Optional[int] = None) -> ResolvedModel:
     """The engine folder for `model`: an engine folder, a checkpoint folder, a Hugging Face
     model folder or a GGUF file (a local path; see the module docstring), building it into the
     cache on a miss.
@@ -444,7 +480,9 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
     progress: called with one line per stage (a cache hit is one line; a miss says each of
         convert, build and saved with its seconds); None is silent.
     tensor_parallel_size, pipeline_parallel_size: the ranks a Hugging Face folder or GGUF file
-        is split over (tp x pp rank files); an engine or checkpoint folder must have that split.
+        is split over (tp x pp rank files; an unset one is 1); an engine or checkpoint folder
+        must have that split when either is given, and keeps its own when neither is
+        (`folder_split`).
 
     Raises ConfigError for a path that does not exist (a hub name is never downloaded) or is
     none of the four kinds, and for options out of range; the converters' CheckpointError and
@@ -455,19 +493,18 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
                "max_num_tokens": max_num_tokens, "max_beam_width": max_beam_width,
                "tokens_per_block": tokens_per_block}
     _check_options(dtype, options)
-    for name, value in (("tensor_parallel_size", tensor_parallel_size),
-                        ("pipeline_parallel_size", pipeline_parallel_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    mapping = Mapping(world_size=tensor_parallel_size * pipeline_parallel_size, tp_size=tensor_parallel_size,
-                      pp_size=pipeline_parallel_size)
+    asked = _asked_mapping(tensor_parallel_size, pipeline_parallel_size)
     path = local_path(model)
     kind = detect_kind(path)
     if kind == "engine":
-        _check_engine_options(path, options, dtype, mapping)
+        _check_engine_options(path, options, dtype, asked)
         return _resolved(path, kind, built=False)
     if kind == "checkpoint":
-        _check_mapping(f"checkpoint folder {path}", checkpoint_config(path).mapping, mapping)
+        built = checkpoint_config(path).mapping
+        _check_mapping(f"checkpoint folder {path}", built, asked)
+        mapping = asked or Mapping(world_size=built.world_size, tp_size=built.tp_size, pp_size=built.pp_size)
+    else:
+        mapping = asked or Mapping()
 
     on_gpu = _on_gpu()
     target = current_device_target() if on_gpu else "any"

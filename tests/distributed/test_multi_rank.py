@@ -306,16 +306,27 @@ def test_llm_api_starts_its_tensor_parallel_ranks_itself(llama, tmp_path):
         engine_dir = llm.engine_dir
     config = json.loads((Path(engine_dir) / "config.json").read_text())
     assert config["pretrained_config"]["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1}
+    # The engine folder alone: its split is read from it, no tensor_parallel_size needed.
+    with LLM(engine_dir, progress=None) as llm:
+        outs = llm.generate(LLAMA_PROMPTS, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == llama["expected"]
 
 
 def test_an_engine_folder_keeps_its_split(llama):
     from tensorrt_llm.errors import ConfigError
-    from tensorrt_llm.llmapi.model_loader import resolve_engine
+    from tensorrt_llm.llmapi.model_loader import folder_split, resolve_engine
+    tp2 = llama["engines"]["tp2"]
     with pytest.raises(ConfigError, match=r"has tp_size 2 and pp_size 1 \(2 rank\(s\)\); "
                                           r"tensor_parallel_size 1 and pipeline_parallel_size 1 were asked for"):
-        resolve_engine(llama["engines"]["tp2"], progress=None)
-    assert resolve_engine(llama["engines"]["tp2"], tensor_parallel_size=2, progress=None).engine_dir == \
-        llama["engines"]["tp2"]
+        resolve_engine(tp2, tensor_parallel_size=1, progress=None)
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be a positive integer, got 0"):
+        resolve_engine(tp2, tensor_parallel_size=0, progress=None)
+    for sizes in ({}, {"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "pipeline_parallel_size": 1}):
+        assert resolve_engine(tp2, progress=None, **sizes).engine_dir == tp2
+    split = folder_split(tp2)
+    assert (split.world_size, split.tp_size, split.pp_size) == (2, 2, 1)
+    assert folder_split(llama["root"] / "hf").world_size == 1  # a Hugging Face folder: one rank unless asked
+    assert folder_split(llama["root"] / "hf", pipeline_parallel_size=2).pp_size == 2
 
 
 def test_vocabulary_parallel_lookups_sum_to_the_whole_lookup():
