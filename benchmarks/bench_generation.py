@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from eval_ppl import article_token_ids, perplexity  # noqa: E402
-from launch_ranks import launched_here, run_ranks  # noqa: E402
+from launch_ranks import run_split  # noqa: E402
 
 import tensorrt_llm.distributed as distributed  # noqa: E402
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
@@ -430,25 +430,10 @@ def run_multi(args):
     torchrun / mpirun, in the launched ones), each building its own shard of random weights in
     memory; with --compare_one_gpu the one-rank engine first, in a process of its own. Rank 0
     prints; the comparison is printed and --json written once."""
-    import argparse as _argparse
     world = args.tp_size * args.pp_size
-    base = dict(vars(args), ranks=True, no_hf=True, json=None)
-    with tempfile.TemporaryDirectory() as tmp:
-        one = None
-        if args.compare_one_gpu:
-            if launched_here(world) and world > 1:
-                raise SystemExit("--compare_one_gpu starts its own processes: run the script without a launcher")
-            print("== one rank (tp_size 1, pp_size 1) ==", flush=True)
-            run_ranks(1, rank_main, _argparse.Namespace(**dict(base, tp_size=1, pp_size=1)), f"{tmp}/one.json")
-            one = json.loads(Path(f"{tmp}/one.json").read_text())
-        if world == 1:
-            result = one
-        else:
-            print(f"== tp_size {args.tp_size} x pp_size {args.pp_size} ==", flush=True)
-            run_ranks(world, rank_main, _argparse.Namespace(**base), f"{tmp}/multi.json")
-            if not Path(f"{tmp}/multi.json").exists():
-                return None  # a launched rank other than 0
-            result = json.loads(Path(f"{tmp}/multi.json").read_text())
+    one, result = run_split(args, rank_main, dict(vars(args), ranks=True, no_hf=True, json=None))
+    if result is None:
+        return None  # a launched rank other than 0
     if one is not None and world > 1:
         result["one_gpu"] = one
         print(f"\n{'batch':>5} {'1 GPU ms/step':>13} {f'TP{args.tp_size}xPP{args.pp_size} ms/step':>16} "

@@ -1,6 +1,7 @@
 """Start the rank processes of a multi-rank benchmark, as torchrun would on one machine.
 
     run_ranks(world, fn, *args)   # fn(*args) in `world` processes, rank 0 .. world - 1
+    one, result = run_split(args, rank_main, fields)   # --compare_one_gpu's one rank, then the split
 
 Each process gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR=127.0.0.1, MASTER_PORT a free port) and finds its rank with
@@ -16,8 +17,12 @@ runs fn here, as this process's rank, and starts nothing.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import socket
+import tempfile
+from pathlib import Path
 
 import torch.multiprocessing as mp
 
@@ -57,3 +62,27 @@ def run_ranks(world: int, fn, *args) -> None:
         mp.spawn(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True)
     finally:
         os.environ.update(env)
+
+
+def run_split(args, rank_main, fields: dict):
+    """The benchmark's two runs: with args.compare_one_gpu the one-rank engine first (in a process
+    of its own), then the args.tp_size x args.pp_size engine, each as rank_main(namespace, path)
+    in its rank processes, rank 0 writing its result as JSON to `path`. `fields`: the namespace's
+    fields. Returns (the one-rank result or None, the split's result); (None, None) in a
+    launched rank other than 0."""
+    world = args.tp_size * args.pp_size
+    with tempfile.TemporaryDirectory() as tmp:
+        one = None
+        if args.compare_one_gpu:
+            if launched_here(world) and world > 1:
+                raise SystemExit("--compare_one_gpu starts its own processes: run the script without a launcher")
+            print("== one rank (tp_size 1, pp_size 1) ==", flush=True)
+            run_ranks(1, rank_main, argparse.Namespace(**dict(fields, tp_size=1, pp_size=1)), f"{tmp}/one.json")
+            one = json.loads(Path(f"{tmp}/one.json").read_text())
+        if world == 1:
+            return one, one
+        print(f"== tp_size {args.tp_size} x pp_size {args.pp_size} ==", flush=True)
+        run_ranks(world, rank_main, argparse.Namespace(**fields), f"{tmp}/multi.json")
+        if not Path(f"{tmp}/multi.json").exists():
+            return None, None  # a launched rank other than 0
+        return one, json.loads(Path(f"{tmp}/multi.json").read_text())

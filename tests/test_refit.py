@@ -60,6 +60,20 @@ def setup(tmp_path_factory):
     return tmp, ckpt_a, ckpt_b, build_engine(ckpt_b, tmp / "engine_b")
 
 
+def assert_same_engine(engine, engine_b):
+    """The refitted engine folder holds engine_b's every weight and generates its very tokens
+    and logits; returns (the refitted engine, engine_b, the generated ids)."""
+    refitted, built = Engine.from_dir(engine), Engine.from_dir(engine_b)  # checksums verified
+    for name, w in built.network.weights.items():
+        assert torch.equal(refitted.network.weights[name], w), name
+    ids, logits = outputs(engine)
+    ids_b, logits_b = outputs(engine_b)
+    assert torch.equal(ids, ids_b)
+    for ours, ref in zip(logits, logits_b):
+        assert torch.equal(ours, ref)
+    return refitted, built, ids
+
+
 def test_refitted_engine_equals_engine_built_from_the_new_checkpoint(setup, tmp_path):
     tmp, ckpt_a, ckpt_b, engine_b = setup
     engine = build_engine(ckpt_a, tmp_path / "engine")
@@ -68,18 +82,10 @@ def test_refitted_engine_equals_engine_built_from_the_new_checkpoint(setup, tmp_
     assert report["ranks"] == 1 and report["weights_replaced"] > 0
     assert not [p for p in engine.iterdir() if p.name.startswith(".refit-")]
 
-    refitted, built = Engine.from_dir(engine), Engine.from_dir(engine_b)  # checksums verified
+    refitted, built, ids = assert_same_engine(engine, engine_b)
     assert refitted.network.to_json() == built.network.to_json()
     assert refitted.network.weights.keys() == built.network.weights.keys()
     assert any(".mlp.gate_up.weight" in n for n in built.network.weights)  # a fused weight is refitted
-    for name, w in built.network.weights.items():
-        assert torch.equal(refitted.network.weights[name], w), name
-
-    ids, logits = outputs(engine)
-    ids_b, logits_b = outputs(engine_b)
-    assert torch.equal(ids, ids_b)
-    for ours, ref in zip(logits, logits_b):
-        assert torch.equal(ours, ref)
     assert not torch.equal(ids, before[0])  # the weights really changed the output
 
 
@@ -99,16 +105,9 @@ def test_an_fp8_engine_takes_an_fp8_checkpoint(tmp_path):
     engine, engine_b = build_engine(ckpt_a, tmp_path / "engine"), build_engine(ckpt_b, tmp_path / "engine_b")
     report = refit_engine(engine, ckpt_b)
     assert report["weights_replaced"] > 0
-    refitted, built = Engine.from_dir(engine), Engine.from_dir(engine_b)
+    _, built, _ = assert_same_engine(engine, engine_b)
     codes = [n for n, w in built.network.weights.items() if w.dtype == torch.uint8]
     assert codes and any(n.endswith(".input_scale") for n in built.network.weights)
-    for name, w in built.network.weights.items():
-        assert torch.equal(refitted.network.weights[name], w), name
-    ids, logits = outputs(engine)
-    ids_b, logits_b = outputs(engine_b)
-    assert torch.equal(ids, ids_b)
-    for ours, ref in zip(logits, logits_b):
-        assert torch.equal(ours, ref)
 
 
 def test_cli_writes_to_another_folder_and_keeps_the_original(setup, tmp_path):
