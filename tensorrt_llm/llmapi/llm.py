@@ -263,8 +263,8 @@ def _load_engine(progress, *, model, device, build: dict, runtime: dict):
         device = distributed.device_for(info, _device(device) if device is not None else None)
         distributed.join(device, info)
         distributed.broadcast_object(str(resolved.engine_dir))
-        return ModelRunner.from_dir(resolved.engine_dir, device=device, **runtime).executor, resolved
-    device = _device(device) if device is not None else default_device()
+    else:
+        device = _device(device) if device is not None else default_device()
     return ModelRunner.from_dir(resolved.engine_dir, device=device, **runtime).executor, resolved
 
 
@@ -322,7 +322,7 @@ class LLM:
         except ConfigError:
             world = 1
         follow = functools.partial(_follow_engine, device=device, runtime=start.keywords["runtime"])
-        self._engine = EngineProcess(start, progress, world_size=max(1, world), follow=follow)
+        self._engine = EngineProcess(start, progress, world_size=world, follow=follow)
         info = self._engine.info
         self.engine_dir = info.engine_dir
         self.admission = info.admission            # the limits and checks every request meets
