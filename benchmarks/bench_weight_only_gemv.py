@@ -1,6 +1,10 @@
 """Weight-only INT8 / INT4 linear layers on a GPU: weight_only_linear's CUDA implementation
 (the GEMV up to GEMV_MAX_ROWS rows, dequantization + cuBLAS beyond) against torch's bfloat16
-matmul on the unquantized layer, for the linear layers of Llama-3.1-8B.
+matmul on the unquantized layer, for the linear layers of Llama-3.1-8B. Formats `fp8:tensor`
+and `fp8:channel` (W8A8 E4M3, static input scale, per-tensor or per-channel weight scale) time
+fp8_linear's CUDA implementation (the FP8 GEMV up to FP8_GEMV_MAX_ROWS rows, _scaled_mm
+beyond) and, in the column `scaled_mm us`, the _scaled_mm path (quantize x, cuBLASLt) on the
+same rows.
 
 For each layer and row count: microseconds per call, the bytes of the quantized weight it reads
 (codes, scales and zeros), those bytes per second, and that as a fraction of the copy
@@ -23,8 +27,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from tensorrt_llm.ops.fp8_linear import fp8_linear_cuda, fp8_linear_scaled_mm
 from tensorrt_llm.ops.quantized_linear import cuda_serves, weight_only_linear_cuda
-from tensorrt_llm.quantization import quantize_int4, quantize_int8
+from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8
 
 # Llama-3.1-8B: (layer, out_features, in_features).
 LAYERS = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
@@ -69,8 +74,12 @@ def time_calls(calls, repeats: int = 10) -> float:
 
 
 def quantized(fmt: str, group: int, n: int, k: int, scale_dtype: torch.dtype):
-    """The op's tensors (qweight, scales, zeros) of a random layer, made on the GPU."""
+    """The op's tensors (qweight, scales, zeros) of a random layer, made on the GPU; FP8:
+    (qweight bytes, weight_scale, input_scale)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    if fmt == "fp8":
+        q = quantize_fp8(w.float(), per_channel=bool(group), input_scale=torch.tensor([4.0 / 448]))
+        return q.qweight.view(torch.uint8), q.scale, q.input_scale.cuda()
     q = quantize_int8(w, group or None, scale_dtype=scale_dtype) if fmt == "int8" else \
         quantize_int4(w, group, scale_dtype=scale_dtype)
     return q.qweight, q.scales, getattr(q, "zeros", None)
@@ -86,9 +95,14 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
     weight_bytes = nbytes(*first)
     copies = [first] + [quantized(fmt, group, n, k, scale_dtype)
                         for _ in range(max(1, -(-L2_OVERFLOW // weight_bytes)) - 1)]
-    assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
-    ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group)
-                       for q in copies])
+    scaled_mm = None
+    if fmt == "fp8":
+        ours = time_calls([lambda q=q: fp8_linear_cuda(x, *q) for q in copies])
+        scaled_mm = time_calls([lambda q=q: fp8_linear_scaled_mm(x, *q) for q in copies])
+    else:
+        assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
+        ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group)
+                           for q in copies])
     del copies, first
     dense_bytes = n * k * 2
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -100,13 +114,15 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
             "scale_dtype": str(scale_dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
             "us": ours * 1e6, "gb_per_s": weight_bytes / ours / 1e9, "of_copy_bandwidth": weight_bytes / ours / bandwidth,
             "bf16_matmul_us": torch_bf16 * 1e6, "bf16_matmul_bytes": dense_bytes,
-            "speedup_vs_bf16": torch_bf16 / ours}
+            "speedup_vs_bf16": torch_bf16 / ours,
+            "scaled_mm_us": None if scaled_mm is None else scaled_mm * 1e6}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,8,32")
-    parser.add_argument("--formats", default="int4:128,int8:0", help="format:group_size, comma-separated")
+    parser.add_argument("--formats", default="int4:128,int8:0",
+                        help="format:group_size, comma-separated; fp8:tensor / fp8:channel (static input scale)")
     parser.add_argument("--scale-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="dtype of the scales and zeros (engines hold float32)")
     parser.add_argument("--json", default=None)
@@ -120,14 +136,16 @@ def main():
     results = []
     for spec in args.formats.split(","):
         fmt, group = spec.split(":")
+        group = {"tensor": 0, "channel": 1}[group] if fmt == "fp8" else int(group)
         for rows in (int(r) for r in args.rows.split(",")):
             for layer, n, k in LAYERS:
-                r = bench_layer(fmt, int(group), rows, n, k, scale_dtype, bandwidth)
+                r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth)
                 r["layer"] = layer
                 results.append(r)
                 print(f"{spec:<9} {layer:<8} {rows:>4} {r['us']:>9.2f} {r['weight_bytes'] / 1e6:>8.1f} "
                       f"{r['gb_per_s']:>7.0f} {r['of_copy_bandwidth']:>8.1%} {r['bf16_matmul_us']:>9.2f} "
-                      f"{r['speedup_vs_bf16']:>7.2f}x", flush=True)
+                      f"{r['speedup_vs_bf16']:>7.2f}x"
+                      + (f"  scaled_mm us {r['scaled_mm_us']:.2f}" if r["scaled_mm_us"] else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth": bandwidth,

@@ -25,6 +25,9 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
                           int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
                                 int64_t k, int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
+void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
+                   void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
+                   bool perChannel, DType dtype, void* stream);
 } // namespace tensorrt_llm
 
 namespace {
@@ -469,6 +472,47 @@ void launchWeightOnlyDequantizeEntry(Call const& c) {
     }
 }
 
+// ---- fp8_gemv ----
+// FP8 (W8A8, E4M3) with a static input scale, a few rows of x: qweight's E4M3 bytes [N, K] viewed
+// as int32 words [N, K / 4], rows of whole 16-byte packs (K a multiple of 16).
+
+constexpr int64_t kFp8GemvMaxRows = 1 << 20;
+
+void checkFp8Gemv(Call& c) {
+    TensorArg const &x = c["x"], &q = c["qweight"];
+    int64_t const n = q.size(0), k = q.size(1) * 4;
+    if (q.size(1) % 4 != 0 || q.ptr % 16 != 0) {
+        throw std::invalid_argument(q.describe() + " must start on a 16-byte boundary with rows of whole 16-byte packs "
+                                    "(in_features a multiple of 16)");
+    }
+    if (x.size(1) != k) {
+        throw std::invalid_argument("x " + x.shapeStr() + " does not match in_features " + std::to_string(k));
+    }
+    if (x.ptr % 16 != 0 || (x.stride(0) * dtypeSize(x.dtype)) % 16 != 0) {
+        throw std::invalid_argument(x.describe() + " must start on a 16-byte boundary with 16-byte aligned rows");
+    }
+    TensorArg const& ws = c["weight_scale"];
+    if (ws.size(0) != 1 && ws.size(0) != n) {
+        throw std::invalid_argument(ws.describe() + " must be [1] (per tensor) or [" + std::to_string(n)
+                                    + "] (per output channel)");
+    }
+    c.shape("input_scale", {1});
+    c.shape("out", {x.size(0), n});
+    c.shape("bias", {n});
+    c.fitsInt("in_features", k);
+    c.fitsInt("out_features", n);
+    if (x.size(0) > kFp8GemvMaxRows) throw std::invalid_argument("fp8_gemv: too many rows");
+}
+
+void launchFp8GemvEntry(Call const& c) {
+    TensorArg const &x = c["x"], &out = c["out"], &q = c["qweight"], &ws = c["weight_scale"];
+    if constexpr (kCudaKernels) {
+        launchFp8Gemv(out.data(), x.data(), q.data(), ws.data(), c["input_scale"].data(), c.ptr("bias"), x.size(0),
+                      q.size(0), x.size(1), x.stride(0), out.stride(0), ws.size(0) != 1, x.dtype,
+                      c.stream());
+    }
+}
+
 // ---- the table ----
 
 std::vector<Entry> entries() {
@@ -560,6 +604,17 @@ std::vector<Entry> entries() {
           tensor("scales").floats().contiguous(), optionalTensor("zeros").dtypeOf("scales").contiguous(),
           text("weight_format"), integer("group_size"), stream()},
          checkWeightOnlyDequantize, launchWeightOnlyDequantizeEntry},
+        {"fp8_gemv",
+         "out = x @ W.T (+ bias) for a few rows of float16 / bfloat16 x, W the FP8 E4M3 weight of qweight (its bytes "
+         "as int32 words [N, K / 4]) times weight_scale (float32 [1] or [N]), x quantized to E4M3 in the kernel "
+         "with the static input_scale (float32 [1]) as formats.quantize_fp8_activation does.",
+         {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
+          tensor("x").rank(2).dtypes({DType::kFloat16, DType::kBFloat16}).lastDimContiguous(),
+          tensor("qweight").rank(2).dtypes({kInt32}).contiguous(),
+          tensor("weight_scale").rank(1).dtypes({kFloat32}).contiguous(),
+          tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(),
+          optionalTensor("bias").dtypeOf("x").contiguous(), stream()},
+         checkFp8Gemv, launchFp8GemvEntry},
     };
 }
 

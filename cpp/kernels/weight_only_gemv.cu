@@ -23,6 +23,13 @@
 // (and zero) before using any, turns the codes into floats in registers, and a warp reduction
 // ends the row.
 //
+// FP8 (W8A8, E4M3, static input scale; launchFp8Gemv, fp8_linear's few-row path) is the same
+// tensor-core kernel with an FP8 flavour (its FP8 template flag), on INT8's [N, K] byte layout:
+// weight bytes to float16 (every E4M3 value is exact there) by cvt.rn.f16x2.e4m3x2, x quantized
+// in registers as formats.quantize_fp8_activation does (float32 x / input_scale, correctly
+// rounded; clamp to +-448 and round to nearest E4M3, cvt satfinite) and back to exact float16,
+// mma.sync in float16 whatever x's dtype (the products of two E4M3 values are exact in float32),
+// input_scale x weight_scale (per tensor or channel) once per output, then bias.
 // Figures and commands (NVIDIA H100 80GB HBM3, `python benchmarks/bench_weight_only_gemv.py`,
 // engines with bench_generation.py): benchmarks/README.md's weight-only section.
 //
@@ -40,6 +47,8 @@
 // W = code * scale + zero in float32 exactly as formats.py (two roundings, no fused
 // multiply-add), rounded once to the dtype, for a tensor-core matmul by the caller.
 #include "common.cuh"
+
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -69,6 +78,10 @@ struct Params {
     int64_t m, n, k, xRowStride, outRowStride;
     int groups;            // scales per row (1: per channel)
     int groupShift;        // the pack's group is pack >> groupShift
+    // FP8 (W8A8): scales is the float32 weight scale, [1] (scaleStride 0) or [n] (scaleStride 1);
+    // inputScale the float32 static activation scale [1].
+    float const* inputScale;
+    int64_t scaleStride;
 };
 
 __device__ __forceinline__ uint4 loadStreaming(uint4 const* ptr) {
@@ -314,10 +327,17 @@ __device__ __forceinline__ uint32_t word(uint4 const& v, int i) {
 
 // Pair P of a pack's codes as two exact values of T (low half, high half): INT4 pair 4j + e holds
 // codes 8j + e and 8j + e + 4 (nibbles e and e + 4 of word j); INT8 pair P codes 2P and 2P + 1.
-template <typename T, int BITS>
+// FP8: bytes 2P and 2P + 1 (E4M3) as float16 (T is then __half: every E4M3 value is exact in
+// float16), one cvt.rn.f16x2.e4m3x2 on sm_89+.
+template <typename T, int BITS, bool FP8 = false>
 __device__ __forceinline__ uint32_t codePair(uint4 const& w, int pair) {
     using Tr = MmaTraits<T>;
-    if constexpr (BITS == 4) {
+    if constexpr (FP8) {
+        static_assert(std::is_same_v<T, __half> && BITS == 8, "FP8 codes go to float16");
+        __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>(word(w, pair / 2) >> (16 * (pair % 2))), __NV_E4M3);
+        return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+    } else if constexpr (BITS == 4) {
         uint32_t const v = ((word(w, pair / 4) >> (4 * (pair % 4))) & 0x000F000Fu) | Tr::kMagic4;
         return fma2<T>(v, Tr::kOne, Tr::kNegMagic4);
     } else {
@@ -346,6 +366,41 @@ __device__ __forceinline__ uint32_t xPair(uint4 const (&xs)[16 / BITS], int pair
         return __byte_perm(lo, hi, e % 2 ? 0x7632u : 0x5410u);
     } else {
         return word(xs[pair / 4], pair % 4);
+    }
+}
+
+// FP8: one row's 8 x values of a uint4 (T) quantized as formats.quantize_fp8_activation does it
+// (float32 x / input_scale, a correctly rounded division; clamp to +-448 and round to nearest
+// E4M3: cvt's satfinite does both), each code back as its exact float16, in the same places:
+// word j holds the codes of inputs 2j, 2j + 1.
+template <typename T>
+__device__ __forceinline__ void quantizeX(uint4& v, float inputScale) {
+    uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        Pack<T, 2> const pair = *reinterpret_cast<Pack<T, 2> const*>(&words[j]);
+        float2 const f =
+            make_float2(__fdiv_rn(toFloat(pair.v[0]), inputScale), __fdiv_rn(toFloat(pair.v[1]), inputScale));
+        __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3),
+                                                         __NV_E4M3);
+        words[j] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+    }
+}
+
+// FP8: the codes of both operands, exact in float16; their products are exact in float32 and
+// the scales come once, at the end: the sums go straight into acc.
+template <int NT>
+__device__ __forceinline__ void mmaStepFp8(uint4 const& wa, uint4 const& wb, uint4 const (&xs)[NT][2],
+                                           float (&acc)[NT][4]) {
+#pragma unroll
+    for (int i = 0; i < kCodes<8> / 4; ++i) {
+        uint32_t const a0 = codePair<__half, 8, true>(wa, 2 * i), a1 = codePair<__half, 8, true>(wb, 2 * i);
+        uint32_t const a2 = codePair<__half, 8, true>(wa, 2 * i + 1);
+        uint32_t const a3 = codePair<__half, 8, true>(wb, 2 * i + 1);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            mma16816<__half>(acc[nt], a0, a1, a2, a3, xPair<8>(xs[nt], 2 * i), xPair<8>(xs[nt], 2 * i + 1));
+        }
     }
 }
 
@@ -418,7 +473,9 @@ __device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, u
 
 // MASKED: groups of 1 or 2 packs (a k-step spans several groups); its own instance, as the masked
 // passes take registers the plain one needs for its loads.
-template <typename T, typename S, int BITS, int NT, bool MASKED>
+// FP8: W8A8 E4M3 (BITS 8, S float): weight bytes to float16 codes, x quantized in registers
+// (quantizeX), mma.sync in float16 whatever x's dtype, input_scale x weight_scale once per output.
+template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Params p) {
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
@@ -434,6 +491,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
     uint4 const* wB = p.qweight + rowB * numPacks;
     S const* scales = static_cast<S const*>(p.scales);
     S const* zeros = static_cast<S const*>(p.zeros);
+    float const inputScale = FP8 ? *p.inputScale : 0.f;
 
     float acc[NT][4];
 #pragma unroll
@@ -453,6 +511,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
             wb[u] = in && okB ? loadStreaming(wB + pack) : make_uint4(0, 0, 0, 0);
             // The k-step's group (every lane the same; masked: the group of the lane's own pack, which
             // the lanes of each group read from its first lane).
+            if constexpr (FP8) continue;  // scales once per output, at the end
             int const scalePack = MASKED ? pack : 4 * (step0 + u * kMmaWarps);
             bool const sIn = scalePack < numPacks;
             int const group = scalePack >> p.groupShift;
@@ -472,7 +531,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
             int const step = step0 + u * kMmaWarps;
             if (step >= kSteps) break;  // the same for the whole warp
             if (u + 1 < U) loadX<T, BITS, NT>(p, step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
-            if constexpr (!MASKED) {
+            if constexpr (FP8) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                    for (int j = 0; j < XW; ++j) quantizeX<T>(xs[u % 2][nt][j], inputScale);
+                }
+                mmaStepFp8<NT>(wa[u], wb[u], xs[u % 2], acc);
+            } else if constexpr (!MASKED) {
                 mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs[u % 2], sa[u], sb[u], za[u], zb[u], 0, 0, acc);
             } else {
                 int const groupsPerStep = 4 >> p.groupShift;
@@ -498,13 +564,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
         float sum = 0.f;
 #pragma unroll
         for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
+        if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
         if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
         static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
     }
 }
 
 // Tiles of up to 16 rows of x, each one pass over the weight.
-template <typename T, typename S, int BITS>
+template <typename T, typename S, int BITS, bool FP8 = false>
 void launchGemvMma(Params p, cudaStream_t stream) {
     unsigned const blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
     int64_t const rows = p.m;
@@ -513,13 +580,13 @@ void launchGemvMma(Params p, cudaStream_t stream) {
         q.m = std::min<int64_t>(16, rows - m0);
         q.x = static_cast<T const*>(p.x) + m0 * p.xRowStride;
         q.out = static_cast<T*>(p.out) + m0 * p.outRowStride;
-        bool const masked = p.groupShift < 2;  // groups of 1 or 2 packs
-        auto kernel = q.m <= 8 ? (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 1, true>
-                                         : weightOnlyGemvMmaKernel<T, S, BITS, 1, false>)
-                               : (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 2, true>
-                                         : weightOnlyGemvMmaKernel<T, S, BITS, 2, false>);
+        bool const masked = !FP8 && p.groupShift < 2;  // groups of 1 or 2 packs
+        auto kernel = q.m <= 8 ? (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 1, !FP8, FP8>
+                                         : weightOnlyGemvMmaKernel<T, S, BITS, 1, false, FP8>)
+                               : (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 2, !FP8, FP8>
+                                         : weightOnlyGemvMmaKernel<T, S, BITS, 2, false, FP8>);
         kernel<<<blocks, kMmaWarps * 32, 0, stream>>>(q);
-        checkLaunch("weight_only_gemv");
+        checkLaunch(FP8 ? "fp8_gemv" : "weight_only_gemv");
     }
 }
 
@@ -621,6 +688,36 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
             }
         }
     });
+}
+
+// FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMV above with FP8 codes.
+void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
+                   void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
+                   bool perChannel, DType dtype, void* stream) {
+    if (m == 0 || n == 0) return;
+    Params p{};
+    p.out = out;
+    p.x = x;
+    p.qweight = static_cast<uint4 const*>(qweight);
+    p.scales = weightScale;
+    p.bias = bias;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.xRowStride = xRowStride;
+    p.outRowStride = outRowStride;
+    p.groups = 1;
+    p.groupShift = 31;
+    p.inputScale = static_cast<float const*>(inputScale);
+    p.scaleStride = perChannel ? 1 : 0;
+    auto const st = static_cast<cudaStream_t>(stream);
+    if (dtype == DType::kFloat16) {
+        launchGemvMma<__half, float, 8, true>(p, st);
+    } else if (dtype == DType::kBFloat16) {
+        launchGemvMma<__nv_bfloat16, float, 8, true>(p, st);
+    } else {
+        throw std::invalid_argument("fp8_gemv: x must be float16 or bfloat16");
+    }
 }
 
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,

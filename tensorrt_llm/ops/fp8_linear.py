@@ -18,7 +18,18 @@ Implementations:
 - reference: quantize x as the format says, dequantize both operands to float32, matmul in
   float32, back to x's dtype (formats.quantized_linear_reference): the meaning, on every
   device; the CPU runs it.
-- cuda: `torch._scaled_mm` (cuBLASLt FP8 GEMM, sm_89+; the builder refuses FP8 for older
+- cuda, few rows (decode): with a static input scale, float16 / bfloat16 x and at most
+  FP8_GEMV_MAX_ROWS rows, the FP8 GEMV (`fp8_gemv`, cpp/kernels/weight_only_gemv.cu: the
+  weight-only tensor-core GEMV with E4M3 codes) reads the weight once per 16 rows: E4M3 weight
+  bytes to exact float16 in registers, x quantized in the kernel exactly as
+  formats.quantize_fp8_activation does (x / input_scale correctly rounded in float32, clamped to
+  +-448, rounded to nearest E4M3), the exact products summed in float32 by mma.sync, times
+  input_scale x weight_scale (per tensor or per channel) and plus bias in float32, rounded once
+  to x's dtype: the reference's result up to float32 summation order. One kernel, where the
+  path below takes several small ones (quantize x) and a cuBLASLt GEMM far from the weight's
+  bytes bound at so few rows. in_features must be a multiple of 16 (16-byte packs), x rows on
+  16-byte boundaries; other calls take the path below.
+- cuda, otherwise: `torch._scaled_mm` (cuBLASLt FP8 GEMM, sm_89+; the builder refuses FP8 for older
   GPUs). Its second operand must be column-major, which W^T of a row-major [N, K] weight is,
   and K and N multiples of 16: other shapes run the reference. Any M (tokens) is taken as it
   is (torch 2.11 and 2.13 accept M = 1; releases that wanted M % 16 == 0 are older than the
@@ -42,12 +53,15 @@ import torch
 
 from ..network import Tensor
 from ..quantization.formats import FP8_DTYPE, FP8_MAX, Fp8Weight, quantized_linear_reference
+from .launch import cuda_kernels_available, launch, rows
 from .linear import linear_shape
 from .op import CUDA, REFERENCE, add_layer, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
 SCALED_MM_ALIGNMENT = 16
+# Rows the FP8 GEMV serves (static input scale, float16 / bfloat16 x); more take _scaled_mm.
+FP8_GEMV_MAX_ROWS = 16
 
 
 @define
@@ -95,8 +109,38 @@ def _quantize_activation_cuda(x: torch.Tensor, input_scale: Optional[torch.Tenso
     return torch.div(x, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
+def fp8_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor]) -> bool:
+    """Whether the FP8 GEMV serves x2 [M, K]: a static input scale, float16 / bfloat16 x of at
+    most FP8_GEMV_MAX_ROWS rows on 16-byte boundaries, K a multiple of 16, a contiguous weight
+    on a 16-byte boundary, the compiled kernels."""
+    m, k = x2.shape
+    return (input_scale is not None and x2.dtype in (torch.float16, torch.bfloat16) and m <= FP8_GEMV_MAX_ROWS
+            and k % 16 == 0 and x2.is_cuda and cuda_kernels_available() and qweight.is_contiguous()
+            and qweight.data_ptr() % 16 == 0 and x2.data_ptr() % 16 == 0
+            and (x2.stride(0) * x2.element_size()) % 16 == 0)
+
+
+def fp8_gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
+             bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The FP8 GEMV on x2 [M, K] (a call fp8_gemv_serves): [M, N] in x2's dtype."""
+    out = torch.empty(x2.shape[0], qweight.shape[0], dtype=x2.dtype, device=x2.device)
+    if x2.shape[0]:
+        launch("fp8_gemv", out, x2, qweight.view(torch.int32), weight_scale.contiguous(),
+               input_scale.float().reshape(1).contiguous(), None if bias is None else bias.contiguous())
+    return out
+
+
 @fp8_linear.implementation(CUDA)
 def fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
+    n, k = qweight.shape
+    x2 = rows(x)
+    if fp8_gemv_serves(x2, qweight, input_scale):
+        return fp8_gemv(x2, qweight, weight_scale, input_scale, bias).reshape(*x.shape[:-1], n)
+    return fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale, bias)
+
+
+def fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale=None, bias=None):
+    """The _scaled_mm path (any M), or the reference for shapes cuBLASLt refuses."""
     n, k = qweight.shape
     if k % SCALED_MM_ALIGNMENT or n % SCALED_MM_ALIGNMENT:
         return fp8_linear_reference(x, qweight, weight_scale, input_scale, bias)

@@ -8,7 +8,14 @@ import torch
 from tensorrt_llm import functional as F
 from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import OPS, REFERENCE, implementations
-from tensorrt_llm.ops.fp8_linear import _quantize_activation_cuda, fp8_linear_cuda, fp8_linear_reference
+from tensorrt_llm.ops.fp8_linear import (
+    FP8_GEMV_MAX_ROWS,
+    _quantize_activation_cuda,
+    fp8_gemv,
+    fp8_gemv_serves,
+    fp8_linear_cuda,
+    fp8_linear_reference,
+)
 from tensorrt_llm.quantization.formats import (
     FP8_DTYPE,
     FP8_MAX,
@@ -194,3 +201,70 @@ def test_scaled_mm_replays_in_a_cuda_graph(per_channel, static):
     graph.replay()
     torch.cuda.synchronize()
     _assert_close_to_reference(y, fp8_linear_reference(x, qw, ws, xs))
+
+
+# ---- GPU: the FP8 GEMV (static input scale, few rows) against the reference ---------------------
+
+
+def _assert_within_summation_order(got, want):
+    """The GEMV sums the same exact E4M3 products in float32 in another order: at most one unit
+    of the output dtype's last place (a rounding that flips) plus float32 summation error."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    eps = torch.finfo(want.dtype).eps
+    err, ref = (got.float() - want.float()).abs(), want.float().abs()
+    bound = eps * ref + 2 ** -14 * ref.max()
+    assert (err <= bound).all(), f"worst error / bound {(err / bound).max().item():.3f}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096), (48, 40), (272, 17), (1040, 1000)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 13, 16])
+def test_fp8_gemv_matches_reference(m, k, n, per_channel, dtype):
+    x, qw, ws, xs = _gpu_case(m, k, n, per_channel, True, dtype, seed=m + k)
+    assert fp8_gemv_serves(x, qw, xs)
+    bias = torch.randn(n, device="cuda").to(dtype) if m % 2 else None
+    got = fp8_linear_cuda(x, qw, ws, xs, bias)
+    _assert_within_summation_order(got, fp8_linear_reference(x, qw, ws, xs, bias))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 37])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fp8_gemv_tile_loop(m, per_channel):
+    """More than 16 rows: one pass over the weight per tile of 16 (fp8_linear takes _scaled_mm
+    there; the kernel serves them all the same)."""
+    x, qw, ws, xs = _gpu_case(m, 1024, 272, per_channel, True, torch.bfloat16, seed=m)
+    bias = torch.randn(272, device="cuda").to(torch.bfloat16)
+    _assert_within_summation_order(fp8_gemv(x, qw, ws, xs, bias), fp8_linear_reference(x, qw, ws, xs, bias))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_gemv_quantizes_x_as_the_format(dtype):
+    """W = identity (E4M3 1.0, scale 1): each output is x's E4M3 code times input_scale, one
+    exact product: the GEMV's in-kernel quantization (division, saturation at +-448, rounding
+    to nearest even, subnormals) must give the reference's codes bit for bit."""
+    k = 256
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(4, k, generator=g, device="cuda") * torch.logspace(-4, 1, k, device="cuda")).to(dtype)
+    x[1, :8] = torch.tensor([1e3, -1e3, 30.0, -30.0, 0.0, -0.0, 5e-5, -5e-5])  # saturate, subnormal codes
+    x[2] = torch.linspace(-20, 20, k, device="cuda").to(dtype)  # ties between E4M3 neighbours
+    qw = (torch.eye(k, device="cuda") * 1.0).to(FP8_DTYPE).view(torch.uint8)
+    for scale in (0.05, 0.0123, 1.0):
+        xs = torch.tensor([scale], device="cuda")
+        ws = torch.ones(1, device="cuda")
+        got = fp8_linear_cuda(x, qw, ws, xs)
+        torch.testing.assert_close(got, fp8_linear_reference(x, qw, ws, xs), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_fp8_gemv_dispatch():
+    x, qw, ws, xs = _gpu_case(FP8_GEMV_MAX_ROWS, 256, 64, False, True, torch.bfloat16)
+    assert fp8_gemv_serves(x, qw, xs)
+    assert not fp8_gemv_serves(x, qw, None)  # dynamic scales: _scaled_mm
+    assert not fp8_gemv_serves(torch.cat([x, x[:1]]), qw, xs)  # more rows: _scaled_mm
+    assert not fp8_gemv_serves(x.float(), qw, xs)  # float32 x: _scaled_mm
+    x40, qw40, ws40, xs40 = _gpu_case(3, 40, 24, False, True, torch.bfloat16)
+    assert not fp8_gemv_serves(x40, qw40, xs40)  # K not a multiple of 16: the reference
