@@ -28,6 +28,8 @@ void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scal
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
                    bool perChannel, DType dtype, void* stream);
+void launchFp8Quantize(void* codes, void* rowScales, void const* x, void const* inputScale, int64_t m, int64_t k,
+                       int64_t xRowStride, DType dtype, void* stream);
 } // namespace tensorrt_llm
 
 namespace {
@@ -513,6 +515,30 @@ void launchFp8GemvEntry(Call const& c) {
     }
 }
 
+// ---- fp8_quantize ----
+// x's E4M3 codes (bytes [M, K] viewed as int32 words [M, K / 4]) with the static input_scale or,
+// without it, one scale per row written to row_scales.
+
+void checkFp8Quantize(Call& c) {
+    TensorArg const& x = c["x"];
+    c.shape("codes", {x.size(0), x.size(1) / 4});
+    if (x.size(1) % 4 != 0) throw std::invalid_argument(x.describe() + ": in_features must be a multiple of 4");
+    bool const dynamic = c.ptr("row_scales") != nullptr;
+    if (dynamic == (c.ptr("input_scale") != nullptr)) {
+        throw std::invalid_argument("fp8_quantize: give input_scale (static) or row_scales (per row), not both");
+    }
+    c.shape("input_scale", {1});
+    c.shape("row_scales", {x.size(0)});
+}
+
+void launchFp8QuantizeEntry(Call const& c) {
+    TensorArg const& x = c["x"];
+    if constexpr (kCudaKernels) {
+        launchFp8Quantize(c["codes"].data(), const_cast<void*>(c.ptr("row_scales")), x.data(), c.ptr("input_scale"), x.size(0),
+                          x.size(1), x.stride(0), x.dtype, c.stream());
+    }
+}
+
 // ---- the table ----
 
 std::vector<Entry> entries() {
@@ -615,6 +641,14 @@ std::vector<Entry> entries() {
           tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(),
           optionalTensor("bias").dtypeOf("x").contiguous(), stream()},
          checkFp8Gemv, launchFp8GemvEntry},
+        {"fp8_quantize",
+         "codes = the E4M3 bytes of x / scale (float32 division, clamp to +-448, round to nearest) as int32 words "
+         "[M, K / 4], scale the static input_scale (float32 [1]) or, with row_scales (float32 [M], written), "
+         "amax(|x|) / 448 of each row (1 for an all-zero row): formats.quantize_fp8_activation.",
+         {tensor("codes").rank(2).dtypes({kInt32}).contiguous().written(), tensor("x").rank(2).floats().lastDimContiguous(),
+          optionalTensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(),
+          optionalTensor("row_scales").rank(1).dtypes({kFloat32}).contiguous().written(), stream()},
+         checkFp8Quantize, launchFp8QuantizeEntry},
     };
 }
 

@@ -48,31 +48,44 @@ constexpr int kVec16 = 16 / sizeof(T);
 inline bool aligned16(void const* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // ---- reductions ----
-__device__ __forceinline__ float warpReduceSum(float v) {
+struct SumOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float warpReduce(float v, Op op) {
     for (int offset = 16; offset > 0; offset >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
     }
     return v;
 }
 
-// Sum over the block; every thread gets the result. blockDim.x must be a multiple of 32.
-__device__ __forceinline__ float blockReduceSum(float v) {
+// Over the block; every thread gets the result. blockDim.x must be a multiple of 32; `identity`
+// fills the lanes of warps that do not exist.
+template <typename Op>
+__device__ __forceinline__ float blockReduce(float v, Op op, float identity) {
     __shared__ float partial[32];
     __shared__ float total;
     int const lane = threadIdx.x % 32;
     int const warp = threadIdx.x / 32;
-    v = warpReduceSum(v);
+    v = warpReduce(v, op);
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     if (warp == 0) {
         int const numWarps = blockDim.x / 32;
-        float s = lane < numWarps ? partial[lane] : 0.f;
-        s = warpReduceSum(s);
+        float s = lane < numWarps ? partial[lane] : identity;
+        s = warpReduce(s, op);
         if (lane == 0) total = s;
     }
     __syncthreads();
     return total;
 }
+
+__device__ __forceinline__ float warpReduceSum(float v) { return warpReduce(v, SumOp{}); }
+__device__ __forceinline__ float blockReduceSum(float v) { return blockReduce(v, SumOp{}, 0.f); }
 
 inline int roundUp(int64_t x, int m) { return static_cast<int>((x + m - 1) / m * m); }
 

@@ -3,7 +3,7 @@
 // [N, K / 2], two codes a byte, with group scales and zeros), read as 16-byte packs of int32
 // words (16 INT8 or 32 INT4 codes).
 //
-// The GEMV (decode, up to 16 rows of x per read of the weight; more rows loop over tiles of 16).
+// The GEMV (decode, up to 32 rows of x per read of the weight, 16 for INT4; more rows loop over tiles).
 // float16 / bfloat16 activations take the tensor-core kernel (weightOnlyGemvMmaKernel, described
 // above it): no shared-memory prologue, x read straight from L1 / L2, each lane's 16-byte packs
 // of U k-steps (and their scales) loaded before any is used, codes turned into exact float16 /
@@ -273,7 +273,8 @@ void launchGemvTile(Params const& p, cudaStream_t stream) {
 // inputs, so that each k-step's group (a k-step lies in one group when a group is 4 packs or
 // more) is applied once in float32: acc += s * sum(x c) + z * sum(x). Groups of 1 or 2 packs
 // mask B by group instead (one pass per group of the k-step). The warps' sums meet in shared
-// memory at the end. Up to 16 rows of x per read of the weight (two mma n-tiles).
+// memory at the end. Up to 32 rows of x per read of the weight for byte codes (four mma n-tiles),
+// 16 for INT4 (two).
 constexpr int kMmaWarps = 8;
 constexpr int kMmaRows = 16;  // output features per block
 
@@ -479,7 +480,8 @@ template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = fals
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Params p) {
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
-    constexpr int U = BITS == 8 ? (NT == 1 ? 4 : 2) : NT == 1 ? (MASKED ? 2 : 3) : 1;
+    constexpr int U = BITS == 8 ? (NT == 1 ? 4 : NT == 2 ? 2 : 1) : NT == 1 ? (MASKED ? 2 : 3) : 1;
+    static_assert(BITS == 8 || NT <= 2, "INT4 tiles of 32 rows: x alone would take 64 registers");
     __shared__ float red[kMmaWarps][NT * 8][kMmaRows];
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
@@ -558,9 +560,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
         red[warp][nt * 8 + 2 * t + 1][g + 8] = acc[nt][3];
     }
     __syncthreads();
-    int const m = threadIdx.x / kMmaRows, r = threadIdx.x % kMmaRows;
+    int const r = threadIdx.x % kMmaRows;
     int64_t const n = n0 + r;
-    if (m < p.m && m < NT * 8 && n < p.n) {
+    for (int m = threadIdx.x / kMmaRows; m < p.m && m < NT * 8 && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
         float sum = 0.f;
 #pragma unroll
         for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
@@ -570,23 +572,32 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
     }
 }
 
-// Tiles of up to 16 rows of x, each one pass over the weight.
+// Tiles of rows of x, each one pass over the weight: up to 32 rows (4 mma n-tiles) for byte
+// codes, 16 for INT4 (whose x takes twice the registers per input).
+template <typename T, typename S, int BITS, bool FP8, bool MASKED>
+void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
+    auto kernel = q.m <= 8    ? weightOnlyGemvMmaKernel<T, S, BITS, 1, MASKED, FP8>
+                  : q.m <= 16 ? weightOnlyGemvMmaKernel<T, S, BITS, 2, MASKED, FP8>
+                              : weightOnlyGemvMmaKernel<T, S, BITS, BITS == 8 ? 4 : 2, MASKED, FP8>;
+    kernel<<<blocks, kMmaWarps * 32, 0, stream>>>(q);
+    checkLaunch(FP8 ? "fp8_gemv" : "weight_only_gemv");
+}
+
 template <typename T, typename S, int BITS, bool FP8 = false>
 void launchGemvMma(Params p, cudaStream_t stream) {
+    constexpr int64_t kTileRows = BITS == 8 ? 32 : 16;
     unsigned const blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
-    int64_t const rows = p.m;
-    for (int64_t m0 = 0; m0 < rows; m0 += 16) {
+    bool const masked = !FP8 && p.groupShift < 2;  // groups of 1 or 2 packs
+    for (int64_t m0 = 0; m0 < p.m; m0 += kTileRows) {
         Params q = p;
-        q.m = std::min<int64_t>(16, rows - m0);
+        q.m = std::min(kTileRows, p.m - m0);
         q.x = static_cast<T const*>(p.x) + m0 * p.xRowStride;
         q.out = static_cast<T*>(p.out) + m0 * p.outRowStride;
-        bool const masked = !FP8 && p.groupShift < 2;  // groups of 1 or 2 packs
-        auto kernel = q.m <= 8 ? (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 1, !FP8, FP8>
-                                         : weightOnlyGemvMmaKernel<T, S, BITS, 1, false, FP8>)
-                               : (masked ? weightOnlyGemvMmaKernel<T, S, BITS, 2, !FP8, FP8>
-                                         : weightOnlyGemvMmaKernel<T, S, BITS, 2, false, FP8>);
-        kernel<<<blocks, kMmaWarps * 32, 0, stream>>>(q);
-        checkLaunch(FP8 ? "fp8_gemv" : "weight_only_gemv");
+        if (masked) {
+            launchGemvMmaTile<T, S, BITS, FP8, !FP8>(q, blocks, stream);
+        } else {
+            launchGemvMmaTile<T, S, BITS, FP8, false>(q, blocks, stream);
+        }
     }
 }
 

@@ -20,7 +20,7 @@ Implementations:
   device; the CPU runs it.
 - cuda, few rows (decode): with a static input scale, float16 / bfloat16 x and at most
   FP8_GEMV_MAX_ROWS rows, the FP8 GEMV (`fp8_gemv`, cpp/kernels/weight_only_gemv.cu: the
-  weight-only tensor-core GEMV with E4M3 codes) reads the weight once per 16 rows: E4M3 weight
+  weight-only tensor-core GEMV with E4M3 codes) reads the weight once for up to 32 rows: E4M3 weight
   bytes to exact float16 in registers, x quantized in the kernel exactly as
   formats.quantize_fp8_activation does (x / input_scale correctly rounded in float32, clamped to
   +-448, rounded to nearest E4M3), the exact products summed in float32 by mma.sync, times
@@ -60,8 +60,9 @@ from .op import CUDA, REFERENCE, add_layer, define
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
 SCALED_MM_ALIGNMENT = 16
-# Rows the FP8 GEMV serves (static input scale, float16 / bfloat16 x); more take _scaled_mm.
-FP8_GEMV_MAX_ROWS = 16
+# Rows the FP8 GEMV serves (static input scale, float16 / bfloat16 x) in one read of the weight;
+# more take _scaled_mm.
+FP8_GEMV_MAX_ROWS = 32
 
 
 @define
@@ -98,15 +99,27 @@ def fp8_linear_reference(x, qweight, weight_scale, input_scale=None, bias=None):
 # ---- CUDA: torch._scaled_mm ---------------------------------------------------------------------
 
 
-def _quantize_activation_cuda(x: torch.Tensor, input_scale: Optional[torch.Tensor]):
-    """formats.quantize_fp8_activation's codes and scale, bit for bit, in fewer kernels: the
-    division promotes x to float32 inside its kernel, and the max of |x| is exact in x's dtype."""
+def _quantize_activation_cuda(x2: torch.Tensor, input_scale: Optional[torch.Tensor]):
+    """formats.quantize_fp8_activation's codes and scale ([1] static, [M, 1] per row) of x2 [M, K],
+    bit for bit: the fp8_quantize kernel (one pass over x; PyTorch's ops take four, through a
+    float32 copy, and cost more than the FP8 GEMM saves), or without the compiled kernels the same
+    arithmetic in PyTorch (the division promotes x to float32, the max of |x| is exact in x's dtype)."""
+    m, k = x2.shape
+    if x2.is_cuda and cuda_kernels_available():
+        codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
+        if input_scale is None:
+            scale = torch.empty(m, dtype=torch.float32, device=x2.device)
+            launch("fp8_quantize", codes.view(torch.int32), x2, None, scale)
+            return codes.view(FP8_DTYPE), scale.reshape(m, 1)
+        scale = input_scale.float().reshape(1).contiguous()
+        launch("fp8_quantize", codes.view(torch.int32), x2, scale, None)
+        return codes.view(FP8_DTYPE), scale
     if input_scale is None:
-        scale = x.abs().amax(dim=-1, keepdim=True).float().div_(FP8_MAX)
+        scale = x2.abs().amax(dim=-1, keepdim=True).float().div_(FP8_MAX)
         scale.masked_fill_(scale == 0, 1.0)  # all-zero rows: their codes are 0 anyway
     else:
         scale = input_scale.float().reshape(1)
-    return torch.div(x, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    return torch.div(x2, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
 def fp8_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor]) -> bool:
@@ -145,7 +158,7 @@ def fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale=None, bias=None):
     if k % SCALED_MM_ALIGNMENT or n % SCALED_MM_ALIGNMENT:
         return fp8_linear_reference(x, qweight, weight_scale, input_scale, bias)
     lead = x.shape[:-1]
-    qx, x_scale = _quantize_activation_cuda(x.reshape(-1, k), input_scale)
+    qx, x_scale = _quantize_activation_cuda(rows(x), input_scale)
     m = qx.shape[0]
     w_t = qweight.view(FP8_DTYPE).t()  # [K, N], column-major
     if x_scale.numel() == 1 and weight_scale.numel() == 1:

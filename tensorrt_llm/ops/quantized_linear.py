@@ -15,7 +15,7 @@ Implementations:
   x's dtype): the meaning of the op, on every device.
 - cuda: the compiled kernels (cpp/kernels/weight_only_gemv.cu), through
   `weight_only_matmul_cuda`. Up to GEMV_MAX_ROWS rows (decode) the weight-only GEMV reads the
-  weight once, turning the codes into exact small integers in registers (float16 / bfloat16 x:
+  weight once per tile of rows, turning the codes into exact small integers in registers (float16 / bfloat16 x:
   tensor-core products summed in float32; float32 x: float FMAs), with the group's scale and
   zero applied once per group's part of a 4-pack step (128 INT4 / 64 INT8 codes; float32 x: per
   pack), which differs from the reference by float32 roundings only, then rounds once to x's
@@ -151,8 +151,9 @@ def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_
 # ---- CUDA: the weight-only GEMV (decode) or dequantization + cuBLAS (prompt steps) ------------
 
 # Rows the GEMV serves; more run as dequantization + cuBLAS. The GEMV reads the weight once per
-# 16 rows of x (float32 x: 8) and its tensor-core sums use 1 or 2 of mma's 8-row tiles there.
-GEMV_MAX_ROWS = 16
+# 32 rows of x (INT4: 16, float32 x: 8): up to 64 rows its passes over the codes still read fewer
+# bytes than the dequantization's write and cuBLAS's read of a float16 / bfloat16 copy.
+GEMV_MAX_ROWS = 64
 # The binding's limit on in_features for the GEMV (the float32-activation kernel keeps a row of
 # x as float32 in shared memory).
 GEMV_MAX_K = 32768

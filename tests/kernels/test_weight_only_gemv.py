@@ -42,7 +42,7 @@ from tensorrt_llm.quantization.formats import Int4Weight
 OP = OPS["weight_only_linear"]
 EPS = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -23}
 FORMATS = [("int8", 0), ("int8", 32), ("int8", 64), ("int8", 128), ("int4", 32), ("int4", 64), ("int4", 128)]
-ROWS = [1, 2, 3, 8, 16, 33, 64, 65, 200]
+ROWS = [1, 2, 3, 8, 16, 24, 32, 33, 64, 65, 200]
 SHAPES = [(37, 384), (1000, 1536), (64, 14336)]  # N not a multiple of a block's warps; K of 12 .. 448 packs
 
 
@@ -128,7 +128,7 @@ def _gemv(x, qweight, scales, zeros, bias, fmt, group):
 @pytest.mark.parametrize("fmt,group", FORMATS)
 @pytest.mark.parametrize("m", ROWS)
 def test_gemv_kernel_matches_reference(gen, needs_kernels, m, fmt, group, dtype, scale_dtype):
-    # The kernel itself, for any number of rows (tiles of up to 8 rows per read of the weight).
+    # The kernel itself, for any number of rows (tiles of up to 32 rows per read of the weight).
     for n, k in SHAPES:
         q = _weight(gen, fmt, group, n, k, scale_dtype)
         qw, s, z = _on_device(q)

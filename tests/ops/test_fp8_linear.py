@@ -8,6 +8,7 @@ import torch
 from tensorrt_llm import functional as F
 from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import OPS, REFERENCE, implementations
+from tensorrt_llm.ops.launch import cuda_kernels_available
 from tensorrt_llm.ops.fp8_linear import (
     FP8_GEMV_MAX_ROWS,
     _quantize_activation_cuda,
@@ -129,6 +130,25 @@ def test_cuda_activation_codes_are_the_references(dtype, static):
     assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(scale, want_scale)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("m,k,offset", [(1, 4096, 0), (2048, 4096, 0), (37, 14336, 0), (5, 100, 0), (6, 96, 4)])
+def test_quantize_kernel_codes_are_the_references(dtype, static, m, k, offset):
+    """The fp8_quantize kernel (one pass over x): codes and scales bit for bit the format's,
+    16-byte loads or not (K not a multiple of the pack, rows off 16-byte boundaries)."""
+    assert cuda_kernels_available()
+    g = torch.Generator().manual_seed(m + k)
+    x = (torch.randn(m, k + offset, generator=g) * 3).to(dtype)[:, offset:]
+    x[m // 2] = 0  # an all-zero token
+    x[0, k // 3] = 1e4  # beyond a static scale's range: saturates
+    input_scale = torch.tensor([0.02]) if static else None
+    want_codes, want_scale = quantize_fp8_activation(x, input_scale)
+    codes, scale = _quantize_activation_cuda(x.cuda(), None if input_scale is None else input_scale.cuda())
+    assert torch.equal(codes.view(torch.uint8).cpu(), want_codes.view(torch.uint8))
+    assert torch.equal(scale.cpu(), want_scale)
+
+
 def test_the_cpu_runs_the_reference():
     impls = implementations("cpu")["fp8_linear"]
     assert list(impls) == [REFERENCE] and OPS["fp8_linear"].reference is fp8_linear_reference
@@ -220,7 +240,7 @@ def _assert_within_summation_order(got, want):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096), (48, 40), (272, 17), (1040, 1000)])
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 13, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 13, 16, 17, 24, 32])
 def test_fp8_gemv_matches_reference(m, k, n, per_channel, dtype):
     x, qw, ws, xs = _gpu_case(m, k, n, per_channel, True, dtype, seed=m + k)
     assert fp8_gemv_serves(x, qw, xs)
@@ -230,10 +250,10 @@ def test_fp8_gemv_matches_reference(m, k, n, per_channel, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [17, 37])
+@pytest.mark.parametrize("m", [33, 37, 70])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_fp8_gemv_tile_loop(m, per_channel):
-    """More than 16 rows: one pass over the weight per tile of 16 (fp8_linear takes _scaled_mm
+    """More than 32 rows: one pass over the weight per tile of 32 (fp8_linear takes _scaled_mm
     there; the kernel serves them all the same)."""
     x, qw, ws, xs = _gpu_case(m, 1024, 272, per_channel, True, torch.bfloat16, seed=m)
     bias = torch.randn(272, device="cuda").to(torch.bfloat16)
