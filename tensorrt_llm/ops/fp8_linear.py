@@ -37,7 +37,7 @@ Implementations:
   Otherwise the scales are row-wise ([M, 1] and [1, N]): cuBLASLt's row-wise FP8 GEMM writes
   bfloat16 only, so a bfloat16 x uses it, and float16 / float32 x take the unscaled product in
   float32 and scale it there. x is quantized with the reference's arithmetic (bit-identical
-  codes) in fewer kernels. No fast accumulation; on an H100 the result is within one unit of
+  codes) in one kernel (fp8_quantize, cpp/kernels/fp8_quantize.cu). No fast accumulation; on an H100 the result is within one unit of
   the output dtype's last place plus 2^-10 of the largest output of the reference
   (tests/ops/test_fp8_linear.py; Hopper's FP8 accumulator is narrower than float32).
   Speed on an H100 (CUDA graph, bfloat16 x, LLaMA-8B's shapes, 1 to 64 tokens): per-tensor
@@ -52,7 +52,7 @@ from typing import Optional
 import torch
 
 from ..network import Tensor
-from ..quantization.formats import FP8_DTYPE, FP8_MAX, Fp8Weight, quantized_linear_reference
+from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
 from .launch import cuda_kernels_available, launch, rows
 from .linear import linear_shape
 from .op import CUDA, REFERENCE, add_layer, define
@@ -101,25 +101,20 @@ def fp8_linear_reference(x, qweight, weight_scale, input_scale=None, bias=None):
 
 def _quantize_activation_cuda(x2: torch.Tensor, input_scale: Optional[torch.Tensor]):
     """formats.quantize_fp8_activation's codes and scale ([1] static, [M, 1] per row) of x2 [M, K],
-    bit for bit: the fp8_quantize kernel (one pass over x; PyTorch's ops take four, through a
-    float32 copy, and cost more than the FP8 GEMM saves), or without the compiled kernels the same
-    arithmetic in PyTorch (the division promotes x to float32, the max of |x| is exact in x's dtype)."""
+    bit for bit, by the fp8_quantize kernel: one pass over x, where PyTorch's ops take four through
+    a float32 copy and cost more than the FP8 GEMM saves (the format's own code without the
+    compiled kernels)."""
+    if not (x2.is_cuda and cuda_kernels_available()):
+        return quantize_fp8_activation(x2, input_scale)
     m, k = x2.shape
-    if x2.is_cuda and cuda_kernels_available():
-        codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
-        if input_scale is None:
-            scale = torch.empty(m, dtype=torch.float32, device=x2.device)
-            launch("fp8_quantize", codes.view(torch.int32), x2, None, scale)
-            return codes.view(FP8_DTYPE), scale.reshape(m, 1)
-        scale = input_scale.float().reshape(1).contiguous()
-        launch("fp8_quantize", codes.view(torch.int32), x2, scale, None)
-        return codes.view(FP8_DTYPE), scale
+    codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
     if input_scale is None:
-        scale = x2.abs().amax(dim=-1, keepdim=True).float().div_(FP8_MAX)
-        scale.masked_fill_(scale == 0, 1.0)  # all-zero rows: their codes are 0 anyway
-    else:
-        scale = input_scale.float().reshape(1)
-    return torch.div(x2, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+        scale = torch.empty(m, dtype=torch.float32, device=x2.device)
+        launch("fp8_quantize", codes.view(torch.int32), x2, None, scale)
+        return codes.view(FP8_DTYPE), scale.reshape(m, 1)
+    scale = input_scale.float().reshape(1).contiguous()
+    launch("fp8_quantize", codes.view(torch.int32), x2, scale, None)
+    return codes.view(FP8_DTYPE), scale
 
 
 def fp8_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor]) -> bool:

@@ -92,6 +92,13 @@ def _safe(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale == 0, torch.ones_like(scale), scale)
 
 
+def _over_fp8_max(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448, correctly rounded on every device: PyTorch's CUDA division by a Python number
+    multiplies by the number's float32 reciprocal (1 / 448 is not exact), so the divisor is a
+    tensor; the CUDA kernels divide the same way (fp8_quantize)."""
+    return amax / torch.full_like(amax, FP8_MAX)
+
+
 def _per_input(t: torch.Tensor, group_size: int) -> torch.Tensor:
     """[N, K / G] -> float32 [N, K], each group's value repeated over its G inputs."""
     return t.float().repeat_interleave(group_size, dim=1)
@@ -277,7 +284,7 @@ def quantize_fp8(w: torch.Tensor, per_channel: bool = False,
     `fp8_scale_from_amax`) or None for dynamic per-token scales."""
     w = _as_matrix(w)
     amax = w.abs().amax(dim=1) if per_channel else w.abs().amax().reshape(1)
-    scale = (amax / FP8_MAX).float()
+    scale = _over_fp8_max(amax.float())
     divisor = _safe(scale)[:, None] if per_channel else _safe(scale)
     q = (w / divisor).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     if input_scale is not None:
@@ -288,7 +295,7 @@ def quantize_fp8(w: torch.Tensor, per_channel: bool = False,
 def fp8_scale_from_amax(amax: torch.Tensor | float) -> torch.Tensor:
     """The static FP8 activation (or KV cache) scale that maps a calibrated |x| max to 448."""
     amax = torch.as_tensor(amax, dtype=torch.float32).reshape(1)
-    return _safe(amax / FP8_MAX)
+    return _safe(_over_fp8_max(amax))
 
 
 def quantize(w: torch.Tensor, layer: LayerQuant, **kwargs) -> QuantizedWeight:
@@ -335,7 +342,7 @@ def quantize_fp8_activation(x: torch.Tensor, input_scale: torch.Tensor | None = 
     scale broadcasting as [..., 1]."""
     xf = x.float()
     if input_scale is None:
-        scale = _safe(xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX)
+        scale = _safe(_over_fp8_max(xf.abs().amax(dim=-1, keepdim=True)))
     else:
         scale = input_scale.float().reshape(1)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
