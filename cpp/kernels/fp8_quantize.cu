@@ -1,8 +1,8 @@
 // FP8 E4M3 activation quantization in one pass over x (fp8_linear's cuBLASLt path, where
 // several PyTorch kernels with a float32 intermediate took longer than the FP8 GEMM saved):
-// codes = E4M3(x / scale), the division in float32 and correctly rounded, then cvt's satfinite
-// rounding to nearest (ties to even) with the clamp to +-448: formats.quantize_fp8_activation bit
-// for bit. The scale is static (input_scale) or per row: amax(|x|) / 448 (exact in x's dtype,
+// codes = E4M3(x * (1 / scale)), the reciprocal correctly rounded in float32 and the product in
+// float32, then cvt's satfinite rounding to nearest (ties to even) with the clamp to +-448:
+// formats.quantize_fp8_activation bit for bit. The scale is static (input_scale) or per row: amax(|x|) / 448 (exact in x's dtype,
 // then one float32 division), 1 for an all-zero row, written to rowScales. A block per row; the
 // dynamic row is read twice (its second read hits L1 / L2).
 #include "common.cuh"
@@ -38,12 +38,13 @@ __global__ void __launch_bounds__(kQuantizeThreads)
         scale = amax == 0.f ? 1.f : __fdiv_rn(amax, kFp8Max);
         if (threadIdx.x == 0) rowScales[blockIdx.x] = scale;
     }
+    float const inverse = __frcp_rn(scale);
     for (int64_t i = threadIdx.x; i < packs; i += kQuantizeThreads) {
         XPack const p = xr[i];
         CodePack c;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            c.v[j] = __nv_cvt_float_to_fp8(__fdiv_rn(toFloat(p.v[j]), scale), __NV_SATFINITE, __NV_E4M3);
+            c.v[j] = __nv_cvt_float_to_fp8(__fmul_rn(toFloat(p.v[j]), inverse), __NV_SATFINITE, __NV_E4M3);
         }
         cr[i] = c;
     }

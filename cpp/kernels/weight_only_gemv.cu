@@ -371,17 +371,18 @@ __device__ __forceinline__ uint32_t xPair(uint4 const (&xs)[16 / BITS], int pair
 }
 
 // FP8: one row's 8 x values of a uint4 (T) quantized as formats.quantize_fp8_activation does it
-// (float32 x / input_scale, a correctly rounded division; clamp to +-448 and round to nearest
+// (float32 x times inverseScale, input_scale's correctly rounded reciprocal: a multiply, where a
+// division per element made the kernel bound by arithmetic; clamp to +-448 and round to nearest
 // E4M3: cvt's satfinite does both), each code back as its exact float16, in the same places:
 // word j holds the codes of inputs 2j, 2j + 1.
 template <typename T>
-__device__ __forceinline__ void quantizeX(uint4& v, float inputScale) {
+__device__ __forceinline__ void quantizeX(uint4& v, float inverseScale) {
     uint32_t* words = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         Pack<T, 2> const pair = *reinterpret_cast<Pack<T, 2> const*>(&words[j]);
         float2 const f =
-            make_float2(__fdiv_rn(toFloat(pair.v[0]), inputScale), __fdiv_rn(toFloat(pair.v[1]), inputScale));
+            make_float2(__fmul_rn(toFloat(pair.v[0]), inverseScale), __fmul_rn(toFloat(pair.v[1]), inverseScale));
         __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3),
                                                          __NV_E4M3);
         words[j] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
@@ -494,6 +495,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
     S const* scales = static_cast<S const*>(p.scales);
     S const* zeros = static_cast<S const*>(p.zeros);
     float const inputScale = FP8 ? *p.inputScale : 0.f;
+    float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
 
     float acc[NT][4];
 #pragma unroll
@@ -537,7 +539,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-                    for (int j = 0; j < XW; ++j) quantizeX<T>(xs[u % 2][nt][j], inputScale);
+                    for (int j = 0; j < XW; ++j) quantizeX<T>(xs[u % 2][nt][j], inverseScale);
                 }
                 mmaStepFp8<NT>(wa[u], wb[u], xs[u % 2], acc);
             } else if constexpr (!MASKED) {

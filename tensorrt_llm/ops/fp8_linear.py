@@ -8,11 +8,11 @@
   implementations view them as torch.float8_e4m3fn (free: same bytes).
 - weight_scale: float32 [1] (per tensor) or [N] (per output channel): W = float(q) * scale.
 - input_scale: float32 [1], the calibrated static activation scale (x is quantized as
-  x / input_scale), or None: each token's row is quantized with its own amax / 448.
+  x times its float32 reciprocal), or None: each token's row is quantized with its own amax / 448.
 - bias: x's dtype [N], added after the product.
 
 x is float32 / float16 / bfloat16 [..., K]; the output has x's dtype and shape [..., N]. The
-activation's quantization (divide by its scale, clamp to +-448, round to E4M3) is part of the op.
+activation's quantization (times its scale's reciprocal, clamp to +-448, round to E4M3) is part of the op.
 
 Implementations:
 - reference: quantize x as the format says, dequantize both operands to float32, matmul in
@@ -22,7 +22,7 @@ Implementations:
   FP8_GEMV_MAX_ROWS rows, the FP8 GEMV (`fp8_gemv`, cpp/kernels/weight_only_gemv.cu: the
   weight-only tensor-core GEMV with E4M3 codes) reads the weight once for up to 32 rows: E4M3 weight
   bytes to exact float16 in registers, x quantized in the kernel exactly as
-  formats.quantize_fp8_activation does (x / input_scale correctly rounded in float32, clamped to
+  formats.quantize_fp8_activation does (x times input_scale's float32 reciprocal, clamped to
   +-448, rounded to nearest E4M3), the exact products summed in float32 by mma.sync, times
   input_scale x weight_scale (per tensor or per channel) and plus bias in float32, rounded once
   to x's dtype: the reference's result up to float32 summation order. One kernel, where the

@@ -38,7 +38,7 @@ INT4 (`Int4Weight`, `W4A16*`), asymmetric, per group, G in 32, 64, 128, K % G ==
 FP8 (`Fp8Weight`, `FP8` / `FP8_PER_CHANNEL_PER_TOKEN`), E4M3 (torch.float8_e4m3fn, max 448):
     qweight      float8_e4m3fn [N, K]
     scale        float32 [1] (per tensor) or [N] (per output channel); W = float(q) * scale
-    input_scale  float32 [1] (static, calibrated: x is quantized as x / input_scale) or None
+    input_scale  float32 [1] (static, calibrated: x is quantized as x * (1 / input_scale)) or None
                  (dynamic: each token's row is quantized with its own amax / 448)
 
 KV cache (`kv_cache_quant_algo` INT8 / FP8): one float32 scale per attention layer; the cache
@@ -338,14 +338,16 @@ def dequantize_rows(w: Int8Weight | Int4Weight, index: torch.Tensor) -> torch.Te
 
 def quantize_fp8_activation(x: torch.Tensor, input_scale: torch.Tensor | None = None):
     """(codes float8_e4m3fn, float32 scale) of an activation: with `input_scale` (static) every
-    element is x / input_scale; without it each row (token) uses its own amax / 448, the
-    scale broadcasting as [..., 1]."""
+    element is x times the float32 reciprocal of input_scale; without it each row (token) uses
+    its own amax / 448, the scale broadcasting as [..., 1]. The reciprocal (correctly rounded,
+    once per scale) and one float32 multiply per element, not a division: the kernels that
+    quantize x as they read it (the FP8 GEMV) would spend most of their time dividing."""
     xf = x.float()
     if input_scale is None:
         scale = _safe(_over_fp8_max(xf.abs().amax(dim=-1, keepdim=True)))
     else:
         scale = input_scale.float().reshape(1)
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    return (xf * torch.reciprocal(scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
 def quantized_linear_reference(x: torch.Tensor, w: QuantizedWeight,

@@ -251,7 +251,7 @@ def test_fp8_gemv_tile_loop(m, per_channel):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_gemv_quantizes_x_as_the_format(dtype):
     """W = identity (E4M3 1.0, scale 1): each output is x's E4M3 code times input_scale, one
-    exact product: the GEMV's in-kernel quantization (division, saturation at +-448, rounding
+    exact product: the GEMV's in-kernel quantization (reciprocal multiply, saturation at +-448, rounding
     to nearest even, subnormals) must give the reference's codes bit for bit."""
     k = 256
     g = torch.Generator(device="cuda").manual_seed(0)
