@@ -63,7 +63,7 @@ class DecoderModelForCausalLM(PretrainedModel):
             "position_ids": net.add_input("position_ids", "int32", [-1], {0: tokens}),
             "last_token_ids": net.add_input("last_token_ids", "int64", [-1], {0: logit_rows}),
             "kv_cache_pool": net.add_input(
-                "kv_cache_pool", cfg.dtype,
+                "kv_cache_pool", cfg.kv_cache_dtype,
                 [num_layers, -1, 2, kv_heads, tokens_per_block, cfg.head_size],
                 {1: ("num_blocks", (1, max_batch_size * max_blocks, max_batch_size * max_blocks * 64))}),
             "block_tables": net.add_input("block_tables", "int32", [-1, -1],
