@@ -82,8 +82,9 @@ class ExecutorStats:
     generated_tokens: int = 0
     gpu_wait_s: float = 0.0                   # host time spent waiting for launched steps' tokens:
                                               # near zero means the host, not the GPU, sets the pace
-    peak_in_flight: int = 0                   # pipelined steps launched and not yet resolved at
-                                              # once (pipeline_stages when the stages overlap)
+    peak_in_flight: int = 0                   # pipelined steps launched whose logits were not
+                                              # waited for yet, at most at once (pipeline_stages
+                                              # when the stages overlap; 1 when they run in turn)
 
 
 class Executor:
@@ -286,7 +287,8 @@ class Executor:
             self._computed(scheduled, rows)
             self._pend(sampled)
             self._in_flight.append(_Pipelined(group, scheduled, rows, counts, sampled, logits))
-            self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(self._in_flight))
+            waiting = sum(not step.logits.waited for step in self._in_flight)
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, waiting)
             self._idle_turns = 0
         elif not updated and not scheduled.preempted and not self._in_flight:
             self._idle_turns += 1

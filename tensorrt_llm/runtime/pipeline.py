@@ -29,6 +29,7 @@ class InFlightLogits:
     them (the last)."""
     logits: torch.Tensor
     works: list
+    waited: bool = False  # wait() was called: the stage no longer computes ahead of them
 
     def wait(self) -> torch.Tensor:
         """The logits, once they are here (an earlier stage) or sent (the last; on a GPU, the
@@ -38,7 +39,7 @@ class InFlightLogits:
                 work.wait()
         except Exception as e:
             raise distributed.failed("moving a step's logits", e) from None
-        self.works = []
+        self.works, self.waited = [], True
         return self.logits
 
 
