@@ -1,7 +1,8 @@
 """Executor scenarios that the one-rank engine runs in the test's process and each rank of a
 pipeline-parallel engine runs in its own (`python pipeline_worker.py JOB.json`, with the
 launcher's environment as rank_worker.py has it). Every rank writes, per scenario, each
-request's tokens and finish reason and its executor's counters to `<out>.rank<N>.json`.
+request's tokens and finish reason and its executor's counters to `<out>.rank<N>.json`,
+and the beams of a beam search (`run_beams`).
 
 Requests arrive by step() call (every rank makes the same calls), so every rank admits and
 aborts at the same step; the tokens are greedy, so they do not depend on how the requests
@@ -53,13 +54,20 @@ def run_scenario(runner, name: str) -> dict:
             "peak_in_flight": ex.stats.peak_in_flight, "used_blocks": runner.kv_cache.num_used_blocks}
 
 
+def run_beams(runner) -> dict:
+    """Beam search, which drives the step runner itself (its logits waited for at each step)."""
+    out = runner.generate(prompts(runner.vocab_size)[:3], max_new_tokens=5, num_beams=2)
+    return {"tokens": out["output_ids"].tolist(), "used_blocks": runner.kv_cache.num_used_blocks}
+
+
 def main(job_path: str) -> int:
     from tensorrt_llm.runtime import ModelRunner
     job = json.loads(open(job_path).read())
     rank = int(os.environ["RANK"])
-    results = {name: run_scenario(ModelRunner.from_dir(job["engine"], device=job.get("device", "cpu"),
-                                                       **SCENARIOS[name][0]), name)
+    device = job.get("device", "cpu")
+    results = {name: run_scenario(ModelRunner.from_dir(job["engine"], device=device, **SCENARIOS[name][0]), name)
                for name in job["scenarios"]}
+    results["beams"] = run_beams(ModelRunner.from_dir(job["engine"], device=device))
     with open(f"{job['out']}.rank{rank}.json", "w") as f:
         json.dump(results, f)
     return 0

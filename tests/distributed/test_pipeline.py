@@ -1,8 +1,8 @@
 """Pipeline-parallel engines with their stages at work at once (executor.py, "Pipeline
 parallelism"): PP2 and PP4 ranks on the CPU (gloo) give the one-rank engine's greedy tokens
 over pipeline_worker.py's scenarios (mixed prompt lengths, chunked prompts, a pool that forces
-preemption, requests arriving over time, an abort mid-run), keep pp_size steps in flight, and
-end with every KV block back in every rank's pool. The scheduler's groups are tested alone.
+preemption, requests arriving over time, an abort mid-run) and its beams, keep pp_size steps
+in flight, and end with every KV block back in every rank's pool. The scheduler's groups are tested alone.
 """
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ from tensorrt_llm.runtime.request import Request
 from tensorrt_llm.runtime.scheduler import Scheduler, group_share
 
 from ..models.llama_utils import random_hf_llama
-from .pipeline_worker import ABORTED, SCENARIOS, run_scenario
+from .pipeline_worker import ABORTED, SCENARIOS, run_beams, run_scenario
 from .test_multi_rank import launch
 
 WORKER = Path(__file__).resolve().parent / "pipeline_worker.py"
-BUILD = dict(max_batch_size=4, max_input_len=48, max_seq_len=96, tokens_per_block=8, target_device="any")
+BUILD = dict(max_batch_size=4, max_beam_width=2, max_input_len=48, max_seq_len=96, tokens_per_block=8,
+             target_device="any")
 
 
 def build_engine(hf, mapping: Mapping, root: Path) -> Path:
@@ -40,8 +41,10 @@ def build_engine(hf, mapping: Mapping, root: Path) -> Path:
 
 
 def scenarios_on(device: str, engine: Path) -> dict:
-    return {name: run_scenario(ModelRunner.from_dir(engine, device=device, **options), name)
-            for name, (options, _) in SCENARIOS.items()}
+    results = {name: run_scenario(ModelRunner.from_dir(engine, device=device, **options), name)
+               for name, (options, _) in SCENARIOS.items()}
+    results["beams"] = run_beams(ModelRunner.from_dir(engine, device=device))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,7 @@ def test_pipeline_stages_give_one_ranks_tokens(llama, tmp_path, pp):
 
 
 def test_the_one_rank_executor_has_no_pipeline(llama):
-    assert all(res["peak_in_flight"] == 0 for res in llama["expected"].values())
+    assert all(llama["expected"][name]["peak_in_flight"] == 0 for name in SCENARIOS)
 
 
 def scheduler(num_groups: int, num_blocks: int = 64, max_num_tokens: int = 64) -> Scheduler:
