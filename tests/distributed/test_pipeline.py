@@ -23,7 +23,7 @@ from tensorrt_llm.runtime.request import Request
 from tensorrt_llm.runtime.scheduler import Scheduler, group_share
 
 from ..models.llama_utils import random_hf_llama
-from .pipeline_worker import ABORTED, SCENARIOS, run_beams, run_scenario
+from .pipeline_worker import ABORTED, SCENARIOS, prompts, run_beams, run_scenario
 from .test_multi_rank import launch
 
 WORKER = Path(__file__).resolve().parent / "pipeline_worker.py"
@@ -85,6 +85,14 @@ def test_pipeline_stages_give_one_ranks_tokens(llama, tmp_path, pp):
     procs = launch(pp, job, worker=WORKER)
     assert [p.returncode for p in procs] == [0] * pp, "".join(p.stderr[-2000:] for p in procs)
     check_ranks(job, pp, llama["expected"])
+
+
+def test_llm_api_runs_a_pipeline_engine_folder(llama):
+    # The LLM's engine processes (one per stage) step the pipelined executor in lockstep.
+    from tensorrt_llm import LLM, SamplingParams
+    with LLM(str(llama["engines"][2]), progress=None) as llm:
+        outs = llm.generate(prompts(301), SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [t[:4] for t in llama["expected"]["mixed"]["tokens"]]
 
 
 def test_the_one_rank_executor_has_no_pipeline(llama):
