@@ -114,10 +114,8 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
     if not config.share_embedding_table and "lm_head.weight" not in out:
         out["lm_head.weight"] = out["transformer.vocab_embedding.weight"].clone()
     model = model_cls(config)
-    kv_algo = config.quant_config.kv_cache_quant_algo
+    out = add_kv_cache_scales(model_cls, config, out, kv_cache_amax)
     for name, module in model.named_modules():
-        if isinstance(module, Attention) and kv_algo is not None:
-            out[f"{name}.kv_cache_scale"] = kv_cache_scales(name, kv_algo, kv_cache_amax)
         if not isinstance(module, Linear) or module.weight_format is None:
             continue
         layer, w = config.quant_config.layer(name), out[f"{name}.weight"].float()
@@ -131,6 +129,18 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
             input_scale = fp8_scale_from_amax(input_amax[name])
         set_quantized(out, name, quantize_fp8(w, per_channel=per_channel, input_scale=input_scale))
     return out
+
+
+def add_kv_cache_scales(model_cls, config: PretrainedConfig, weights: dict[str, torch.Tensor],
+                        kv_cache_amax: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """`weights` with each attention layer's `kv_cache_scale` when the config quantizes the KV
+    cache (see the module docstring; the weights may be quantized already, e.g. a GGUF file's)."""
+    algo = config.quant_config.kv_cache_quant_algo
+    if algo is None:
+        return weights
+    scales = {f"{name}.kv_cache_scale": kv_cache_scales(name, algo, kv_cache_amax)
+              for name, module in model_cls(config).named_modules() if isinstance(module, Attention)}
+    return {**weights, **scales}
 
 
 def kv_cache_scales(attention: str, algo: QuantAlgo,
