@@ -33,8 +33,19 @@ weights. FP8 needs a GPU of compute capability 8.9 or newer (the CPU runs its re
     python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant none,fp8 \
         --batch_sizes 1,8,32,64 --input_len 128 --output_len 128 --no_hf
 
+--kv_cache_dtype none,fp8,int8 (a comma list too) runs each --quant engine with its KV cache
+in the model's dtype and / or as FP8 / INT8 codes (one byte per element, half of bf16's), each
+layer's K and V scales calibrated on the agreement prompts through the transformers twin (for
+random weights: the maxima of their random K and V). FP8 KV at batch 32 and 2,048 tokens of
+context against the bf16 KV cache, one run:
+
+    python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant fp8 \
+        --kv_cache_dtype none,fp8 --batch_sizes 32 --input_len 2048 --output_len 64 --no_hf
+
 The decode floor is the engine's weight bytes (the quantized ones for a quantized engine) over
-the copy bandwidth. The perplexity is examples/eval_ppl.py's.
+the copy bandwidth; the floor with KV adds the bytes of the KV cache a step reads (every
+sequence's context, at its mean length over the timed steps, input_len + output_len / 2, in the
+cache's bytes per element: 1 for FP8 / INT8). The perplexity is examples/eval_ppl.py's.
 """
 from __future__ import annotations
 
@@ -61,6 +72,7 @@ from launch_ranks import run_split  # noqa: E402
 
 import tensorrt_llm.distributed as distributed  # noqa: E402
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.kv_cache_layout import KVCacheLayout  # noqa: E402
 from tensorrt_llm.mapping import Mapping  # noqa: E402
 from tensorrt_llm.models.llama.convert import config_from_hf  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
@@ -252,23 +264,34 @@ def gguf_models(dtype, device, with_hf):
 
 
 QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4", "fp8": "fp8"}
+KV_CACHE_DTYPES = ("none", "fp8", "int8")
 
 
-def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibration=()):
-    """The model `quant` asks for, of the float model's weights (a new model; the float one
-    is kept for the other variants). fp8 calibrates its activation scales by running `hf`
-    (a transformers model of the same weights) on the `calibration` token id lists."""
-    from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint, weight_only_config
+def engine_label(quant: str, kv: str) -> str:
+    return quant if kv == "none" else f"{quant}+kv_{kv}"
+
+
+def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibration=(), kv: str = "none"):
+    """The model `quant` and `kv` ask for, of the float model's weights (a new model; the float
+    one is kept for the other variants). fp8 weights (their activation scales) and a quantized
+    KV cache (its K / V scales) calibrate by running `hf` (a transformers model of the same
+    weights) on the `calibration` token id lists, in one pass."""
+    from tensorrt_llm.models.calibrate import calibrate
+    from tensorrt_llm.models.quantize import (add_kv_cache_scales, fp8_config, kv_cache_config, quantize_checkpoint,
+                                              weight_only_config)
     config = model.config
-    if quant == "int4_wo" and gguf:
+    amax = None
+    if quant == "fp8" or kv != "none":
+        amax = calibrate(hf, [list(map(int, p)) for p in calibration], kv_cache=kv != "none")
+    if quant == "none":
+        weights = {name: p.value for name, p in model.named_parameters()}
+    elif quant == "int4_wo" and gguf:
         from tensorrt_llm.models.llama.convert import load_weight_only_from_gguf
         config, weights = load_weight_only_from_gguf(gguf_path(), config)
     elif quant == "fp8":
-        from tensorrt_llm.models.calibrate import calibrate_input_amax
-        amax = calibrate_input_amax(hf, [list(map(int, p)) for p in calibration])
         weights = {name: p.value for name, p in model.named_parameters()}
         config = fp8_config(config)
-        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax)
+        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax.input_amax)
     else:
         weights = {name: p.value for name, p in model.named_parameters()}
         if group_size is None and quant == "int4_wo":
@@ -276,6 +299,9 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
             group_size = next(g for g in (128, 64, 32) if all(w % g == 0 for w in widths))
         config = weight_only_config(config, QUANTS[quant], group_size if quant == "int4_wo" else None)
         weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
+    if kv != "none":
+        config = kv_cache_config(config, kv)
+        weights = add_kv_cache_scales(LLaMAForCausalLM, config, weights, amax.kv_cache_amax)
     q = LLaMAForCausalLM(config)
     q.load(weights)
     return q
@@ -364,6 +390,9 @@ def main(argv=None):
     p.add_argument("--quant", default="none",
                    help=f"comma-separated engines to run side by side: {', '.join(QUANTS)}")
     p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None, help="int4_wo's group size")
+    p.add_argument("--kv_cache_dtype", default="none",
+                   help=f"comma-separated KV cache formats, each --quant engine run with each: "
+                        f"{', '.join(KV_CACHE_DTYPES)} (fp8 / int8: 1-byte codes with calibrated K and V scales)"),
     p.add_argument("--agreement_prompts", type=int, default=4,
                    help="prompts whose greedy tokens a quantized engine is compared on with the first engine's")
     p.add_argument("--threads", type=int, default=None,
@@ -383,15 +412,20 @@ def main(argv=None):
     if args.tp_size * args.pp_size > 1 or args.compare_one_gpu:
         if args.model not in SHAPES:
             p.error(f"a multi-rank run builds random weights in memory: --model must be one of {', '.join(SHAPES)}")
-        if args.quant != "none":
-            p.error("a multi-rank run times the float engine only (--quant none)")
+        if args.quant != "none" or args.kv_cache_dtype != "none":
+            p.error("a multi-rank run times the float engine only (--quant none --kv_cache_dtype none)")
         return run_multi(args)
     quants = args.quant.split(",")
     unknown = [q for q in quants if q not in QUANTS]
     if unknown:
         p.error(f"--quant {unknown[0]} is not one of {', '.join(QUANTS)}")
-    if len(quants) == 1:
-        return run_one(args, quants[0])
+    kvs = args.kv_cache_dtype.split(",")
+    unknown = [k for k in kvs if k not in KV_CACHE_DTYPES]
+    if unknown:
+        p.error(f"--kv_cache_dtype {unknown[0]} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    engines = [(q, kv) for q in quants for kv in kvs]
+    if len(engines) == 1:
+        return run_one(args, engines[0][0], kv=engines[0][1])
     results, tokens = {}, {}
     if args.model == "smollm2-gguf":
         prompts = text_prompts(args.agreement_prompts, args.input_len)
@@ -399,20 +433,25 @@ def main(argv=None):
         g = torch.Generator().manual_seed(1)
         prompts = [torch.randint(100, 1000, (args.input_len,), generator=g, dtype=torch.int32)
                    for _ in range(args.agreement_prompts)]
-    for i, quant in enumerate(quants):
+    for i, (quant, kv) in enumerate(engines):
         if i:
             args.no_hf = True
-        results[quant] = run_one(args, quant, prompts, tokens)
-    first = quants[0]
-    print(f"\n{'engine':>8} {'batch':>5} {'ms/step':>9} {'tok/s':>9} {'vs ' + first:>9} {'MiB':>7} "
+        results[engine_label(quant, kv)] = run_one(args, quant, prompts, tokens, kv=kv)
+    first = engine_label(*engines[0])
+    width = max(8, *(len(name) for name in results))
+    print(f"\n{'engine':>{width}} {'batch':>5} {'ms/step':>9} {'step/' + first:>{width + 5}} {'tok/s':>9} "
+          f"{'vs ' + first:>{width + 3}} {'MiB':>7} {'KV B/el':>7} {'floor+KV':>8} {'of it':>6} "
           f"{'greedy equal':>13} {'prefix':>7} {'ppl':>7}")
-    for quant, res in results.items():
+    for name, res in results.items():
         for row, base in zip(res["rows"], results[first]["rows"]):
             ag = res.get("agreement", {})
             eq = f"{ag['equal_tokens']}/{ag['tokens']}" if ag else "-"
-            print(f"{quant:>8} {row['batch']:>5} {row['ours_ms_per_step']:>9.3f} {row['ours_tok_s']:>9.1f} "
-                  f"{row['ours_tok_s'] / base['ours_tok_s']:>8.2f}x {res['engine_bytes'] / 2**20:>7.0f} "
-                  f"{eq:>13} {ag.get('common_prefix_tokens', '-'):>7} {res['perplexity']:>7.3f}")
+            print(f"{name:>{width}} {row['batch']:>5} {row['ours_ms_per_step']:>9.3f} "
+                  f"{row['ours_ms_per_step'] / base['ours_ms_per_step']:>{width + 4}.3f}x {row['ours_tok_s']:>9.1f} "
+                  f"{row['ours_tok_s'] / base['ours_tok_s']:>{width + 2}.2f}x {res['engine_bytes'] / 2**20:>7.0f} "
+                  f"{res['kv_bytes_per_element']:>7} {row['floor_with_kv_ms']:>8.3f} "
+                  f"{row['fraction_of_floor_with_kv']:>6.1%} {eq:>13} {ag.get('common_prefix_tokens', '-'):>7} "
+                  f"{res['perplexity']:>7.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
@@ -448,8 +487,9 @@ def run_multi(args):
     return result
 
 
-def run_one(args, quant, prompts=None, tokens=None):
-    """Build, load and time one engine (`quant` of the --model's weights); returns its result.
+def run_one(args, quant, prompts=None, tokens=None, kv="none"):
+    """Build, load and time one engine (`quant` of the --model's weights, its KV cache as `kv`
+    says); returns its result.
     In a rank process of a multi-rank run (`args.ranks`, run_ranks), this rank's part of the
     --tp_size x --pp_size engine, built in memory; rank 0 alone prints (and returns the result)."""
     dtype_name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
@@ -483,6 +523,7 @@ def run_one(args, quant, prompts=None, tokens=None):
                      max_seq_len=max_input + args.output_len + 8,
                      max_num_tokens=max(max(batch_sizes) * args.input_len, max_input))
     result["quant"] = quant
+    result["kv_cache_dtype"] = kv
     if ranks:
         hf = None
         with PeakRSS() as rss_build:
@@ -515,14 +556,15 @@ def run_one(args, quant, prompts=None, tokens=None):
         with PeakRSS() as rss_build:
             t = time.perf_counter()
             torch.manual_seed(0)  # every variant of a random model has the same weights
-            with_hf = not args.no_hf or quant == "fp8"  # fp8 calibrates through transformers
+            with_hf = not args.no_hf or quant == "fp8" or kv != "none"  # these calibrate through transformers
             if args.model == "smollm2-gguf":
                 model, hf = gguf_models(dtype_name, device, with_hf)
             else:
                 model, hf = random_models(args.model, dtype_name, device, with_hf)
-            if QUANTS[quant] is not None:
+            if QUANTS[quant] is not None or kv != "none":
                 calibration = prompts or [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32)]
-                model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf", hf, calibration)
+                model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf", hf, calibration,
+                                        kv)
             if args.no_hf:
                 hf = None
             result["weights_seconds"] = time.perf_counter() - t
@@ -562,12 +604,21 @@ def run_one(args, quant, prompts=None, tokens=None):
     read_floor_ms = (sum(stage_bytes) - embedding) / (result["copy_bandwidth_GBps"] * 1e9) * 1e3
     result["decode_floor_ms"] = floor_ms
     result["decode_read_floor_ms"] = read_floor_ms
+    # The KV cache a step reads: every sequence's context at its mean length over the timed steps,
+    # this rank's layers and KV heads (the pipeline stages in turn), in the pool's bytes.
+    layout = KVCacheLayout.of_engine(runner.config, runner.build_config.tokens_per_block)
+    kv_bytes_per_token = layout.bytes_per_block // layout.tokens_per_block * args.pp_size
+    result["kv_bytes_per_element"] = torch.empty((), dtype=layout.dtype).element_size()
+    mean_context = args.input_len + args.output_len / 2
     rows = []
     for b in batch_sizes:
         ttft, step = bench_ours(runner, b, args.input_len, args.output_len, device, args.repeats)
+        kv_floor_ms = (sum(stage_bytes) + b * mean_context * kv_bytes_per_token) / (
+            result["copy_bandwidth_GBps"] * 1e9) * 1e3
         row = {"batch": b, "ours_ms_per_step": step * 1e3, "ours_tok_s": b / step,
                "ours_ttft_ms": ttft * 1e3, "floor_ms": floor_ms, "fraction_of_roofline": floor_ms / (step * 1e3),
-               "fraction_of_read_roofline": read_floor_ms / (step * 1e3)}
+               "fraction_of_read_roofline": read_floor_ms / (step * 1e3), "floor_with_kv_ms": kv_floor_ms,
+               "fraction_of_floor_with_kv": kv_floor_ms / (step * 1e3)}
         if hf is not None:
             hf_ttft, hf_step = bench_hf(hf, b, args.input_len, args.output_len, device, args.repeats)
             row.update(hf_ms_per_step=hf_step * 1e3, hf_tok_s=b / hf_step, hf_ttft_ms=hf_ttft * 1e3,
@@ -593,13 +644,17 @@ def run_one(args, quant, prompts=None, tokens=None):
         log(f"build {result['build_seconds']:.1f} s, load {result['load_seconds']:.1f} s, "
             f"load RSS +{result['load_rss_increase_bytes'] / 2**20:.0f} MiB "
             f"({result['load_rss_over_engine']:.2f}x the {engine_bytes / 2**20:.0f} MiB engine)")
-    hdr = f"{'batch':>5} {'ms/step':>9} {'tok/s':>9} {'floor':>7} {'roofline':>8} {'read rl':>7} {'TTFT ms':>8}"
+    log(f"KV cache {kv} ({result['kv_bytes_per_element']} byte(s) per element), read at a mean context of "
+        f"{mean_context:.0f} tokens: floor+KV adds {kv_bytes_per_token * mean_context / 2**20:.1f} MiB per sequence")
+    hdr = (f"{'batch':>5} {'ms/step':>9} {'tok/s':>9} {'floor':>7} {'roofline':>8} {'read rl':>7} {'floor+KV':>8} "
+           f"{'of it':>6} {'TTFT ms':>8}")
     if hf is not None:
         hdr += f" {'HF ms/step':>10} {'HF tok/s':>9} {'speedup':>7}"
     log(hdr)
     for r in rows:
         line = (f"{r['batch']:>5} {r['ours_ms_per_step']:>9.3f} {r['ours_tok_s']:>9.1f} {r['floor_ms']:>7.3f} "
-                f"{r['fraction_of_roofline']:>8.1%} {r['fraction_of_read_roofline']:>7.1%} {r['ours_ttft_ms']:>8.1f}")
+                f"{r['fraction_of_roofline']:>8.1%} {r['fraction_of_read_roofline']:>7.1%} "
+                f"{r['floor_with_kv_ms']:>8.3f} {r['fraction_of_floor_with_kv']:>6.1%} {r['ours_ttft_ms']:>8.1f}")
         if hf is not None:
             line += f" {r['hf_ms_per_step']:>10.3f} {r['hf_tok_s']:>9.1f} {r['speedup_vs_hf']:>6.2f}x"
         log(line)

@@ -97,7 +97,7 @@ def run_executor(runner, workload, arrival, device, profile: bool = False) -> di
     times: dict[int, list[float]] = {r.request_id: [] for r in reqs}
     start_blocks = runner.kv_cache.num_free_blocks
     reused_before = runner.kv_cache.reused_blocks
-    ex.stats.peak_used_blocks = 0
+    ex.stats.peak_used_blocks = ex.stats.peak_in_flight = 0
     steps_before, decode_before = ex.stats.steps, ex.stats.decode_only_steps
     wait_before = ex.stats.gpu_wait_s
     sync(device)
@@ -141,6 +141,8 @@ def run_executor(runner, workload, arrival, device, profile: bool = False) -> di
             "decode_only_steps": ex.stats.decode_only_steps - decode_before,
             "step_time": step_time(steps),
             "gpu_wait_s": ex.stats.gpu_wait_s - wait_before,
+            # Pipeline stages: steps in flight at once (pp_size when the stages overlap).
+            "peak_in_flight": ex.stats.peak_in_flight,
             "outputs": [r.output_token_ids for r in reqs]}
 
 

@@ -137,6 +137,7 @@ class _State:
     backend: Optional[str] = None
     tp_group = None
     pp_group = None
+    logits_group = None  # the pipeline group's twin that carries the logits back (pipeline.py)
     cpu_group = None  # gloo over the world: host-side agreement (ints, objects)
     groups: dict = {}  # (kind, ranks) -> group, made once per process
 
@@ -231,6 +232,11 @@ def init(mapping: Mapping, device: torch.device, info: Optional[LaunchInfo] = No
     pp = {tuple(r): _group("pp", r, backend) for r in pp_groups}
     _state.tp_group = tp[tuple(mapping.tp_group)]
     _state.pp_group = pp[tuple(mapping.pp_group)]
+    # The logits go back to the earlier stages on a communicator of their own: NCCL runs one
+    # communicator's operations in issue order, so sharing the hidden states' would queue a
+    # stage's next send behind its wait for the logits.
+    logits = {tuple(r): _group("pp_logits", r, backend) for r in pp_groups} if mapping.pp_size > 1 else {}
+    _state.logits_group = logits.get(tuple(mapping.pp_group))
     _state.mapping = mapping
     # The first collective outside any CUDA graph capture (NCCL sets its communicators up here).
     barrier()
@@ -243,6 +249,12 @@ def tp_group():
 
 def pp_group():
     return _state.pp_group if is_initialized() else None
+
+
+def logits_group():
+    """The group of this process's pipeline stages that carries the logits from the last stage
+    to the earlier ones (None: no pipeline)."""
+    return _state.logits_group if is_initialized() else None
 
 
 def failed(what: str, e: Exception) -> DistributedError:
@@ -291,5 +303,5 @@ def shutdown() -> None:
             torch.distributed.destroy_process_group()
         except Exception:  # a peer already gone: nothing left to tidy
             pass
-    _state.tp_group = _state.pp_group = _state.cpu_group = _state.mapping = None
+    _state.tp_group = _state.pp_group = _state.logits_group = _state.cpu_group = _state.mapping = None
     _state.groups = {}

@@ -1,5 +1,9 @@
 """The layout of an engine's paged KV-cache pool, and how many blocks a budget holds.
 
+The pool holds the model's dtype, or 1-byte codes (int8, or FP8 E4M3 bytes as uint8) when the
+config's quantization.kv_cache_quant_algo is INT8 / FP8 (quantization/formats.py): a byte per
+element, so twice (bfloat16) the blocks fit in the same memory.
+
 The engine format (engine_check: the graph must agree with the pool it will index), the
 build command (the pool must fit) and the runtime (it allocates the pool) all size blocks
 the same way, from here. The pool itself and its bookkeeping are runtime/kv_cache_manager.py.
@@ -9,6 +13,16 @@ from dataclasses import dataclass
 import torch
 
 from ._utils import canonical_dtype, str_dtype_to_torch
+
+
+# kv_cache_quant_algo -> the pool's dtype (formats.KV_CACHE_STORAGE, by name).
+KV_CACHE_STORAGE_NAMES = {"INT8": "int8", "FP8": "uint8"}
+
+
+def kv_cache_dtype_name(dtype: str, kv_cache_quant_algo) -> str:
+    """The pool's dtype: the model's, or the codes' when the KV cache is quantized."""
+    algo = None if kv_cache_quant_algo is None else str(kv_cache_quant_algo).upper()
+    return KV_CACHE_STORAGE_NAMES[algo] if algo in KV_CACHE_STORAGE_NAMES else canonical_dtype(dtype)
 
 
 def as_torch_dtype(dtype) -> torch.dtype:
@@ -48,7 +62,9 @@ class KVCacheLayout:
         return cls(num_layers=cfg["num_hidden_layers"] // cfg["mapping"].get("pp_size", 1),
                    num_kv_heads=max(1, cfg["num_key_value_heads"] // cfg["mapping"]["tp_size"]),
                    head_dim=cfg.get("head_size") or cfg["hidden_size"] // cfg["num_attention_heads"],
-                   tokens_per_block=tokens_per_block, dtype_name=canonical_dtype(cfg["dtype"]))
+                   tokens_per_block=tokens_per_block,
+                   dtype_name=kv_cache_dtype_name(cfg["dtype"], (cfg.get("quantization") or {}).get(
+                       "kv_cache_quant_algo")))
 
     @property
     def dtype(self) -> torch.dtype:

@@ -140,10 +140,33 @@ Activation geluApproximation(std::string const& approximate) {
     throw std::invalid_argument("approximate must be 'none' or 'tanh', got '" + approximate + "'");
 }
 
+// ---- the KV cache: values, or 1-byte codes with their scales ----
+
+// The kv_cache's dtype: the activations' (no kv_scale), or int8 / uint8 (FP8 bytes) codes with
+// kv_scale, float32 [2] (the K and V scales).
+DType checkKvCache(Call& c, DType activations) {
+    DType const cache = c["kv_cache"].dtype;
+    bool const codes = cache == DType::kInt8 || cache == DType::kUInt8;
+    if (!codes && cache != activations) {
+        throw std::invalid_argument(std::string("kv_cache is ") + dtypeName(cache) + "; expected "
+                                    + dtypeName(activations) + ", or int8 / uint8 codes with kv_scale");
+    }
+    if (codes && !c.has("kv_scale")) {
+        throw std::invalid_argument("a kv_cache of int8 / uint8 codes needs kv_scale (float32 [2]: K and V scales)");
+    }
+    if (!codes && c.has("kv_scale")) {
+        throw std::invalid_argument(std::string("kv_scale is given but kv_cache holds ") + dtypeName(cache)
+                                    + " values, not codes");
+    }
+    c.shape("kv_scale", {2});
+    return cache;
+}
+
 // ---- paged_kv_write ----
 
 void checkPagedKvWrite(Call& c) {
     TensorArg const &key = c["key"], &cache = c["kv_cache"];
+    checkKvCache(c, key.dtype);
     if (cache.size(1) != 2 || cache.size(2) != key.size(1) || cache.size(4) != key.size(2)) {
         throw std::invalid_argument("kv_cache " + cache.shapeStr()
                                     + " must be [num_blocks, 2, num_kv_heads, tokens_per_block, head_dim] with key "
@@ -163,6 +186,8 @@ void launchPagedKvWriteEntry(Call const& c) {
     p.key = key.data();
     p.value = value.data();
     p.kvCache = cache.data();
+    p.kvScale = static_cast<float const*>(c.ptr("kv_scale"));
+    p.cacheDtype = cache.dtype;
     p.blockTables = static_cast<int32_t const*>(tables.data());
     p.cuSeqlens = static_cast<int32_t const*>(c["cu_seqlens"].data());
     p.pastLengths = static_cast<int32_t const*>(c["past_lengths"].data());
@@ -218,6 +243,12 @@ void checkDecodeAttention(Call& c) {
     TensorArg const &q = c["q"], &cache = c["kv_cache"], &tables = c["block_tables"];
     int64_t const batch = q.size(0), numHeads = q.size(1), headDim = q.size(2), kvHeads = cache.size(2);
     int64_t const tpb = cache.size(3);
+    if (checkKvCache(c, q.dtype) != q.dtype
+        && (q.dtype == DType::kFloat32 || (headDim != 64 && headDim != 128))) {
+        throw std::invalid_argument("a kv_cache of codes is read by the tensor-core kernel only: float16 / bfloat16 q "
+                                    "with head_dim 64 or 128, got " + std::string(dtypeName(q.dtype)) + " q "
+                                    + q.shapeStr());
+    }
     if (cache.size(1) != 2 || cache.size(4) != headDim || kvHeads == 0 || tpb == 0) {
         throw std::invalid_argument("kv_cache " + cache.shapeStr()
                                     + " must be [num_blocks, 2, num_kv_heads, tokens_per_block, head_dim] with q "
@@ -306,6 +337,8 @@ void launchDecodeAttentionEntry(Call const& c) {
     p.out = c["out"].data();
     p.q = q.data();
     p.kvCache = cache.data();
+    p.kvScale = static_cast<float const*>(c.ptr("kv_scale"));
+    p.cacheDtype = cache.dtype;
     p.blockTables = static_cast<int32_t const*>(tables.data());
     p.sequenceLengths = static_cast<int32_t const*>(c["sequence_lengths"].data());
     p.alibiSlopes = static_cast<float const*>(c.ptr("alibi_slopes"));
@@ -572,14 +605,16 @@ std::vector<Entry> entries() {
          },
          [](Call const& c) { launchActAndMulEntry(c, geluApproximation(c.text("approximate"))); }},
         {"paged_kv_write",
-         "Scatter new K/V rows into kv_cache [num_blocks, 2, KV, tpb, D]. Invalid block ids / positions are "
-         "skipped (nothing written).",
+         "Scatter new K/V rows into kv_cache [num_blocks, 2, KV, tpb, D] (of key's dtype, or int8 / uint8 FP8 "
+         "codes under kv_scale [2]). Invalid block ids / positions are skipped (nothing written).",
          {tensor("key").rank(3).floats().lastDimContiguous(),
           tensor("value").dtypeOf("key").shapeOf("key").lastDimContiguous(),
-          tensor("kv_cache").rank(5).dtypeOf("key").contiguous(),
+          tensor("kv_cache").rank(5).dtypes({kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8})
+              .contiguous(),
           tensor("block_tables").rank(2).dtypes({kInt32}).contiguous(),
           tensor("cu_seqlens").rank(1).dtypes({kInt32}).contiguous(),
-          tensor("past_lengths").rank(1).dtypes({kInt32}).contiguous(), stream()},
+          tensor("past_lengths").rank(1).dtypes({kInt32}).contiguous(),
+          optionalTensor("kv_scale").dtypes({kFloat32}).contiguous(), stream()},
          checkPagedKvWrite, launchPagedKvWriteEntry},
         {"top_k_top_p_sample",
          "out[b] = the token row b of logits [B, V] draws with uniform[b] after temperature, top-k and top-p "
@@ -590,10 +625,13 @@ std::vector<Entry> entries() {
           stream()},
          checkTopKTopPSample, launchTopKTopPSampleEntry},
         {"decode_attention",
-         "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache; with k_new/v_new the "
-         "step's rows are rotated (with rotary_cos_sin) and written into the cache by the same launch.",
+         "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache (q's dtype, or int8 / "
+         "uint8 FP8 codes under kv_scale [2]); with k_new/v_new the step's rows are rotated (with rotary_cos_sin) "
+         "and written into the cache by the same launch.",
          {tensor("out").dtypeOf("q").shapeOf("q").lastDimContiguous().written(),
-          tensor("q").rank(3).floats().lastDimContiguous(), tensor("kv_cache").rank(5).dtypeOf("q").contiguous(),
+          tensor("q").rank(3).floats().lastDimContiguous(),
+          tensor("kv_cache").rank(5).dtypes({kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8})
+              .contiguous(),
           tensor("block_tables").rank(2).dtypes({kInt32}).contiguous(),
           tensor("sequence_lengths").rank(1).dtypes({kInt32}).contiguous(),
           optionalTensor("alibi_slopes").dtypes({kFloat32}).contiguous(),
@@ -602,7 +640,8 @@ std::vector<Entry> entries() {
           integer("split_size"), real("scale"), integer("sliding_window"),
           optionalTensor("k_new").dtypeOf("q").lastDimContiguous(),
           optionalTensor("v_new").dtypeOf("q").lastDimContiguous(),
-          optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox"), stream()},
+          optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox"),
+          optionalTensor("kv_scale").dtypes({kFloat32}).contiguous(), stream()},
          checkDecodeAttention, launchDecodeAttentionEntry},
         {"gemv",
          "out = a @ weight.T (+ bias) for 1..4 rows, a computed from x by the prologue: 0 none, 1 RMSNorm "
@@ -683,7 +722,8 @@ PYBIND11_MODULE(bindings, m) {
     m.doc() = "tensorrt_llm compiled kernels (C++/CUDA, no libtorch). Use them through tensorrt_llm.kernels.";
 
     py::dict dtypes;
-    for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kInt64}) {
+    for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kInt64, DType::kInt8,
+                    DType::kUInt8}) {
         dtypes[dtypeName(d)] = static_cast<int>(d);
     }
     m.attr("DTYPES") = dtypes;

@@ -16,6 +16,8 @@ char const* dtypeName(DType dtype) {
         case DType::kBFloat16: return "bfloat16";
         case DType::kInt32: return "int32";
         case DType::kInt64: return "int64";
+        case DType::kInt8: return "int8";
+        case DType::kUInt8: return "uint8";
     }
     return "unknown";
 }
@@ -27,6 +29,8 @@ int dtypeSize(DType dtype) {
         case DType::kBFloat16: return 2;
         case DType::kInt32: return 4;
         case DType::kInt64: return 8;
+        case DType::kInt8: return 1;
+        case DType::kUInt8: return 1;
     }
     return 0;
 }
@@ -79,7 +83,7 @@ TensorArg toTensorArg(py::handle obj, char const* name) {
     }
     t.ptr = tup[0].cast<uintptr_t>();
     int const code = tup[1].cast<int>();
-    if (code < 0 || code > static_cast<int>(DType::kInt64)) {
+    if (code < 0 || code > static_cast<int>(DType::kUInt8)) {
         throw py::type_error(std::string(name) + ": unknown dtype code " + std::to_string(code));
     }
     t.dtype = static_cast<DType>(code);

@@ -20,7 +20,13 @@
 // (RoPE, when cosSin is given) and writes this step's K and V rows into the cache, then
 // attends; every block rotates its query heads in shared memory. One launch replaces the
 // rotation, the cache write and the attention.
-#include "common.cuh"
+//
+// Quantized cache (cacheDtype kUInt8 / kInt8: FP8 E4M3 / INT8 codes, kv_codes.cuh), tensor-core
+// kernel only: the fused write stores this step's rows as codes; the walk loads 16 codes per
+// 16-byte load and turns them into half2 MMA operands in registers (a few logic ops per pair,
+// exact), so the MMAs run in float16 whatever the activations' type. The K scale is folded once
+// into the score scale, the V scale once into the output: no per-element multiply.
+#include "kv_codes.cuh"
 
 #include <cfloat>
 #include <type_traits>
@@ -126,7 +132,8 @@ __device__ __forceinline__ int blockOf(Chunk const& c, int const* blockS, int j)
     return blockS[((c.begin + j) >> c.tpbShift) - c.firstBlock];
 }
 
-// The K row of `pos` in cache block `block` (its V row is kvHeads * tpb * D further on).
+// The K row of `pos` in cache block `block` (its V row is kvHeads * tpb * D further on); T: the
+// cache's element type.
 template <typename T, int D>
 __device__ __forceinline__ T const* kRowOf(DecodeAttentionParams const& p, Chunk const& c, int block, int kvh,
                                            int pos) {
@@ -172,7 +179,7 @@ __device__ __forceinline__ Shared carveShared(float* smem, int parts) {
 // store of a loaded value waits for that load and would turn each further load into another
 // round trip. In the fused form, the owner block then rotates and writes this step's K/V rows
 // into the cache. Ends synchronised. THREADS: the block size.
-template <typename T, int D, int THREADS>
+template <typename T, typename C, int D, int THREADS>
 __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group,
                            Shared const& sh) {
     constexpr int V = kVec16<T>;
@@ -263,11 +270,16 @@ __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b
     if (c.owner) {
         int const block = sh.blocks[(c.qPos >> c.tpbShift) - c.firstBlock];
         if (block >= 0) {
-            T* kDst = const_cast<T*>(kRowOf<T, D>(p, c, block, kvh, c.qPos));
-            T* vDst = kDst + p.kvHeads * p.tokensPerBlock * D;
+            C* kDst = const_cast<C*>(kRowOf<C, D>(p, c, block, kvh, c.qPos));
+            C* vDst = kDst + p.kvHeads * p.tokensPerBlock * D;
             for (int d = threadIdx.x; d < D; d += THREADS) {
-                kDst[d] = fromFloat<T>(sh.k[d]);
-                vDst[d] = fromFloat<T>(sh.v[d]);
+                if constexpr (kIsKvCode<C>) {  // codes of the rows in T, as the unfused path writes them
+                    kDst[d] = encodeKv<C>(toFloat(fromFloat<T>(sh.k[d])), p.kvScale[0]);
+                    vDst[d] = encodeKv<C>(toFloat(fromFloat<T>(sh.v[d])), p.kvScale[1]);
+                } else {
+                    kDst[d] = fromFloat<T>(sh.k[d]);
+                    vDst[d] = fromFloat<T>(sh.v[d]);
+                }
             }
         }
     }
@@ -381,7 +393,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
     int const laneGroup = warp * L::RPW + lane / L::LPR;
     Chunk const c = chunkOf(p, b, split);
     int const n = c.n;
-    stageBlock<T, D, THREADS>(p, c, b, kvh, group, sh);
+    stageBlock<T, T, D, THREADS>(p, c, b, kvh, group, sh);
 
     // This lane's slice of every query head, scaled, in registers for the whole walk.
     float qr[MAXG][L::EPL];
@@ -536,14 +548,23 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], 
 #endif
 }
 
-template <typename T, int D, int WARPS, int TILES, int MINB>
+// C: the cache's element type (T, or __nv_fp8_e4m3 / int8_t codes). With codes, M (the MMA's
+// operand type) is __half, and a lane's K and V pieces are 16 codes (16 bytes) instead of 8:
+//   K: lane t of a quad owns dims 64c + 16t .. 64c + 16t + 15 of its position, four k-steps a
+//      piece (k-step kc reads word kc % 4 of piece kc / 4; Q is permuted the same way);
+//   V: lane g owns the output dims g * D/8 .. g * D/8 + D/8 - 1 of each of its four positions
+//      (16 bytes for D = 128, 8 for D = 64); m-tile i takes dims 2i, 2i + 1 of that run.
+template <typename T, typename C, int D, int WARPS, int TILES, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(DecodeAttentionParams p) {
     static_assert(D == 64 || D == 128, "head dims of the tensor-core kernel");
+    constexpr bool kCodes = kIsKvCode<C>;
+    using M = std::conditional_t<kCodes, __half, T>;
     constexpr int MAXG = kDecodeAttentionMaxGroup;   // query heads: MMA rows 0..7
     constexpr int KC = D / 16;                        // MMA k-steps of a score (S = Q K^T)
-    constexpr int KP = D / 32;                        // 16-byte pieces of a K row a lane loads
+    constexpr int KP = kCodes ? D / 64 : D / 32;      // 16-byte pieces of a K row a lane loads
     constexpr int MT = D / 16;                        // MMA m-tiles of the output (O^T += V^T P^T)
-    constexpr int VP = D / 64;                        // 16-byte pieces of a V row a lane loads
+    constexpr int VP = D / 64;                        // 16-byte pieces of a V row a lane loads (T)
+    constexpr int VW = D / 32;                        // 32-bit words of codes of a V row a lane loads
     constexpr float kLog2e = 1.4426950408889634f;
     extern __shared__ float smem[];
     Shared const sh = carveShared<D, MAXG>(smem, WARPS);
@@ -557,18 +578,21 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     int const g = lane / 4;  // MMA row (query head) and column (position, output dim) of this lane
     int const t = lane % 4;  // its place in the quad
     Chunk const c = chunkOf(p, b, split);
-    stageBlock<T, D, WARPS * 32>(p, c, b, kvh, group, sh);
+    stageBlock<T, C, D, WARPS * 32>(p, c, b, kvh, group, sh);
 
     // Q as the A operand of every k-step, in the permuted dim order (rows 8..15 zero).
     uint32_t qa[KC][2];
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
-        int const d0 = (kc / 2) * 32 + t * 8 + (kc % 2) * 4;
+        int const d0 = kCodes ? (kc / 4) * 64 + t * 16 + (kc % 4) * 4 : (kc / 2) * 32 + t * 8 + (kc % 2) * 4;
         float const* row = sh.q + g * D + d0;
-        qa[kc][0] = g < group ? packPair<T>(row[0], row[1]) : 0u;
-        qa[kc][1] = g < group ? packPair<T>(row[2], row[3]) : 0u;
+        qa[kc][0] = g < group ? packPair<M>(row[0], row[1]) : 0u;
+        qa[kc][1] = g < group ? packPair<M>(row[2], row[3]) : 0u;
     }
-    float const scoreScale = p.scale * kLog2e;  // scores in log2 units: exp2f below
+    // Codes: a K operand is (code value * kKvHalfUnit), its value code * kScale.
+    float const kMul = kCodes ? p.kvScale[0] / kKvHalfUnit<C> : 1.f;
+    float const vMul = kCodes ? p.kvScale[1] / kKvHalfUnit<C> : 1.f;
+    float const scoreScale = p.scale * kMul * kLog2e;  // scores in log2 units: exp2f below
     float const slope = (p.alibiSlopes != nullptr && g < group) ? p.alibiSlopes[kvh * group + g] * kLog2e : 0.f;
     int64_t const vOffset = p.kvHeads * p.tokensPerBlock * D;
 
@@ -583,8 +607,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     // A warp takes TILES tiles of 16 positions at a time: their loads first, all of them, then
     // the math of each: one wait for memory per TILES * 16 positions.
     for (int base = warp * 16 * TILES; base < c.n; base += WARPS * 16 * TILES) {
-        uint4 kq[TILES][2][KP];  // K of positions tile + 8j + g
-        uint4 vq[TILES][4][VP];  // V of positions tile + {2t, 2t+1, 8+2t, 9+2t}
+        uint4 kq[TILES][2][KP];                 // K of positions tile + 8j + g
+        uint4 vq[TILES][4][kCodes ? 1 : VP];    // V of positions tile + {2t, 2t+1, 8+2t, 9+2t} (T)
+        uint32_t vw[TILES][4][kCodes ? VW : 1];  // the same, codes
 #pragma unroll
         for (int u = 0; u < TILES; ++u) {
             int const tile = base + 16 * u;
@@ -592,22 +617,36 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
             for (int j = 0; j < 2; ++j) {
                 int const pos = tile + 8 * j + g;
                 int const block = pos < c.n ? blockOf(c, sh.blocks, pos) : -1;
-                T const* row = block >= 0 ? kRowOf<T, D>(p, c, block, kvh, c.begin + pos) : nullptr;
+                C const* row = block >= 0 ? kRowOf<C, D>(p, c, block, kvh, c.begin + pos) : nullptr;
 #pragma unroll
                 for (int i = 0; i < KP; ++i) {
-                    kq[u][j][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 32 + t * 8)
-                                                 : make_uint4(0, 0, 0, 0);
+                    int const offset = kCodes ? i * 64 + t * 16 : i * 32 + t * 8;
+                    kq[u][j][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + offset) : make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 int const pos = tile + (r / 2) * 8 + 2 * t + (r % 2);
                 int const block = pos < c.n ? blockOf(c, sh.blocks, pos) : -1;
-                T const* row = block >= 0 ? kRowOf<T, D>(p, c, block, kvh, c.begin + pos) + vOffset : nullptr;
+                C const* row = block >= 0 ? kRowOf<C, D>(p, c, block, kvh, c.begin + pos) + vOffset : nullptr;
+                if constexpr (kCodes) {
+                    if constexpr (VW == 4) {
+                        uint4 const w = row != nullptr ? *reinterpret_cast<uint4 const*>(row + g * 16) : make_uint4(0, 0, 0, 0);
+                        vw[u][r][0] = w.x;
+                        vw[u][r][1] = w.y;
+                        vw[u][r][2] = w.z;
+                        vw[u][r][3] = w.w;
+                    } else {
+                        uint2 const w = row != nullptr ? *reinterpret_cast<uint2 const*>(row + g * 8) : make_uint2(0, 0);
+                        vw[u][r][0] = w.x;
+                        vw[u][r][1] = w.y;
+                    }
+                } else {
 #pragma unroll
-                for (int i = 0; i < VP; ++i) {
-                    vq[u][r][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 64 + g * 8)
-                                                 : make_uint4(0, 0, 0, 0);
+                    for (int i = 0; i < VP; ++i) {
+                        vq[u][r][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 64 + g * 8)
+                                                     : make_uint4(0, 0, 0, 0);
+                    }
                 }
             }
         }
@@ -621,12 +660,19 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
                 s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
                 for (int kc = 0; kc < KC; ++kc) {
-                    uint4 const& piece = kq[u][j][kc / 2];
                     uint32_t const a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
-                    if (kc % 2 == 0) {
-                        mma16816<T>(s[j], a, piece.x, piece.y);
+                    if constexpr (kCodes) {
+                        uint4 const& piece = kq[u][j][kc / 4];
+                        uint32_t b0, b1;
+                        kvCodesToHalf2<C>(reinterpret_cast<uint32_t const*>(&piece)[kc % 4], b0, b1);
+                        mma16816<M>(s[j], a, b0, b1);
                     } else {
-                        mma16816<T>(s[j], a, piece.z, piece.w);
+                        uint4 const& piece = kq[u][j][kc / 2];
+                        if (kc % 2 == 0) {
+                            mma16816<M>(s[j], a, piece.x, piece.y);
+                        } else {
+                            mma16816<M>(s[j], a, piece.z, piece.w);
+                        }
                     }
                 }
             }
@@ -670,23 +716,34 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
             }
             // P^T as the B operand (k = positions, n = heads): lane (g, t) holds head g's
             // positions 2t, 2t+1 and 8+2t, 9+2t, just where the S fragment left them.
-            uint32_t const pb0 = packPair<T>(pr[0][0], pr[0][1]);
-            uint32_t const pb1 = packPair<T>(pr[1][0], pr[1][1]);
+            uint32_t const pb0 = packPair<M>(pr[0][0], pr[0][1]);
+            uint32_t const pb1 = packPair<M>(pr[1][0], pr[1][1]);
             // O^T += V^T P^T: A = V^T (rows: dims, k: positions). Lane (g, t) holds dims
-            // dimOf(i, h) = (idx / 8) * 64 + g * 8 + idx % 8 with idx = 2i + h of positions
-            // 2t, 2t+1, 8+2t, 9+2t: m-tile i reads word (i % 4) of piece i / 4, its low halves
-            // for row g and its high halves for row g + 8.
+            // dimOf(i, h) of positions 2t, 2t+1, 8+2t, 9+2t. Values: dimOf = (idx / 8) * 64 + g * 8
+            // + idx % 8 with idx = 2i + h: m-tile i reads word (i % 4) of piece i / 4, its low
+            // halves for row g and its high halves for row g + 8. Codes: dimOf = g * D/8 + idx:
+            // m-tile i takes bytes 2i % 4 and 2i % 4 + 1 of word i / 2 of each position, paired
+            // across positions by a byte permute, then turned into half2 pairs.
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                int const piece = i / 4;
-                int const word = i % 4;
-                uint32_t const v0 = reinterpret_cast<uint32_t const*>(&vq[u][0][piece])[word];
-                uint32_t const v1 = reinterpret_cast<uint32_t const*>(&vq[u][1][piece])[word];
-                uint32_t const v2 = reinterpret_cast<uint32_t const*>(&vq[u][2][piece])[word];
-                uint32_t const v3 = reinterpret_cast<uint32_t const*>(&vq[u][3][piece])[word];
-                uint32_t const a[4] = {__byte_perm(v0, v1, 0x5410u), __byte_perm(v0, v1, 0x7632u),
-                                       __byte_perm(v2, v3, 0x5410u), __byte_perm(v2, v3, 0x7632u)};
-                mma16816<T>(acc[i], a, pb0, pb1);
+                if constexpr (kCodes) {
+                    int const word = i / 2;
+                    uint32_t const sel = i % 2 == 0 ? 0x5140u : 0x7362u;
+                    uint32_t a[4];
+                    kvCodesToHalf2<C>(__byte_perm(vw[u][0][word], vw[u][1][word], sel), a[0], a[1]);
+                    kvCodesToHalf2<C>(__byte_perm(vw[u][2][word], vw[u][3][word], sel), a[2], a[3]);
+                    mma16816<M>(acc[i], a, pb0, pb1);
+                } else {
+                    int const piece = i / 4;
+                    int const word = i % 4;
+                    uint32_t const v0 = reinterpret_cast<uint32_t const*>(&vq[u][0][piece])[word];
+                    uint32_t const v1 = reinterpret_cast<uint32_t const*>(&vq[u][1][piece])[word];
+                    uint32_t const v2 = reinterpret_cast<uint32_t const*>(&vq[u][2][piece])[word];
+                    uint32_t const v3 = reinterpret_cast<uint32_t const*>(&vq[u][3][piece])[word];
+                    uint32_t const a[4] = {__byte_perm(v0, v1, 0x5410u), __byte_perm(v0, v1, 0x7632u),
+                                           __byte_perm(v2, v3, 0x5410u), __byte_perm(v2, v3, 0x7632u)};
+                    mma16816<M>(acc[i], a, pb0, pb1);
+                }
             }
         }
     }
@@ -699,11 +756,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             int const idx = 2 * i + h;
-            int const d = (idx / 8) * 64 + g * 8 + idx % 8;
+            int const d = kCodes ? g * (D / 8) + idx : (idx / 8) * 64 + g * 8 + idx % 8;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 int const head = 2 * t + e;
-                if (head < group) sh.acc[(warp * MAXG + head) * D + d] = acc[i][2 * h + e];
+                if (head < group) sh.acc[(warp * MAXG + head) * D + d] = acc[i][2 * h + e] * vMul;
             }
         }
     }
@@ -748,10 +805,10 @@ void launchCudaCore(DecodeAttentionParams const& p, cudaStream_t stream) {
     }
 }
 
-template <typename T, int D, int WARPS, int TILES, int MINB>
+template <typename T, typename C, int D, int WARPS, int TILES, int MINB>
 void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
     size_t const smem = sharedBytes<D, kDecodeAttentionMaxGroup>(p, WARPS);
-    auto kernel = decodeAttentionMmaKernel<T, D, WARPS, TILES, MINB>;
+    auto kernel = decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB>;
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
@@ -800,13 +857,27 @@ void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     bool const manyWaves = p.batch * p.kvHeads * p.numSplits >= 8LL * info.multiprocessors;
     if constexpr (!std::is_same_v<T, float> && (D == 64 || D == 128)) {
         if (info.major >= 8) {
-            if (manyWaves) {
-                launchMma<T, D, 1, 2, 8>(p, stream);
+            auto byCache = [&](auto codeTag) {
+                using C = decltype(codeTag);
+                if (manyWaves) {
+                    launchMma<T, C, D, 1, 2, 8>(p, stream);
+                } else {
+                    launchMma<T, C, D, 4, 2, 1>(p, stream);
+                }
+            };
+            if (p.cacheDtype == DType::kUInt8) {
+                byCache(__nv_fp8_e4m3{});
+            } else if (p.cacheDtype == DType::kInt8) {
+                byCache(int8_t{});
             } else {
-                launchMma<T, D, 4, 2, 1>(p, stream);
+                byCache(T{});
             }
             return;
         }
+    }
+    if (p.cacheDtype != p.dtype) {
+        throw std::invalid_argument("decode_attention: a quantized KV cache is read by the tensor-core kernel only "
+                                    "(float16 / bfloat16 q, head_dim 64 or 128, sm_80 or newer)");
     }
     if (manyWaves) {
         launchCudaCore<T, D, 64>(p, stream);

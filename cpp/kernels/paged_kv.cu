@@ -8,18 +8,35 @@
 // a token outside [cuSeqlens[0], cuSeqlens[batch]), a negative position, a block index past
 // maxBlocks, or a block id outside [0, numBlocks) writes nothing. Every read of the metadata
 // and every write into the cache stays inside the tensors' shapes.
-#include "common.cuh"
+//
+// A quantized cache (cacheDtype kInt8 / kUInt8) takes each element's code under kvScale[0] (K)
+// or kvScale[1] (V) instead (kv_codes.cuh): 16 bytes of K/V in, 8 bytes of codes out.
+#include "kv_codes.cuh"
 
 namespace tensorrt_llm {
 
-template <typename T, int VEC>
-__global__ void pagedKvWriteKernel(T const* __restrict__ key, T const* __restrict__ value, T* __restrict__ cache,
+template <typename C, typename T, int VEC>
+__device__ __forceinline__ void storeRow(C* dst, T const* src, float const* kvScale, int which) {
+    auto const in = *reinterpret_cast<Pack<T, VEC> const*>(src);
+    if constexpr (std::is_same_v<C, T>) {
+        *reinterpret_cast<Pack<T, VEC>*>(dst) = in;
+    } else {
+        float const scale = kvScale[which];
+        Pack<C, VEC> out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) out.v[e] = encodeKv<C>(toFloat(in.v[e]), scale);
+        *reinterpret_cast<Pack<C, VEC>*>(dst) = out;
+    }
+}
+
+template <typename T, typename C, int VEC>
+__global__ void pagedKvWriteKernel(T const* __restrict__ key, T const* __restrict__ value, C* __restrict__ cache,
+                                   float const* __restrict__ kvScale,
                                    int32_t const* __restrict__ blockTables, int32_t const* __restrict__ cuSeqlens,
                                    int32_t const* __restrict__ pastLengths, int batch, int64_t maxBlocks,
                                    int64_t numBlocks, int kvHeads, int64_t tokensPerBlock, int headDim,
                                    int64_t keyTokenStride, int64_t keyHeadStride, int64_t valueTokenStride,
                                    int64_t valueHeadStride) {
-    using P = Pack<T, VEC>;
     int64_t const t = blockIdx.x;
 
     // The sequence of token t: the last b with cuSeqlens[b] <= t (binary search over b+1 offsets).
@@ -45,26 +62,26 @@ __global__ void pagedKvWriteKernel(T const* __restrict__ key, T const* __restric
     int64_t const slot = pos - blockIdxInSeq * tokensPerBlock;
 
     int64_t const headStride = tokensPerBlock * headDim;         // between heads in the cache
-    T* kDst = cache + (block * 2 + 0) * kvHeads * headStride + slot * headDim;
-    T* vDst = cache + (block * 2 + 1) * kvHeads * headStride + slot * headDim;
+    C* kDst = cache + (block * 2 + 0) * kvHeads * headStride + slot * headDim;
+    C* vDst = cache + (block * 2 + 1) * kvHeads * headStride + slot * headDim;
     int const packsPerHead = headDim / VEC;
     int const work = kvHeads * packsPerHead;
     for (int i = threadIdx.x; i < work; i += blockDim.x) {
         int const h = i / packsPerHead;
         int const d = (i - h * packsPerHead) * VEC;
-        *reinterpret_cast<P*>(kDst + h * headStride + d) =
-            *reinterpret_cast<P const*>(key + t * keyTokenStride + h * keyHeadStride + d);
-        *reinterpret_cast<P*>(vDst + h * headStride + d) =
-            *reinterpret_cast<P const*>(value + t * valueTokenStride + h * valueHeadStride + d);
+        storeRow<C, T, VEC>(kDst + h * headStride + d, key + t * keyTokenStride + h * keyHeadStride + d, kvScale, 0);
+        storeRow<C, T, VEC>(vDst + h * headStride + d, value + t * valueTokenStride + h * valueHeadStride + d,
+                            kvScale, 1);
     }
 }
 
-template <typename T, int VEC>
+template <typename T, typename C, int VEC>
 static void launch(PagedKvWriteParams const& p, cudaStream_t stream) {
     int64_t const work = p.kvHeads * (p.headDim / VEC);
     int const threads = std::min(256, std::max(32, roundUp(work, 32)));
-    pagedKvWriteKernel<T, VEC><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(
-        static_cast<T const*>(p.key), static_cast<T const*>(p.value), static_cast<T*>(p.kvCache), p.blockTables,
+    pagedKvWriteKernel<T, C, VEC><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(
+        static_cast<T const*>(p.key), static_cast<T const*>(p.value), static_cast<C*>(p.kvCache), p.kvScale,
+        p.blockTables,
         p.cuSeqlens, p.pastLengths, static_cast<int>(p.batch), p.maxBlocks, p.numBlocks, static_cast<int>(p.kvHeads),
         p.tokensPerBlock, static_cast<int>(p.headDim), p.keyTokenStride, p.keyHeadStride, p.valueTokenStride,
         p.valueHeadStride);
@@ -79,10 +96,20 @@ void launchPagedKvWrite(PagedKvWriteParams const& p, void* stream) {
         bool const vec = p.headDim % V == 0 && aligned16(p.key) && aligned16(p.value) && aligned16(p.kvCache)
                          && p.keyTokenStride % V == 0 && p.keyHeadStride % V == 0 && p.valueTokenStride % V == 0
                          && p.valueHeadStride % V == 0;
-        if (vec) {
-            launch<T, V>(p, s);
+        auto byCache = [&](auto codeTag) {
+            using C = decltype(codeTag);
+            if (vec) {
+                launch<T, C, V>(p, s);
+            } else {
+                launch<T, C, 1>(p, s);
+            }
+        };
+        if (p.cacheDtype == DType::kUInt8) {
+            byCache(__nv_fp8_e4m3{});
+        } else if (p.cacheDtype == DType::kInt8) {
+            byCache(int8_t{});
         } else {
-            launch<T, 1>(p, s);
+            byCache(T{});
         }
     });
     checkLaunch("paged_kv_write");

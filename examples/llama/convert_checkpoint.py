@@ -27,6 +27,10 @@ the LM head its own INT8 copy (the embedding stays float).
 
 FP8 (W8A8) checkpoints, which need calibration, are written by examples/quantization/quantize.py.
 
+--kv_cache_dtype fp8 stores the KV cache as FP8 E4M3 codes with scales 1.0 (no calibration), with
+any of the above; calibrated scales, and int8 (which needs them), come from
+examples/quantization/quantize.py --kv_cache_dtype.
+
 The checkpoint is written into a new folder beside --output_dir and renamed into place
 when complete: a failed conversion leaves an earlier --output_dir as it was. An error ends
 in one "error:" line (exit code 2); --debug shows its traceback.
@@ -41,7 +45,14 @@ from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.llama import convert
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, check_output_dir, write_checkpoint
-from tensorrt_llm.models.quantize import add_weight_only_arguments, quantize_checkpoint, weight_only_config
+from tensorrt_llm.models.quantize import (
+    add_kv_cache_argument,
+    add_kv_cache_scales,
+    add_weight_only_arguments,
+    kv_cache_config,
+    quantize_checkpoint,
+    weight_only_config,
+)
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
 PROG = "convert_checkpoint.py"
@@ -61,6 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pp_size", type=int, default=1,
                         help="pipeline stages (the layers split between them); tp_size x pp_size rank files")
     add_weight_only_arguments(parser)
+    add_kv_cache_argument(parser, calibrated=False)
     add_debug_argument(parser)
     args = parser.parse_args(argv)
     if args.model_dir is not None and not args.model_dir.is_dir():
@@ -80,6 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--{given[0]} does not apply to a GGUF file: its blocks keep their own precision and group")
     if args.use_weight_only and args.gguf_file is not None and args.tp_size * args.pp_size != 1:
         parser.error("--use_weight_only of a GGUF file writes one rank (--tp_size 1 --pp_size 1)")
+    if args.kv_cache_dtype == "int8":
+        parser.error("--kv_cache_dtype int8 needs calibrated scales: use examples/quantization/quantize.py "
+                     "--kv_cache_dtype int8")
     args.weight_only_precision = args.weight_only_precision or "int8"
     return args
 
@@ -125,6 +140,12 @@ def main(argv=None):
 
         def rank_weights(rank, config=config):
             return quantize_checkpoint(LLaMAForCausalLM, config, float_weights(rank))
+    if args.kv_cache_dtype is not None:
+        unscaled = rank_weights
+        config = kv_cache_config(config, args.kv_cache_dtype)
+
+        def rank_weights(rank, config=config):
+            return add_kv_cache_scales(LLaMAForCausalLM, config, unscaled(rank))
 
     stats = {"tensors": 0, "elements": 0, "bytes": 0}
 
@@ -145,6 +166,8 @@ def main(argv=None):
     if config.quant_config.quantizes_weights:
         print(f"  quantization: {config.quant_config.quant_algo.value}"
               + (f", group {config.quant_config.group_size}" if config.quant_config.group_size else ""))
+    if config.quant_config.quantizes_kv_cache:
+        print(f"  KV cache: {config.quant_config.kv_cache_quant_algo.value} codes, scales 1.0")
     print(f"  {stats['tensors']} tensors, {stats['elements'] / 1e6:.1f}M elements, "
           f"{stats['bytes'] / 2**20:.1f} MiB over {mapping.world_size} rank file(s)")
     if tokenizer_files:

@@ -22,7 +22,16 @@ benchmarks/fp8_rounding_spread.py).
 
 --qformat int8_wo / int4_wo: W8A16 (per output channel, or groups of --group_size) / W4A16
 (groups of --group_size, 128 by default) of the same linears, as convert_checkpoint.py
---use_weight_only quantizes a float source; no calibration.
+--use_weight_only quantizes a float source; no calibration. --qformat none: the weights stay in
+--dtype (for --kv_cache_dtype alone).
+
+--kv_cache_dtype fp8 / int8 (with any --qformat): the KV cache holds FP8 E4M3 / INT8 codes, each
+attention layer with a K and a V scale, amax / 448 (fp8) or amax / 127 (int8) of the K (after
+the rotary embedding) and V values calibrated on the same samples, in the same pass, as FP8's
+activation scales:
+
+    python examples/quantization/quantize.py --model_dir hf_model --qformat fp8 --kv_cache_dtype fp8 \
+        --output_dir ckpt
 
 A GGUF file's weights are dequantized first (as convert_checkpoint.py does), so its float
 model is the GGUF file's (convert_checkpoint.py --use_weight_only keeps its blocks instead).
@@ -44,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: eval_
 from eval_ppl import ARTICLES, article_token_ids  # noqa: E402
 
 from tensorrt_llm.cli import add_debug_argument, run_cli  # noqa: E402
-from tensorrt_llm.models.calibrate import calibrate_input_amax  # noqa: E402
+from tensorrt_llm.models.calibrate import Calibration, calibrate as calibrate_amax  # noqa: E402
 from tensorrt_llm.models.llama import convert  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
 from tensorrt_llm.models.modeling_utils import (  # noqa: E402
@@ -53,11 +62,17 @@ from tensorrt_llm.models.modeling_utils import (  # noqa: E402
     check_output_dir,
     write_checkpoint,
 )
-from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint, weight_only_config  # noqa: E402
+from tensorrt_llm.models.quantize import (  # noqa: E402
+    add_kv_cache_argument,
+    fp8_config,
+    kv_cache_config,
+    quantize_checkpoint,
+    weight_only_config,
+)
 from tensorrt_llm.tokenizer_utils import load_tokenizer, save_tokenizer  # noqa: E402
 
 PROG = "quantize.py"
-QFORMATS = {"fp8": None, "int8_wo": "int8", "int4_wo": "int4"}  # -> the weight-only precision
+QFORMATS = {"fp8": None, "int8_wo": "int8", "int4_wo": "int4", "none": None}  # -> the weight-only precision
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="per-token activation scales at run time (FP8_PER_CHANNEL_PER_TOKEN), no calibration")
     p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None,
                    help="int8_wo / int4_wo: inputs per quantization group")
+    add_kv_cache_argument(p, calibrated=True)
     p.add_argument("--calib_size", type=int, default=None, help="calibration samples (default 16)")
     p.add_argument("--calib_max_len", type=int, default=512, help="tokens per calibration sample at most")
     p.add_argument("--calib_data", type=Path, default=ARTICLES, help="JSON lines with an 'article' text each")
@@ -83,18 +99,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--model_dir {args.model_dir} is not a file")
     if not gguf and not args.model_dir.is_dir():
         p.error(f"--model_dir {args.model_dir} is neither a folder nor a .gguf file")
-    fp8_only = [f for f in ("per_channel", "dynamic_activations", "calib_size") if getattr(args, f)]
+    fp8_only = [f for f in ("per_channel", "dynamic_activations") if getattr(args, f)]
     if args.qformat != "fp8" and fp8_only:
         p.error(f"--{fp8_only[0]} applies to --qformat fp8")
+    if args.qformat == "none" and args.kv_cache_dtype is None:
+        p.error("--qformat none quantizes nothing: give --kv_cache_dtype fp8 or int8")
     if args.qformat == "fp8" and args.group_size is not None:
         p.error("--group_size applies to --qformat int8_wo / int4_wo")
-    if args.dynamic_activations and args.calib_size is not None:
-        p.error("--calib_size calibrates static activation scales; --dynamic_activations has none")
+    args.calibrate = (args.qformat == "fp8" and not args.dynamic_activations) or args.kv_cache_dtype is not None
+    if args.calib_size is not None and not args.calibrate:
+        p.error("--calib_size calibrates static activation scales; --dynamic_activations has none" if
+                args.dynamic_activations else "--calib_size applies to --qformat fp8 or --kv_cache_dtype")
     if args.calib_size is None:
         args.calib_size = 16
     if args.calib_size < 1 or args.calib_max_len < 2:
         p.error("--calib_size must be >= 1 and --calib_max_len >= 2")
-    if args.qformat == "fp8" and not args.dynamic_activations and not args.calib_data.is_file():
+    if args.calibrate and not args.calib_data.is_file():
         p.error(f"--calib_data {args.calib_data} is not a file")
     return args
 
@@ -122,7 +142,7 @@ def transformers_model(source: Path, device: torch.device):
     return transformers.LlamaForCausalLM.from_pretrained(**kwargs, dtype=torch.float32).to(device).eval()
 
 
-def calibrate(args) -> dict[str, torch.Tensor]:
+def calibrate(args) -> Calibration:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     samples = article_token_ids(load_tokenizer(args.model_dir), args.calib_size, args.calib_max_len, args.calib_data)
     if len(samples) < args.calib_size:
@@ -133,7 +153,7 @@ def calibrate(args) -> dict[str, torch.Tensor]:
 
     def progress(done):
         print(f"\r  {done}/{len(samples)} samples", end="\n" if done == len(samples) else "", flush=True)
-    return calibrate_input_amax(model, samples, progress)
+    return calibrate_amax(model, samples, progress, kv_cache=args.kv_cache_dtype is not None)
 
 
 def main(argv=None):
@@ -142,23 +162,27 @@ def main(argv=None):
     check_output_dir(args.output_dir, sources=[args.model_dir])
     print(f"reading {args.model_dir}", flush=True)
     config, weights = float_model(args)
+    calibration = calibrate(args) if args.calibrate else Calibration()
     if args.qformat == "fp8":
-        amax = None if args.dynamic_activations else calibrate(args)
         config = fp8_config(config, dynamic_activations=args.dynamic_activations)
         print(f"quantizing the linears to FP8 ({config.quant_config.quant_algo.value}, "
               f"{'per-channel' if args.per_channel else 'per-tensor'} weight scales)", flush=True)
-        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, per_channel=args.per_channel,
-                                      input_amax=amax)
-    else:
+    elif args.qformat != "none":
         config = weight_only_config(config, QFORMATS[args.qformat], args.group_size)
         print(f"quantizing the linears' weights ({config.quant_config.quant_algo.value})", flush=True)
-        weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
+    config = kv_cache_config(config, args.kv_cache_dtype)
+    if args.kv_cache_dtype is not None:
+        print(f"KV cache in {args.kv_cache_dtype} (calibrated K/V scales per layer)", flush=True)
+    weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, per_channel=args.per_channel,
+                                  input_amax=calibration.input_amax or None,
+                                  kv_cache_amax=calibration.kv_cache_amax or None)
     with atomic_output_dir(args.output_dir, sources=[args.model_dir]) as tmp:
         write_checkpoint(tmp, config, [weights])
         tokenizer_files = save_tokenizer(args.model_dir, tmp)
     size = sum(t.numel() * t.element_size() for t in weights.values())
     print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, dtype {config.dtype}, "
-          f"quantization {config.quant_config.quant_algo.value}, {size / 2**20:.1f} MiB of weights")
+          f"quantization {config.quant_config.quant_algo or 'none'}, KV cache "
+          f"{config.quant_config.kv_cache_quant_algo or config.dtype}, {size / 2**20:.1f} MiB of weights")
     if not tokenizer_files:
         print(f"  warning: no tokenizer files found in {args.model_dir}", file=sys.stderr)
     print(f"  {time.perf_counter() - start:.1f} s")

@@ -10,6 +10,7 @@ import torch
 from .. import functional as F
 from ..functional import Tensor
 from ..module import Module
+from ..parameter import Parameter
 from .linear import ColumnLinear, RowLinear
 
 
@@ -62,6 +63,12 @@ class Attention(Module):
         q, kv = num_attention_heads * head_size, self.num_kv_heads * tp_size * head_size
         self.qkv = ColumnLinear(hidden_size, q + 2 * kv, bias, dtype, tp_size)
         self.dense = RowLinear(q, hidden_size, dense_bias, dtype, tp_size)
+        self.kv_cache_scale = None  # float32 [2] (K, V) once quantize_kv_cache made the cache 1-byte codes
+
+    def quantize_kv_cache(self) -> None:
+        """The KV cache holds INT8 / FP8 codes (quantization/formats.py): this layer's K and V
+        scales become a weight, `kv_cache_scale`."""
+        self.kv_cache_scale = Parameter(shape=(2,), dtype="float32")
 
     def forward(self, hidden: Tensor, inputs: AttentionInputs) -> Tensor:
         qkv = self.qkv(hidden)
@@ -81,5 +88,6 @@ class Attention(Module):
                                   layer_idx=self.layer_idx, num_heads=self.num_heads,
                                   num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
                                   tokens_per_block=inputs.kv_cache_pool.shape[4],
-                                  sliding_window=self.sliding_window)
+                                  sliding_window=self.sliding_window,
+                                  kv_cache_scale=None if self.kv_cache_scale is None else self.kv_cache_scale.tensor)
         return self.dense(context)

@@ -1,6 +1,12 @@
-"""Calibration of FP8 static activation scales for a LLaMA-family model: the max |x| of each
-quantizable linear's input over calibration texts, in our module names (models/quantize.py
-turns each into an `input_scale`, formats.fp8_scale_from_amax).
+"""Calibration of FP8 static activation scales and KV cache scales for a LLaMA-family model: the
+max |x| of each quantizable linear's input over calibration texts, in our module names
+(models/quantize.py turns each into an `input_scale`, formats.fp8_scale_from_amax), and, in the
+same pass, each attention layer's K and V maxima (into its `kv_cache_scale`,
+formats.kv_cache_scale_from_amax).
+
+The cache holds K after the rotary embedding, which transformers applies outside any module,
+so K's maximum is taken over k_proj's output as the largest norm of a rotated pair (dims j and
+j + head_dim / 2, the pairs Llama rotates): no rotation of a pair makes either element larger.
 
 It runs the float model as transformers does (a `LlamaForCausalLM`, e.g. the Hugging Face
 folder or GGUF file the checkpoint is converted from) with a forward hook on each of its
@@ -9,6 +15,7 @@ their maxima meet in our fused `qkv`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -30,23 +37,56 @@ def our_linear_name(hf_name: str) -> Optional[str]:
     return f"transformer.layers.{layer}.{_LINEARS[module]}" if module in _LINEARS else None
 
 
-@torch.no_grad()
-def calibrate_input_amax(hf_model: torch.nn.Module, samples: Iterable[list[int]],
-                         progress: Callable[[int], None] = lambda done: None) -> dict[str, torch.Tensor]:
-    """Our linear name -> float32 [1], the max |x| its input reached over `samples` (token id
-    lists, one forward pass each); `progress(samples done)` after each."""
-    amax: dict[str, torch.Tensor] = {}
-    hooks = []
+@dataclass
+class Calibration:
+    """input_amax: our linear name -> float32 [1], the max |x| of its input. kv_cache_amax: our
+    attention name (`transformer.layers.N.attention`) -> float32 [2], the max |k| (rotated) and
+    |v| its cache would hold."""
+    input_amax: dict[str, torch.Tensor] = field(default_factory=dict)
+    kv_cache_amax: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def record(name):
+
+def _rotated_pair_amax(k: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The largest sqrt(k[j]^2 + k[j + D/2]^2) over the heads of k [..., heads * D]."""
+    heads = k.float().reshape(-1, head_dim)
+    half = head_dim // 2
+    return torch.hypot(heads[:, :half], heads[:, half:]).amax()
+
+
+@torch.no_grad()
+def calibrate(hf_model: torch.nn.Module, samples: Iterable[list[int]],
+              progress: Callable[[int], None] = lambda done: None, kv_cache: bool = False) -> Calibration:
+    """The maxima of a calibration run over `samples` (token id lists, one forward pass each;
+    `progress(samples done)` after each): every quantizable linear's input, and with
+    `kv_cache` every attention layer's K and V."""
+    result = Calibration()
+    hooks = []
+    cfg = hf_model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    def keep_max(table, name, seen):
+        seen = seen.detach().float().reshape(-1).cpu()
+        table[name] = torch.maximum(table[name], seen) if name in table else seen
+
+    def record_input(name):
         def hook(module, inputs):
-            seen = inputs[0].detach().abs().amax().float().reshape(1).cpu()
-            amax[name] = torch.maximum(amax[name], seen) if name in amax else seen
+            keep_max(result.input_amax, name, inputs[0].detach().abs().amax())
+        return hook
+
+    def record_kv(name, which):
+        def hook(module, inputs, output):
+            seen = _rotated_pair_amax(output, head_dim) if which == 0 else output.detach().abs().amax()
+            current = result.kv_cache_amax.setdefault(name, torch.zeros(2))
+            current[which] = max(float(current[which]), float(seen))
         return hook
 
     for hf_name, module in hf_model.named_modules():
         if isinstance(module, torch.nn.Linear) and (name := our_linear_name(hf_name)) is not None:
-            hooks.append(module.register_forward_pre_hook(record(name)))
+            hooks.append(module.register_forward_pre_hook(record_input(name)))
+            kind = hf_name.rpartition(".")[2]
+            if kv_cache and kind in ("k_proj", "v_proj"):
+                attention = name.removesuffix(".qkv")
+                hooks.append(module.register_forward_hook(record_kv(attention, 0 if kind == "k_proj" else 1)))
     device = next(hf_model.parameters()).device
     try:
         done = 0
@@ -59,4 +99,10 @@ def calibrate_input_amax(hf_model: torch.nn.Module, samples: Iterable[list[int]]
             h.remove()
     if not done:
         raise ValueError("calibration needs at least one sample")
-    return amax
+    return result
+
+
+def calibrate_input_amax(hf_model: torch.nn.Module, samples: Iterable[list[int]],
+                         progress: Callable[[int], None] = lambda done: None) -> dict[str, torch.Tensor]:
+    """Our linear name -> float32 [1], the max |x| its input reached over `samples` (calibrate)."""
+    return calibrate(hf_model, samples, progress).input_amax

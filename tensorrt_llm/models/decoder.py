@@ -63,7 +63,7 @@ class DecoderModelForCausalLM(PretrainedModel):
             "position_ids": net.add_input("position_ids", "int32", [-1], {0: tokens}),
             "last_token_ids": net.add_input("last_token_ids", "int64", [-1], {0: logit_rows}),
             "kv_cache_pool": net.add_input(
-                "kv_cache_pool", cfg.dtype,
+                "kv_cache_pool", cfg.kv_cache_dtype,
                 [num_layers, -1, 2, kv_heads, tokens_per_block, cfg.head_size],
                 {1: ("num_blocks", (1, max_batch_size * max_blocks, max_batch_size * max_blocks * 64))}),
             "block_tables": net.add_input("block_tables", "int32", [-1, -1],
@@ -98,9 +98,10 @@ class DecoderModelForCausalLM(PretrainedModel):
         """The network of this rank. Tensor parallelism: each rank computes its heads and MLP
         columns (RowLinear's allreduce sums them) and its slice of the vocabulary's logits,
         gathered into the whole row. Pipeline parallelism: a stage after the first receives
-        the hidden states from the previous one; a stage before the last sends its output to
-        the next and receives the logits from the last, which sends them to every other stage,
-        so every rank's `logits` are the same."""
+        the hidden states from the previous one; a stage before the last ends at sending its
+        output to the next (its network's output `hidden_states` is what it sent), and the
+        last stage's `logits` reach the earlier stages outside the graph (runtime/pipeline.py),
+        so no stage's step waits for a later stage."""
         cfg = self.config
         m = cfg.mapping
         attn = AttentionInputs(position_ids, kv_cache_pool, block_tables, sequence_lengths,
@@ -114,10 +115,8 @@ class DecoderModelForCausalLM(PretrainedModel):
             hidden = self.transformer(input_ids, attn, received)
         if not m.is_last_pp_rank():
             sent = F.send(hidden, peer=m.next_pp_rank())
-            logits = F.recv(last_token_ids, sent, peer=m.last_pp_rank(), dtype=cfg.logits_dtype,
-                            tail=[cfg.vocab_size])
-            default_net().mark_output(logits, "logits")
-            return logits
+            default_net().mark_output(sent, "hidden_states")
+            return sent
         # Only the rows whose logits are asked for go through ln_f and lm_head.
         hidden = F.index_select(hidden, 0, last_token_ids)
         if self.transformer.ln_f is not None:  # None: post-norm layers end normed
@@ -134,7 +133,5 @@ class DecoderModelForCausalLM(PretrainedModel):
                 logits = F.slice(logits, -1, 0, cfg.vocab_size)
         if logits.dtype != self.config.logits_dtype:
             logits = F.cast(logits, self.config.logits_dtype)
-        for peer in m.pp_group[:-1]:
-            F.send(logits, peer=peer)
         default_net().mark_output(logits, "logits")
         return logits

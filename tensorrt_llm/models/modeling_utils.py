@@ -26,6 +26,7 @@ except ImportError:  # older safetensors
 
 from .._utils import read_json_object, str_dtype_to_torch
 from ..errors import CheckpointError, ConfigError
+from ..kv_cache_layout import kv_cache_dtype_name
 from ..mapping import Mapping
 from ..quantization.formats import FP8_DTYPE
 from ..quantization.mode import QuantConfig
@@ -35,8 +36,8 @@ from ..quantization.mode import QuantConfig
 KNOWN_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
 # Architectures whose linears take weight-only INT8 / INT4 or FP8 weights (a `quantization` section).
 QUANTIZABLE_ARCHITECTURES: set[str] = {"LlamaForCausalLM"}
-# Checkpoint tensors of quantized linears that stay as they are when weights are cast.
-QUANT_TENSOR_SUFFIXES = (".weight_scale", ".weight_zero", ".input_scale")
+# Checkpoint tensors of quantized linears (and KV cache scales) that stay as they are when weights are cast.
+QUANT_TENSOR_SUFFIXES = (".weight_scale", ".weight_zero", ".input_scale", ".kv_cache_scale")
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
 POSITION_EMBEDDING_TYPES = ("rope_gpt_neox", "rope_gptj", "learned_absolute", "alibi")
@@ -184,17 +185,19 @@ class PretrainedConfig:
     def _validate_quantization(self):
         """The `quantization` section: a QuantConfig section (quantization/mode.py) whose
         weight algorithms (the weight-only INT8 / INT4 and the FP8 ones: QuantConfig refuses
-        any other) are for LLaMA-family models (the linears that can run them); a quantized KV
-        cache is not supported yet."""
+        any other) and KV cache algorithms (INT8, FP8) are for LLaMA-family models (whose
+        converters write the quantized tensors)."""
         qc = self.quant_config
         if not qc.quantizes_weights and not qc.quantizes_kv_cache:
             return
-        if qc.quantizes_kv_cache:
-            raise ConfigError(f"PretrainedConfig: quantization.kv_cache_quant_algo "
-                              f"{qc.kv_cache_quant_algo.value} is not supported yet (the KV cache is in dtype)")
         if self.architecture not in QUANTIZABLE_ARCHITECTURES:
             raise ConfigError(f"PretrainedConfig: quantized checkpoints of {self.architecture} are not "
                               f"supported (only {', '.join(sorted(QUANTIZABLE_ARCHITECTURES))})")
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The KV cache pool's dtype: the model's, or int8 / uint8 (FP8 bytes) codes."""
+        return kv_cache_dtype_name(self.dtype, self.quant_config.kv_cache_quant_algo)
 
     @property
     def quant_config(self) -> QuantConfig:

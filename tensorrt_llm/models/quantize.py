@@ -13,6 +13,12 @@ first: lm_head gets the embedding's rows, quantized, and the embedding stays flo
 FP8 with static activation scales (`FP8`) needs each linear's calibrated input |x| max
 (models/calibrate.py); per-token scales (`FP8_PER_CHANNEL_PER_TOKEN`) need none. Both
 take per-tensor or per-channel weight scales.
+
+A quantized KV cache (`kv_cache_quant_algo` INT8 / FP8, with any weight format or none,
+`kv_cache_config`) gives each attention layer `A` the tensor `A.kv_cache_scale`, float32 [2]:
+the K and V scales from the calibrated maxima (amax / 448 or amax / 127), or, for FP8 without
+calibration, 1.0 (E4M3 covers +-448 at 3 mantissa bits, ample for unscaled K/V); INT8 has no
+such default (a unit step would round every K/V element to an integer).
 """
 from __future__ import annotations
 
@@ -21,12 +27,14 @@ from typing import Mapping
 
 import torch
 
+from ..layers.attention import Attention
 from ..layers.linear import QUANT_SCALE_DTYPE, Linear
-from ..quantization.formats import fp8_scale_from_amax, quantize, quantize_fp8, to_state_dict
+from ..quantization.formats import fp8_scale_from_amax, kv_cache_scale_from_amax, quantize, quantize_fp8, to_state_dict
 from ..quantization.mode import QuantAlgo, QuantConfig
 from .modeling_utils import PretrainedConfig
 
 PRECISIONS = {"int8": QuantAlgo.W8A16, "int4": QuantAlgo.W4A16}
+KV_CACHE_DTYPES = {"fp8": QuantAlgo.FP8, "int8": QuantAlgo.INT8}  # --kv_cache_dtype -> kv_cache_quant_algo
 # What stays float when no exclude_modules are given (TensorRT-LLM's default excludes it too).
 DEFAULT_EXCLUDED = ["lm_head"]
 
@@ -71,6 +79,16 @@ def fp8_config(config: PretrainedConfig, dynamic_activations: bool = False,
     return quantized_config(config, fp8_section(dynamic_activations, exclude_modules))
 
 
+def kv_cache_config(config: PretrainedConfig, kv_cache_dtype: str | None) -> PretrainedConfig:
+    """`config` with its KV cache in `kv_cache_dtype` ("fp8", "int8"; None: as it is)."""
+    if kv_cache_dtype is None:
+        return config
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"KV cache dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    section = dict(config.quantization or {}, kv_cache_quant_algo=KV_CACHE_DTYPES[kv_cache_dtype].value)
+    return dataclasses.replace(config, quantization=QuantConfig.from_dict(section).to_dict())
+
+
 def set_quantized(weights: dict[str, torch.Tensor], name: str, w) -> None:
     """Put linear `name`'s quantized weight (formats.py) into `weights` as a quantized Linear
     reads it: the codes as they are, scales and zeros float32 (exact from float16 / bfloat16)."""
@@ -81,18 +99,22 @@ def set_quantized(weights: dict[str, torch.Tensor], name: str, w) -> None:
 
 def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, torch.Tensor], *,
                         per_channel: bool = False,
-                        input_amax: Mapping[str, torch.Tensor | float] | None = None) -> dict[str, torch.Tensor]:
+                        input_amax: Mapping[str, torch.Tensor | float] | None = None,
+                        kv_cache_amax: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """One rank's weights with every linear the config's `quantization` section quantizes
     replaced by its quantized tensors (the config of weight_only_config / fp8_config; the
     weights as the float converter wrote them, an untied head taking the embedding's rows).
 
     FP8 layers: `per_channel` gives one weight scale per output channel (else one per tensor);
     static activation scales come from `input_amax`, linear name -> the calibrated max |x| of
-    its input (a ValueError names a linear without one)."""
+    its input (a ValueError names a linear without one). A quantized KV cache: each attention
+    layer's scales from `kv_cache_amax` (attention name -> float32 [2], K and V maxima), or
+    1.0 for FP8 when it is None (INT8 needs it)."""
     out = dict(weights)
     if not config.share_embedding_table and "lm_head.weight" not in out:
         out["lm_head.weight"] = out["transformer.vocab_embedding.weight"].clone()
     model = model_cls(config)
+    out = add_kv_cache_scales(model_cls, config, out, kv_cache_amax)
     for name, module in model.named_modules():
         if not isinstance(module, Linear) or module.weight_format is None:
             continue
@@ -107,6 +129,40 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
             input_scale = fp8_scale_from_amax(input_amax[name])
         set_quantized(out, name, quantize_fp8(w, per_channel=per_channel, input_scale=input_scale))
     return out
+
+
+def add_kv_cache_scales(model_cls, config: PretrainedConfig, weights: dict[str, torch.Tensor],
+                        kv_cache_amax: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """`weights` with each attention layer's `kv_cache_scale` when the config quantizes the KV
+    cache (see the module docstring; the weights may be quantized already, e.g. a GGUF file's)."""
+    algo = config.quant_config.kv_cache_quant_algo
+    if algo is None:
+        return weights
+    scales = {f"{name}.kv_cache_scale": kv_cache_scales(name, algo, kv_cache_amax)
+              for name, module in model_cls(config).named_modules() if isinstance(module, Attention)}
+    return {**weights, **scales}
+
+
+def kv_cache_scales(attention: str, algo: QuantAlgo,
+                    kv_cache_amax: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
+    """float32 [2]: attention layer `attention`'s K and V scales (see the module docstring)."""
+    if kv_cache_amax is None:
+        if algo == QuantAlgo.INT8:
+            raise ValueError("an INT8 KV cache needs calibrated K/V maxima (examples/quantization/quantize.py "
+                             "--kv_cache_dtype int8); none were given")
+        return torch.ones(2, dtype=torch.float32)
+    if attention not in kv_cache_amax:
+        raise ValueError(f"{algo} KV cache needs the calibrated K/V maxima of {attention}; none were given")
+    return kv_cache_scale_from_amax(torch.as_tensor(kv_cache_amax[attention]).reshape(2), algo)
+
+
+def add_kv_cache_argument(parser, calibrated: bool) -> None:
+    """--kv_cache_dtype of the converters (`calibrated`: they calibrate its scales)."""
+    how = ("scales from each layer's calibrated K/V maxima (amax / 448 for fp8, amax / 127 for int8)" if calibrated
+           else "fp8 with scales 1.0 (no calibration; E4M3 covers +-448); int8 needs calibrated scales, which "
+                "examples/quantization/quantize.py --kv_cache_dtype int8 makes")
+    parser.add_argument("--kv_cache_dtype", choices=list(KV_CACHE_DTYPES), default=None,
+                        help=f"store the KV cache as 1-byte codes: {how}. Combines with any weight format")
 
 
 def add_weight_only_arguments(parser) -> None:

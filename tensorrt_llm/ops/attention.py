@@ -3,6 +3,10 @@
 Its reference reads the cache through the block tables in plain PyTorch (softmax in float32);
 it is also the CPU runtime, so the decode path avoids needless copies. The CUDA implementation
 (paged decode-attention kernel, varlen flash attention) is in attention_cuda.py.
+
+A quantized KV cache (an int8 or uint8 pool with `kv_cache_scale`, quantization/formats.py):
+the new rows are written as codes, and every row attention reads is dequantized to float32
+(code * scale) first, this step's rows included.
 """
 from __future__ import annotations
 
@@ -15,15 +19,19 @@ import torch.nn.functional as F
 
 from .._utils import is_floating
 from ..network import Tensor, shapes_compatible
+from ..quantization.formats import dequantize_kv, kv_cache_algo_of, quantize_kv
 from .op import REFERENCE, add_layer, check_int, check_same_dtype, check_shape, define
 from .rotary import rotary_embedding_reference
+
+KV_CODE_DTYPES = ("int8", "uint8")  # a quantized pool's dtypes (INT8 codes, FP8 bytes)
 
 
 @define(side_effects=True)
 def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_tables: Tensor,
                   sequence_lengths: Tensor, context_lengths: Tensor, host_context_lengths: Tensor,
                   alibi_slopes: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
-                  rotary_cos_sin: Optional[Tensor] = None, host_sequence_lengths: Optional[Tensor] = None, *,
+                  rotary_cos_sin: Optional[Tensor] = None, host_sequence_lengths: Optional[Tensor] = None,
+                  kv_cache_scale: Optional[Tensor] = None, *,
                   layer_idx: int, num_heads: int, num_kv_heads: int,
                   head_dim: int, tokens_per_block: int, scale: Optional[float] = None,
                   sliding_window: Optional[int] = None, rotary_dim: int = 0, rotary_is_neox: bool = True) -> Tensor:
@@ -32,11 +40,21 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
     `position_ids`), q and k are first rotated as `rotary_embedding` would (the fused form
     the builder's fuse_rope_attention pass makes, so a kernel can rotate in the same pass).
     `host_sequence_lengths` (CPU) lets an implementation see, without a device sync, which
-    sequences have no cached past (a prompt's first step)."""
+    sequences have no cached past (a prompt's first step). `kv_cache_scale` (float32 [2], the K
+    and V scales) goes with a pool of 1-byte codes: int8 (INT8) or uint8 (FP8 E4M3 bytes)."""
     op = "gpt_attention"
     if num_heads % num_kv_heads:
         raise ValueError(f"{op}: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    dtype = check_same_dtype(op, q, k, v, kv_cache_pool)
+    if kv_cache_scale is None:
+        dtype = check_same_dtype(op, q, k, v, kv_cache_pool)
+    else:
+        dtype = check_same_dtype(op, q, k, v)
+        if kv_cache_pool.dtype not in KV_CODE_DTYPES:
+            raise ValueError(f"{op}: with kv_cache_scale the pool holds 1-byte codes (int8, or uint8 FP8 bytes), "
+                             f"got {kv_cache_pool.dtype}")
+        if kv_cache_scale.dtype != "float32" or tuple(kv_cache_scale.shape) != (2,):
+            raise ValueError(f"{op}: kv_cache_scale must be float32 [2] (K and V scales), got "
+                             f"{kv_cache_scale.dtype} {list(kv_cache_scale.shape)}")
     num_tokens = q.shape[0] if q.ndim == 2 else -1
     check_shape(op, q, (num_tokens, num_heads * head_dim), "q")
     check_shape(op, k, (num_tokens, num_kv_heads * head_dim), "k")
@@ -77,11 +95,29 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
             raise ValueError(f"{op}: host_sequence_lengths must be int32 of rank 1, got "
                              f"{host_sequence_lengths.dtype} {list(host_sequence_lengths.shape)}")
         check_shape(op, host_sequence_lengths, batch, "host_sequence_lengths")
+    if host_sequence_lengths is not None or kv_cache_scale is not None:
         inputs.append(host_sequence_lengths)
+    if kv_cache_scale is not None:
+        inputs.append(kv_cache_scale)
     return add_layer(op, inputs, [(dtype, (num_tokens, num_heads * head_dim))], layer_idx=int(layer_idx),
                      num_heads=int(num_heads), num_kv_heads=int(num_kv_heads), head_dim=int(head_dim),
                      tokens_per_block=int(tokens_per_block), scale=None if scale is None else float(scale),
                      sliding_window=None if sliding_window is None else int(sliding_window), **rotary)
+
+
+def _codes(x, pool_dtype, kv_scale, which):
+    """K (which 0) or V (1) rows as the pool stores them: themselves, or the bytes of their
+    codes under kv_scale[which]."""
+    if kv_scale is None:
+        return x
+    return quantize_kv(x, kv_scale[which], kv_cache_algo_of(pool_dtype)).view(pool_dtype)
+
+
+def _values(kv, kv_scale):
+    """Gathered rows [2, ...] as float32 values: codes dequantized, K by the K scale, V by the V scale."""
+    if kv_scale is None:
+        return kv.float()
+    return dequantize_kv(kv, kv_scale.float().view(2, *([1] * (kv.dim() - 1))))
 
 
 def _write_kv(cache, k, v, block_tables, sequence_lengths, context_lengths, tokens_per_block, decode):
@@ -157,12 +193,11 @@ def _ungroup(out, num_q, dtype):
 
 def _attend(q, kv, q_positions, scale, alibi_slopes, sliding_window):
     """q [B, Tq, Hq, D] at absolute positions q_positions [B, Tq] over kv [2, KV, B, S, D]
-    holding positions 0..S-1 (finite everywhere). Key j is visible to a query at p when
+    (float32) holding positions 0..S-1 (finite everywhere). Key j is visible to a query at p when
     p - window < j <= p. Returns [B, Tq, Hq * D], computed in float32."""
     batch, num_q, num_heads, _ = q.shape
     kv_heads, num_keys = kv.shape[1], kv.shape[3]
     group = num_heads // kv_heads
-    kv = kv.float()
     distance = torch.arange(num_keys, device=q.device) - q_positions.unsqueeze(-1)  # j - p, [B, Tq, S]
     visible = distance <= 0
     if sliding_window is not None:
@@ -177,14 +212,14 @@ def _attend(q, kv, q_positions, scale, alibi_slopes, sliding_window):
     return _ungroup(out, num_q, q.dtype)
 
 
-def _attend_decode_same_length(q, cache, block_tables, length, scale, sliding_window):
+def _attend_decode_same_length(q, cache, kv_scale, block_tables, length, scale, sliding_window):
     """Decode where every sequence holds `length` tokens: each query sees exactly positions
     [length - window, length), so reading just those needs neither a mask nor clearing."""
     tpb = cache.shape[3]
     start = 0 if sliding_window is None else max(0, length - sliding_window)
     first_block = start // tpb
     kv = _gather_kv(cache, block_tables[:, first_block:-(-length // tpb)])
-    kv = kv[:, :, :, start - first_block * tpb:length - first_block * tpb].float()
+    kv = _values(kv[:, :, :, start - first_block * tpb:length - first_block * tpb], kv_scale)
     out = F.scaled_dot_product_attention(_group_queries(q, kv.shape[1]), kv[0], kv[1], scale=scale)
     return _ungroup(out, 1, q.dtype)
 
@@ -210,7 +245,7 @@ def _rotate_q_and_k(q, k, position_ids, cos_sin, num_heads, num_kv_heads, head_d
 @gpt_attention.implementation(REFERENCE)
 def gpt_attention_reference(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
                             host_context_lengths, alibi_slopes=None, position_ids=None, rotary_cos_sin=None,
-                            host_sequence_lengths=None, *, layer_idx, num_heads, num_kv_heads, head_dim,
+                            host_sequence_lengths=None, kv_cache_scale=None, *, layer_idx, num_heads, num_kv_heads, head_dim,
                             tokens_per_block, scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     if rotary_cos_sin is not None:
         q, k = _rotate_q_and_k(q, k, position_ids, rotary_cos_sin, num_heads, num_kv_heads, head_dim, rotary_dim,
@@ -223,6 +258,7 @@ def gpt_attention_reference(q, k, v, kv_cache_pool, block_tables, sequence_lengt
     # blocks in use. On a GPU reading them would sync, so every block-table column is
     # read and masks do the rest.
     lengths = sequence_lengths.tolist() if sequence_lengths.device.type == "cpu" else None
+    k, v = _codes(k, cache.dtype, kv_cache_scale, 0), _codes(v, cache.dtype, kv_cache_scale, 1)
     if decode and lengths is not None:
         _write_kv_decode_host(cache, k, v, block_tables, lengths, tokens_per_block)
     else:
@@ -232,13 +268,16 @@ def gpt_attention_reference(q, k, v, kv_cache_pool, block_tables, sequence_lengt
 
     def gathered(rows: builtins.slice):
         if lengths is None:
-            return _clear_past_end(_gather_kv(cache, block_tables[rows]), sequence_lengths[rows])
-        used = lengths[rows]
-        return _clear_past_end(_gather_kv(cache, block_tables[rows, :-(-max(used) // tokens_per_block)]), used)
+            kv = _clear_past_end(_gather_kv(cache, block_tables[rows]), sequence_lengths[rows])
+        else:
+            used = lengths[rows]
+            kv = _clear_past_end(_gather_kv(cache, block_tables[rows, :-(-max(used) // tokens_per_block)]), used)
+        return _values(kv, kv_cache_scale)
 
     if decode:  # all sequences at once, each query at its sequence's last position
         if lengths is not None and alibi_slopes is None and len(set(lengths)) == 1:
-            out = _attend_decode_same_length(queries, cache, block_tables, lengths[0], scale, sliding_window)
+            out = _attend_decode_same_length(queries, cache, kv_cache_scale, block_tables, lengths[0], scale,
+                                             sliding_window)
         else:
             positions = (sequence_lengths - 1).unsqueeze(1)
             out = _attend(queries, gathered(builtins.slice(None)), positions, scale, alibi_slopes, sliding_window)

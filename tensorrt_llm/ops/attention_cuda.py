@@ -11,6 +11,10 @@ on the GPU. Its paths:
   aligned bottom-right. Host lengths say which row is which, so nothing syncs;
 - float32 (or no host_sequence_lengths, or no flash on this GPU): fused SDPA on prompts
   that have no cached past; alibi and anything else take the reference path.
+A quantized cache (int8 / uint8 FP8 codes, kv_cache_scale): the write kernels quantize, the
+decode kernel dequantizes in registers (float16 / bfloat16, head dims 64 and 128, sm_80+;
+other shapes run the reference), and the varlen path reads every sequence's rows, its own
+new ones included, from the cache, dequantized, as the reference does.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..quantization.formats import dequantize_kv
 from .attention import gpt_attention, gpt_attention_reference
 from .launch import cuda_kernels_available, get_bindings, launch
 from .op import CUDA
@@ -31,13 +36,15 @@ from .rotary import rotary_embedding_cuda_
 
 
 def paged_kv_write_cuda_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                         cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
+                         cu_seqlens: torch.Tensor, past_lengths: torch.Tensor,
+                         kv_scale: Optional[torch.Tensor] = None) -> None:
     """Scatter key/value [T, KV, D] into kv_cache [num_blocks, 2, KV, tpb, D] through block_tables:
     token t of sequence b (cu_seqlens[b] <= t < cu_seqlens[b+1]) goes to position
     p = past_lengths[b] + t - cu_seqlens[b], block block_tables[b, p // tpb], slot p % tpb. Bad
-    block ids or positions are skipped (never written out of bounds): checking them would sync."""
+    block ids or positions are skipped (never written out of bounds): checking them would sync.
+    An int8 / uint8 cache takes codes under kv_scale (float32 [2], K and V scales)."""
     launch("paged_kv_write", key, value, kv_cache, block_tables.contiguous(), cu_seqlens.contiguous(),
-           past_lengths.contiguous())
+           past_lengths.contiguous(), kv_scale)
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,11 +86,12 @@ def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables:
                           sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
                           sliding_window: int = 0, k_new: Optional[torch.Tensor] = None,
                           v_new: Optional[torch.Tensor] = None, rotary_cos_sin: Optional[torch.Tensor] = None,
-                          is_neox: bool = True) -> torch.Tensor:
+                          is_neox: bool = True, kv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of one query token per sequence, q [B, H, D] at position sequence_lengths[b] - 1,
     over its cached K/V in kv_cache [num_blocks, 2, KV, tpb, D]; -> [B, H, D]. With k_new/v_new
     ([B, KV, D]) the same launch writes them at position L - 1 first, after rotating k and q by
-    rotary_cos_sin when given (the caller's q/k stay unrotated)."""
+    rotary_cos_sin when given (the caller's q/k stay unrotated). An int8 / uint8 cache holds codes
+    under kv_scale (float32 [2]), written and read as such."""
     batch, num_heads, head_dim = q.shape
     out = torch.empty_like(q)
     max_positions = block_tables.shape[1] * kv_cache.shape[3]
@@ -97,15 +105,19 @@ def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables:
         counters = _split_counters(q.device, batch * kv_cache.shape[2])
 
     launch("decode_attention", out, q, kv_cache, block_tables, sequence_lengths, alibi_slopes, workspace, counters,
-           num_splits, split_size, float(scale), int(sliding_window), k_new, v_new, rotary_cos_sin, bool(is_neox))
+           num_splits, split_size, float(scale), int(sliding_window), k_new, v_new, rotary_cos_sin, bool(is_neox),
+           kv_scale)
     return out
 
 
 # ---- gpt_attention ------------------------------------------------------------------------------
 
-def _kernel_covers(num_heads, num_kv_heads, head_dim) -> bool:
-    return (cuda_kernels_available() and head_dim in (64, 128, 256)
-            and num_heads // num_kv_heads <= 8)
+def _kernel_covers(q, num_heads, num_kv_heads, head_dim, quantized) -> bool:
+    """Whether the decode kernel takes these heads (a quantized cache: its tensor-core form only)."""
+    if not (cuda_kernels_available() and head_dim in (64, 128, 256) and num_heads // num_kv_heads <= 8):
+        return False
+    return not quantized or (q.dtype in (torch.float16, torch.bfloat16) and head_dim in (64, 128)
+                             and torch.cuda.get_device_capability(q.device)[0] >= 8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,11 +199,14 @@ def _past_rows(block_tables, host_lengths, tpb, device):
     return ids, (None if whole_blocks else uploaded[3]), uploaded[2].to(torch.int32)
 
 
-def _gather(cache, ids, rows):
-    """The K/V rows `_past_rows` located, packed: (keys, values [sum L, KV, D] views)."""
+def _gather(cache, ids, rows, kv_scale=None, dtype=None):
+    """The K/V rows `_past_rows` located, packed: (keys, values [sum L, KV, D] views); codes
+    (kv_scale given) are dequantized in float32, as the reference does, then rounded once to `dtype`."""
     copy = cache.index_select(0, ids).permute(0, 3, 1, 2, 4).reshape(-1, 2, cache.shape[2], cache.shape[4])
     if rows is not None:
         copy = copy.index_select(0, rows)
+    if kv_scale is not None:
+        copy = dequantize_kv(copy, kv_scale.view(1, 2, 1, 1), dtype)
     return copy[:, 0], copy[:, 1]
 
 
@@ -211,12 +226,12 @@ _plan: Optional[tuple[tuple, _StepPlan]] = None  # ((the step's inputs, host cop
 
 
 def _step_plan(block_tables, sequence_lengths, context_lengths, host_new, host_lengths, tpb, sliding_window,
-               device) -> _StepPlan:
+               device, quantized) -> _StepPlan:
     # The layers of one step get the very same tensors; a later step new ones (the step runner
     # makes them per step). The host lengths are compared by value as well, so a caller that
     # refills its tensors in place cannot be handed a stale plan.
     global _plan
-    key = (host_new, host_lengths, block_tables, sequence_lengths, context_lengths, tpb, sliding_window)
+    key = (host_new, host_lengths, block_tables, sequence_lengths, context_lengths, tpb, sliding_window, quantized)
     if _plan is not None:
         (old, new_copy, lengths_copy), plan = _plan
         if (all(a is b for a, b in zip(old, key)) and torch.equal(new_copy, host_new)
@@ -259,7 +274,8 @@ def _step_plan(block_tables, sequence_lengths, context_lengths, host_new, host_l
         cu_q = torch.zeros(group_new.shape[0] + 1, dtype=torch.int32, device=device)
         torch.cumsum(context_lengths[seqs], 0, dtype=torch.int32, out=cu_q[1:])
         max_q, max_k = int(group_new.max()), int(group_lengths.max())
-        fresh = torch.equal(group_new, group_lengths)  # prompts only: their own k/v
+        # Prompts only: their own k/v (a quantized cache's prompts read their rows' codes back).
+        fresh = not quantized and torch.equal(group_new, group_lengths)
         rows = None if fresh else _past_rows(block_tables[seqs], group_lengths, tpb, device)
         window_left = -1 if sliding_window is None or max_k <= sliding_window else sliding_window - 1
         other = (tokens, cu_q, max_q, max_k, fresh, rows, window_left)
@@ -270,8 +286,8 @@ def _step_plan(block_tables, sequence_lengths, context_lengths, host_new, host_l
     return plan
 
 
-def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengths, position_ids, rotary_cos_sin,
-                rotary_is_neox, host_new, host_lengths, scale, sliding_window):
+def _mixed_step(qh, kh, vh, cache, kv_scale, block_tables, sequence_lengths, context_lengths, position_ids,
+                rotary_cos_sin, rotary_is_neox, host_new, host_lengths, scale, sliding_window):
     """A step of any mix of decode rows (one new token) and prompts or prompt chunks (several,
     maybe over a cached past), with no per-sequence loop: rotate every token and write every
     new K/V row (one launch each); the decode rows through the decode-attention kernel; the
@@ -279,23 +295,23 @@ def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengt
     prompt's own k/v when no sequence has a past, else gathered from the paged cache)."""
     num_tokens, num_heads, head_dim = qh.shape
     plan = _step_plan(block_tables, sequence_lengths, context_lengths, host_new, host_lengths, cache.shape[3],
-                      sliding_window, qh.device)
+                      sliding_window, qh.device, kv_scale is not None)
     if rotary_cos_sin is not None:
         rotary_embedding_cuda_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)
-    paged_kv_write_cuda_(kh, vh, cache, block_tables, plan.cu_seqlens, plan.past)
+    paged_kv_write_cuda_(kh, vh, cache, block_tables, plan.cu_seqlens, plan.past, kv_scale)
 
     outs = []
     if plan.decode is not None:  # decode rows: the cache already holds their K/V rows
         tokens, tables, lengths = plan.decode
         outs.append((tokens, decode_attention_cuda(qh[tokens], cache, tables, lengths, scale, None,
-                                                   sliding_window or 0)))
+                                                   sliding_window or 0, kv_scale=kv_scale)))
     if plan.other is not None:
         tokens, cu_q, max_q, max_k, fresh, rows, window_left = plan.other
         if fresh:
             keys, values, cu_k = kh[tokens], vh[tokens], cu_q
         else:  # every sequence's [0, L) rows, gathered through its block table (this step's included)
             ids, keep, cu_k = rows
-            keys, values = _gather(cache, ids, keep)
+            keys, values = _gather(cache, ids, keep, kv_scale, qh.dtype)
         outs.append((tokens, _flash_varlen(qh[tokens], keys, values, cu_q, cu_k, max_q, max_k, scale,
                                            window_left)))
 
@@ -312,17 +328,18 @@ def _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengt
 
 @gpt_attention.implementation(CUDA)
 def gpt_attention_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                       alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None, *,
-                       layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
+                       alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None,
+                       kv_cache_scale=None, *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
                        sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     def on_reference():
         return gpt_attention_reference(
             q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-            alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, layer_idx=layer_idx,
+            alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale, layer_idx=layer_idx,
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, tokens_per_block=tokens_per_block,
             scale=scale, sliding_window=sliding_window, rotary_dim=rotary_dim, rotary_is_neox=rotary_is_neox)
 
-    if not _kernel_covers(num_heads, num_kv_heads, head_dim):
+    quantized = kv_cache_scale is not None
+    if not _kernel_covers(q, num_heads, num_kv_heads, head_dim, quantized):
         return on_reference()
     num_tokens, batch = q.shape[0], block_tables.shape[0]
     # q, k, v are column slices of the packed QKV projection: head views, no copies.
@@ -336,7 +353,7 @@ def gpt_attention_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, c
         # One launch rotates q/k (decode positions are sequence_lengths - 1, as the runtime
         # feeds them), writes the new K/V rows and attends.
         out = decode_attention_cuda(qh, cache, block_tables, sequence_lengths, softmax_scale, alibi_slopes,
-                                       sliding_window or 0, kh, vh, rotary_cos_sin, rotary_is_neox)
+                                       sliding_window or 0, kh, vh, rotary_cos_sin, rotary_is_neox, kv_cache_scale)
         return out.view(num_tokens, num_heads * head_dim)
 
     # Mixed steps (decode rows beside prompts or prompt chunks over a cached past) and prompt
@@ -345,14 +362,14 @@ def gpt_attention_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, c
             and (sliding_window is None
                  or (sliding_window > 0 and (int(host_sequence_lengths.max()) <= sliding_window
                                              or "window_size_left" in _flash_schema())))):
-        return _mixed_step(qh, kh, vh, cache, block_tables, sequence_lengths, context_lengths, position_ids,
-                           rotary_cos_sin, rotary_is_neox, host_context_lengths, host_sequence_lengths,
-                           softmax_scale, sliding_window)
+        return _mixed_step(qh, kh, vh, cache, kv_cache_scale, block_tables, sequence_lengths, context_lengths,
+                           position_ids, rotary_cos_sin, rotary_is_neox, host_context_lengths,
+                           host_sequence_lengths, softmax_scale, sliding_window)
 
     new = host_context_lengths.tolist()
     fresh = (host_sequence_lengths is not None and host_sequence_lengths.tolist() == new
              and alibi_slopes is None and (sliding_window is None or max(new) <= sliding_window))
-    if not fresh:  # some prompt continues a cached past: the reference reads it from the cache
+    if not fresh or quantized:  # some prompt reads cached rows (codes read back): the reference does it
         return on_reference()
     if rotary_cos_sin is not None:
         rotary_embedding_cuda_(qh, kh, position_ids, rotary_cos_sin, rotary_is_neox)

@@ -59,13 +59,15 @@ _TORCH_DTYPE_NAMES = {
     torch.bfloat16: "bfloat16",
     torch.int32: "int32",
     torch.int64: "int64",
+    torch.int8: "int8",     # INT8 KV cache codes
+    torch.uint8: "uint8",   # FP8 KV cache codes' bytes
 }
 
 
 def dtype_code(dtype: torch.dtype) -> Optional[int]:
     """The binding's code for a torch dtype; None for a dtype no kernel takes."""
     name = _TORCH_DTYPE_NAMES.get(dtype)
-    return None if name is None else get_bindings().DTYPES[name]
+    return None if name is None else get_bindings().DTYPES.get(name)  # (bindings built before int8/uint8)
 
 
 def tensor_arg(t: torch.Tensor) -> tuple:

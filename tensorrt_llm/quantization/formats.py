@@ -41,13 +41,20 @@ FP8 (`Fp8Weight`, `FP8` / `FP8_PER_CHANNEL_PER_TOKEN`), E4M3 (torch.float8_e4m3f
     input_scale  float32 [1] (static, calibrated: x is quantized as x * (1 / input_scale)) or None
                  (dynamic: each token's row is quantized with its own amax / 448)
 
-KV cache (`kv_cache_quant_algo` INT8 / FP8): one float32 scale per attention layer; the cache
-holds round(x / scale) clamped to -127..127 as int8, or x / scale as float8_e4m3fn.
+KV cache (`kv_cache_quant_algo` INT8 / FP8): each attention layer has float32 [2] scales,
+(K scale, V scale); the paged pool (kv_cache_layout.py) holds 1-byte codes, stored value =
+code * scale:
+    INT8  pool int8:  code = round(x / scale) (half to even), clamped to -127..127
+    FP8   pool uint8: the bits of code = x / scale clamped to +-448, rounded to E4M3 (nearest
+          even), as torch.float8_e4m3fn; graphs have no FP8 dtype, so like FP8 weights the
+          pool travels as its bytes and is viewed as float8_e4m3fn where it is read.
+Attention writes this step's rows quantized and reads every row it attends to (this step's
+included) dequantized, so a prompt attends to the same values its later steps read.
 
 In a checkpoint (safetensors, our names), a quantized linear `P` (e.g.
 `transformer.layers.0.attention.qkv`) is the tensors `P.weight` (qweight), `P.weight_scale`,
 `P.weight_zero` (INT4), `P.weight_perm` (INT4 act-order, int64), `P.input_scale` (FP8 static);
-an attention layer `A`'s KV cache scale is `A.kv_cache_scale` (float32 [1]). `to_state_dict`
+an attention layer `A`'s KV cache scales are `A.kv_cache_scale` (float32 [2]: K, V). `to_state_dict`
 and `from_state_dict` write and read them.
 """
 from __future__ import annotations
@@ -369,27 +376,41 @@ def quantized_linear_reference(x: torch.Tensor, w: QuantizedWeight,
 
 # ------------------------------------------------------------------------------ KV cache
 
-def kv_cache_scale_from_amax(amax: torch.Tensor | float, algo: QuantAlgo | str) -> torch.Tensor:
-    """float32 [1]: the KV cache scale mapping a calibrated |k|, |v| max to 127 (INT8) or 448 (FP8)."""
+KV_CACHE_STORAGE = {QuantAlgo.INT8: torch.int8, QuantAlgo.FP8: torch.uint8}  # the pool's dtype
+
+
+def _kv_algo(algo: QuantAlgo | str) -> QuantAlgo:
     algo = QuantAlgo(str(algo))
-    top = {QuantAlgo.INT8: float(INT8_MAX), QuantAlgo.FP8: FP8_MAX}.get(algo)
-    if top is None:
+    if algo not in KV_CACHE_STORAGE:
         raise ValueError(f"KV cache quantization is INT8 or FP8, not {algo}")
-    return _safe(torch.as_tensor(amax, dtype=torch.float32).reshape(1) / top)
+    return algo
+
+
+def kv_cache_algo_of(pool_dtype: torch.dtype) -> QuantAlgo | None:
+    """The KV cache quantization a pool of `pool_dtype` holds (None: float values)."""
+    return {torch.int8: QuantAlgo.INT8, torch.uint8: QuantAlgo.FP8}.get(pool_dtype)
+
+
+def kv_cache_scale_from_amax(amax: torch.Tensor | float, algo: QuantAlgo | str) -> torch.Tensor:
+    """float32, amax's shape ([1] for a number; [2] for a layer's (K, V) maxima): the KV cache
+    scales mapping a calibrated |k|, |v| max to 127 (INT8) or 448 (FP8)."""
+    top = float(INT8_MAX) if _kv_algo(algo) == QuantAlgo.INT8 else FP8_MAX
+    return _safe(torch.as_tensor(amax, dtype=torch.float32).reshape(-1) / top)
 
 
 def quantize_kv(x: torch.Tensor, scale: torch.Tensor, algo: QuantAlgo | str) -> torch.Tensor:
-    """K or V values as the cache stores them: int8 round(x / scale) in -127..127, or FP8 x / scale."""
-    algo = QuantAlgo(str(algo))
+    """K or V values as codes: int8 round(x / scale) in -127..127, or float8_e4m3fn x / scale
+    clamped to +-448 (the pool stores the latter's bytes: `.view(torch.uint8)`)."""
     y = x.float() / scale.float()
-    if algo == QuantAlgo.INT8:
+    if _kv_algo(algo) == QuantAlgo.INT8:
         return torch.round(y).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    if algo == QuantAlgo.FP8:
-        return y.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    raise ValueError(f"KV cache quantization is INT8 or FP8, not {algo}")
+    return y.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """code * scale in float32 (then `dtype`); uint8 codes are FP8 bytes."""
+    if q.dtype == torch.uint8:
+        q = q.view(FP8_DTYPE)
     return (q.float() * scale.float()).to(dtype)
 
 

@@ -70,8 +70,10 @@ class CudaGraphDecoder:
         torch.cuda.current_stream(self.session.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.memory_pool):
-            logits = self.session.run(feed, check=False)["logits"]
-        self.graphs[b] = (graph, logits)
+            # The logits, or the hidden states a non-last pipeline stage sends (the graph
+            # holds that send and the previous stage's receive, not the logits' way back).
+            output = self.session.run(feed, check=False)[self.session.network.outputs[0]]
+        self.graphs[b] = (graph, output)
 
     def bucket(self, n: int) -> int:
         for b in self.buckets:
@@ -81,7 +83,8 @@ class CudaGraphDecoder:
 
     def step(self, input_ids: torch.Tensor, sequence_lengths: torch.Tensor,
              block_tables: torch.Tensor) -> torch.Tensor:
-        """Logits [n, vocab] of one decode step of n sequences (a view, valid until the next step)."""
+        """Logits [n, vocab] of one decode step of n sequences (a view, valid until the next
+        step; a non-last pipeline stage's hidden states [n, hidden])."""
         n = input_ids.shape[0]
         b = self.bucket(n)
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
@@ -95,6 +98,6 @@ class CudaGraphDecoder:
             self.block_tables[n:b].fill_(self.scratch_block)
         if b not in self.graphs:
             self._capture(b)
-        graph, logits = self.graphs[b]
+        graph, output = self.graphs[b]
         graph.replay()
-        return logits[:n]
+        return output[:n]

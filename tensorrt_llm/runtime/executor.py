@@ -17,10 +17,19 @@ computes while the host does the bookkeeping); a decode row whose last token is 
 the device reads it there. A request that turns out to have ended computed one token more
 than it needed, inside its own blocks. Requests whose sampling reads their token values
 (penalties, multi-token bad words) make the executor wait for the tokens first.
+
+Pipeline parallelism (`pipeline_stages` > 1): the running requests form one group per stage
+(scheduler.py), and step() calls take the groups in turn, each launching one step of its
+group whose logits come back from the last stage while the next groups' steps are computed
+(stage 0 computes group g + 1 while the later stages compute group g). A group's previous
+step is resolved (its logits waited for, sampled, read) at the start of its next turn, so
+its requests' tokens are known when it is scheduled again; every rank runs the same turns,
+samples the same logits and so schedules the same steps.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -29,6 +38,7 @@ import torch
 from ..errors import RequestError
 from .admission import Admission
 from .kv_cache_manager import KVCacheManager
+from .pipeline import InFlightLogits
 from .request import ModelLimits, Request, RequestState
 from .sampler import Sampler
 from .scheduler import ScheduledStep, Scheduler
@@ -51,6 +61,17 @@ class _Launched:
 
 
 @dataclass
+class _Pipelined:
+    """A pipelined step of one group whose logits are on their way from the last stage."""
+    group: int
+    scheduled: ScheduledStep
+    inputs: list[StepInput]
+    counts: list[int]
+    sampled: list[Request]          # the rows that sample (ScheduledRow.samples, at launch)
+    logits: InFlightLogits
+
+
+@dataclass
 class ExecutorStats:
     steps: int = 0
     decode_only_steps: int = 0                # steps of one decode token per request (CUDA graphs)
@@ -61,20 +82,26 @@ class ExecutorStats:
     generated_tokens: int = 0
     gpu_wait_s: float = 0.0                   # host time spent waiting for launched steps' tokens:
                                               # near zero means the host, not the GPU, sets the pace
+    peak_in_flight: int = 0                   # pipelined steps launched whose logits were not
+                                              # waited for yet, at most at once (pipeline_stages
+                                              # when the stages overlap; 1 when they run in turn)
 
 
 class Executor:
 
     def __init__(self, runner: StepRunner, kv_cache: KVCacheManager, limits: ModelLimits, *,
                  max_batch_size: Optional[int] = None, max_num_tokens: Optional[int] = None,
-                 enable_chunked_context: bool = False, overlap: bool = True):
+                 enable_chunked_context: bool = False, overlap: bool = True, pipeline_stages: int = 1):
+        """pipeline_stages: the engine's pp_size; above 1 the runner moves the logits between
+        the stages (StepRunner.launch) and up to that many steps are in flight."""
         self.runner = runner
         self.kv_cache = kv_cache
         self.limits = limits
         self.device = runner.device
         max_batch_size = min(max_batch_size or limits.max_batch_size, limits.max_batch_size)
         max_num_tokens = min(max_num_tokens or limits.max_num_tokens, limits.max_num_tokens)
-        self.scheduler = Scheduler(kv_cache, max_batch_size, max_num_tokens, enable_chunked_context)
+        self.scheduler = Scheduler(kv_cache, max_batch_size, max_num_tokens, enable_chunked_context,
+                                   num_groups=pipeline_stages)
         self.sampler = Sampler(limits.vocab_size)
         self.admission = Admission(limits, self.scheduler.max_num_tokens, enable_chunked_context,
                                    kv_cache.tokens_per_block, kv_cache.num_blocks)
@@ -82,6 +109,10 @@ class Executor:
         self.requests: dict[int, Request] = {}
         self.stats = ExecutorStats()
         self._launched: Optional[_Launched] = None
+        self.pipeline_stages = pipeline_stages
+        self._in_flight: deque[_Pipelined] = deque()  # oldest first, at most one per group
+        self._turn = 0                                 # the group the next step() launches
+        self._idle_turns = 0
 
     # -- requests --------------------------------------------------------------------------
 
@@ -109,7 +140,7 @@ class Executor:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self._launched is not None
+        return self.scheduler.has_work or self._launched is not None or bool(self._in_flight)
 
     @property
     def num_running(self) -> int:
@@ -123,7 +154,9 @@ class Executor:
 
     def step(self) -> list[Request]:
         """One iteration. Returns the requests that got tokens or finished (in this call,
-        a step late with overlap)."""
+        a step late with overlap; with pipeline stages, the group whose turn it is)."""
+        if self.pipeline_stages > 1:
+            return self._pipelined_step()
         updated: list[Request] = []
         if self._launched is not None and (
                 not self.overlap or any(r.needs_token_values for r in self.scheduler.running)):
@@ -147,7 +180,16 @@ class Executor:
         return list(dict.fromkeys(updated))
 
     def _launch(self, scheduled: ScheduledStep) -> _Launched:
-        rows, previous = [], self._launched
+        rows = self._inputs(scheduled, self._launched)
+        logits, counts = self.runner.run(rows)
+        self._computed(scheduled, rows)
+        launched = self._sample(scheduled.rows, rows, logits, counts)
+        self._pend(launched.requests)
+        return launched
+
+    def _inputs(self, scheduled: ScheduledStep, previous: Optional[_Launched]) -> list[StepInput]:
+        """The step runner's rows of a scheduled step."""
+        rows = []
         for row in scheduled.rows:
             r = row.request
             pending = None
@@ -159,21 +201,12 @@ class Executor:
                 tokens = r.tokens[row.start:row.start + row.num_tokens]
             mode = "all" if self._wants_context(r, row) else ("last" if row.samples else "none")
             rows.append(StepInput(r.request_id, tokens, row.start, row.num_tokens, mode, pending))
-        logits, counts = self.runner.run(rows)
+        return rows
 
-        sampling_rows, sampled = [], []
-        offset = 0
-        for row, step_input, count in zip(scheduled.rows, rows, counts):
+    def _computed(self, scheduled: ScheduledStep, rows: list[StepInput]) -> None:
+        """The step's tokens are queued: count them computed, commit their full blocks."""
+        for row in scheduled.rows:
             r = row.request
-            if step_input.logits == "all":
-                # The prompt positions not collected yet (a preempted request recomputes some).
-                first = sum(t.shape[0] for t in r.context_logits) - row.start
-                last = min(row.num_tokens, r.prompt_len - row.start)
-                r.context_logits.append(logits[offset + first:offset + last].float().cpu())
-            if row.samples:
-                sampling_rows.append(offset + count - 1)
-                sampled.append(r)
-            offset += count
             r.num_computed += row.num_tokens
             # Its full blocks are reusable from the next step on: their K/V writes are queued
             # before anything a later step runs.
@@ -184,6 +217,24 @@ class Executor:
         self.stats.decode_only_steps += all(r.num_tokens == 1 for r in rows)
         self.stats.reused_blocks = self.kv_cache.reused_blocks
         self.stats.peak_used_blocks = max(self.stats.peak_used_blocks, self.kv_cache.num_used_blocks)
+
+    def _sample(self, scheduled_rows, rows: list[StepInput], logits: torch.Tensor,
+                counts: list[int]) -> _Launched:
+        """The step's context logits collected and its sampling rows' tokens drawn (on their
+        way to the host)."""
+        sampling_rows, sampled = [], []
+        offset = 0
+        for row, step_input, count in zip(scheduled_rows, rows, counts):
+            r = row.request
+            if step_input.logits == "all":
+                # The prompt positions not collected yet (a preempted request recomputes some).
+                first = sum(t.shape[0] for t in r.context_logits) - row.start
+                last = min(row.num_tokens, r.prompt_len - row.start)
+                r.context_logits.append(logits[offset + first:offset + last].float().cpu())
+            if row.samples:
+                sampling_rows.append(offset + count - 1)
+                sampled.append(r)
+            offset += count
         if not sampled:
             return _Launched([], torch.empty(0, dtype=torch.int32, device=self.device))
 
@@ -208,12 +259,68 @@ class Executor:
         if pin:
             launched.event = torch.cuda.Event()
             launched.event.record()
+        return launched
+
+    def _pend(self, sampled: list[Request]) -> None:
+        """Each sampling request's token is on its way; one that has all its tokens by count
+        leaves the batch now."""
         for r in sampled:
             r.num_pending += 1
             if r.num_generated >= r.max_new_tokens:
                 # Known without the token's value: it leaves the batch now.
                 self._leave(r)
-        return launched
+
+    # -- pipeline stages -------------------------------------------------------------------
+
+    def _pipelined_step(self) -> list[Request]:
+        group = self._turn
+        self._turn = (group + 1) % self.pipeline_stages
+        updated = []
+        if self._in_flight and self._in_flight[0].group == group:
+            updated = self._resolve_pipelined(self._in_flight.popleft())
+        scheduled = self.scheduler.schedule(group)
+        self.stats.preemptions += len(scheduled.preempted)
+        if scheduled.rows:
+            rows = self._inputs(scheduled, None)
+            logits, counts = self.runner.launch(rows, slot=group)
+            sampled = [row.request for row in scheduled.rows if row.samples]
+            self._computed(scheduled, rows)
+            self._pend(sampled)
+            self._in_flight.append(_Pipelined(group, scheduled, rows, counts, sampled, logits))
+            waiting = sum(not step.logits.waited for step in self._in_flight)
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, waiting)
+            self._idle_turns = 0
+        elif not updated and not scheduled.preempted and not self._in_flight:
+            self._idle_turns += 1
+            if self._idle_turns > self.pipeline_stages and self.scheduler.has_work:
+                # Every group had a turn on an idle pipeline and none could start.
+                raise RuntimeError(f"the executor could not schedule any of {self.num_waiting} waiting "
+                                   f"requests with {self.kv_cache.num_free_blocks} free KV blocks")
+        return list(dict.fromkeys(updated))
+
+    def _resolve_pipelined(self, step: _Pipelined) -> list[Request]:
+        """Wait for a pipelined step's logits, sample them as the one-rank executor would have
+        at launch, and read the tokens. Rows of requests that ended since (aborted) are
+        dropped."""
+        logits = step.logits.wait()
+        rows = [(row, step_input, count) for row, step_input, count
+                in zip(step.scheduled.rows, step.inputs, step.counts) if not row.request.finished]
+        if len(rows) < len(step.scheduled.rows):
+            kept, offset = [], 0
+            for row, count in zip(step.scheduled.rows, step.counts):
+                if not row.request.finished:
+                    kept.extend(range(offset, offset + count))
+                offset += count
+            logits = logits[torch.tensor(kept, dtype=torch.int64, device=logits.device)]
+        sampled = [r for r in step.sampled if not r.finished]
+        # The sampler sees each request as it was before this step's token (launch counted it).
+        for r in sampled:
+            r.num_pending -= 1
+        launched = self._sample([row for row, _, _ in rows], [step_input for _, step_input, _ in rows],
+                                logits, [count for _, _, count in rows])
+        for r in sampled:
+            r.num_pending += 1
+        return self._resolve(launched)
 
     @staticmethod
     def _wants_context(r: Request, row) -> bool:

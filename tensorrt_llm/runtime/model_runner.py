@@ -18,6 +18,7 @@ from .cuda_graph import CudaGraphDecoder
 from .executor import Executor
 from .generation import GenerationSession
 from .kv_cache_manager import KVCacheConfig, KVCacheManager, allocate_pool
+from .pipeline import LogitsExchange
 from .request import ModelLimits
 from .sampling import SamplingConfig
 from .session import Session
@@ -77,14 +78,18 @@ class ModelRunner:
         self.config = cfg
         self.build_config = bc
         self.session = Session.from_engine(engine, device)
+        if not self.mapping.is_last_pp_rank() and "logits" in engine.network.outputs:
+            raise ConfigError(f"rank {engine.rank} is a pipeline stage built to wait for the logits inside its "
+                              f"network (an engine of an older version): build the engine again")
 
         layout = KVCacheLayout.of_engine(cfg, bc.tokens_per_block)
         num_layers, num_kv_heads, head_dim = layout.num_layers, layout.num_kv_heads, layout.head_dim
         dtype = layout.dtype
         tpb = bc.tokens_per_block
         max_blocks_per_seq = -(-bc.max_seq_len // tpb)
-        # Every beam of every request may hold a whole sequence.
-        max_sequences = bc.max_batch_size * bc.max_beam_width
+        # Every beam of every request may hold a whole sequence; a pipeline keeps a batch per
+        # stage running (executor.py).
+        max_sequences = bc.max_batch_size * bc.max_beam_width * self.mapping.pp_size
         num_blocks = KVCacheConfig(kv_cache_free_gpu_mem_fraction, max_tokens_in_paged_kv_cache).num_blocks(
             device, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
             tokens_per_block=tpb, dtype=dtype, max_batch_size=max_sequences, max_seq_len=bc.max_seq_len)
@@ -107,9 +112,13 @@ class ModelRunner:
         limits = ModelLimits(vocab_size=cfg["vocab_size"], max_batch_size=bc.max_batch_size,
                              max_input_len=bc.max_input_len, max_seq_len=bc.max_seq_len,
                              max_num_tokens=bc.max_num_tokens, max_beam_width=bc.max_beam_width)
-        step_runner = StepRunner(self.session, self.kv_cache, self.kv_cache_pool, graphs)
+        exchange = None
+        if self.mapping.pp_size > 1:
+            exchange = LogitsExchange(self.mapping, cfg["vocab_size"], cfg.get("logits_dtype", "float32"), device)
+        step_runner = StepRunner(self.session, self.kv_cache, self.kv_cache_pool, graphs, exchange)
         self.executor = Executor(step_runner, self.kv_cache, limits, max_batch_size=max_batch_size,
-                                 max_num_tokens=max_num_tokens, enable_chunked_context=enable_chunked_context)
+                                 max_num_tokens=max_num_tokens, enable_chunked_context=enable_chunked_context,
+                                 pipeline_stages=self.mapping.pp_size)
         self.generation = GenerationSession(self.executor)
         logger.info(f"engine on {device}: KV cache of {num_blocks} blocks x {tpb} tokens")
 

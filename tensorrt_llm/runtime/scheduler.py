@@ -15,6 +15,13 @@ Policy, every step (iteration-level scheduling, as TensorRT-LLM's and vLLM's):
 Without chunked context a prompt is computed whole in one step (it must fit the budget);
 with it, a prompt longer than what is left of the budget takes that much now and the rest
 in later steps, while the running requests keep decoding.
+
+Groups (a pipeline of `num_groups` stages): each running request belongs to the group it
+was admitted into, and `schedule(group)` is one step of that group alone: its requests,
+its preemptions (so a request of another group, whose step is in flight, is never touched)
+and new requests while the group holds less than its share (`group_share`: the running and
+waiting requests spread evenly over the groups; at most `max_batch_size`), so the groups
+stay equally full and every stage's step is about as long.
 """
 from __future__ import annotations
 
@@ -50,8 +57,11 @@ class ScheduledStep:
 class Scheduler:
 
     def __init__(self, kv_cache: KVCacheManager, max_batch_size: int, max_num_tokens: int,
-                 enable_chunked_context: bool = False, reserve_fraction: float = 0.01):
+                 enable_chunked_context: bool = False, reserve_fraction: float = 0.01,
+                 num_groups: int = 1):
         self.kv = kv_cache
+        self.num_groups = num_groups
+        self.group_of: dict[int, int] = {}  # request id -> its group, while running (num_groups > 1)
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.enable_chunked_context = enable_chunked_context
@@ -72,6 +82,7 @@ class Scheduler:
         """Take a request out (finished or aborted); its blocks return to the pool."""
         if request in self.running:
             self.running.remove(request)
+            self.group_of.pop(request.request_id, None)
             self.kv.free_sequence(request.request_id)
         elif request in self.waiting:
             self.waiting.remove(request)
@@ -82,10 +93,17 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
 
-    def schedule(self) -> ScheduledStep:
+    def schedule(self, group: int = 0) -> ScheduledStep:
         budget = self.max_num_tokens
         decodes, chunks, preempted = [], [], []
-        running = list(self.running)
+        if self.num_groups == 1:
+            running, room = list(self.running), self.max_batch_size
+        else:
+            sizes = [0] * self.num_groups
+            for r in self.running:
+                sizes[self.group_of[r.request_id]] += 1
+            running = [r for r in self.running if self.group_of[r.request_id] == group]
+            room = min(self.max_batch_size, group_share(sizes, group, len(self.waiting)))
         i = 0
         while i < len(running):
             req = running[i]
@@ -106,7 +124,7 @@ class Scheduler:
             i += 1
 
         batch = len(decodes) + len(chunks)
-        while self.waiting and batch < self.max_batch_size and budget > 0:
+        while self.waiting and batch < room and budget > 0:
             req = self.waiting[0]
             if req.num_pending:  # preempted this step: its last token is not known yet
                 break
@@ -130,6 +148,8 @@ class Scheduler:
             req.reused_tokens = max(req.reused_tokens, reused)
             req.state = RequestState.RUNNING
             self.running.append(req)
+            if self.num_groups > 1:
+                self.group_of[req.request_id] = group
             chunks.append(ScheduledRow(req, reused, n))
             budget -= n
             batch += 1
@@ -159,8 +179,18 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
+        self.group_of.pop(req.request_id, None)
         self.kv.free_sequence(req.request_id)
         req.num_computed = 0
         req.num_preemptions += 1
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
+
+
+def group_share(sizes: list[int], group: int, num_waiting: int) -> int:
+    """How many requests `group` may hold when the running ones (`sizes`, per group) and the
+    waiting ones are spread evenly over the groups: each holds total // groups, and as many
+    groups as the remainder one more, the groups already above the even size first."""
+    even, extra = divmod(sum(sizes) + num_waiting, len(sizes))
+    above = sum(1 for g, n in enumerate(sizes) if g != group and n > even)
+    return even + (above < extra)

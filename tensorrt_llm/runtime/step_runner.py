@@ -10,6 +10,10 @@ needs. A step of decodes only replays a CUDA graph of its batch bucket.
 Tokens sampled by the previous step may still be on the device: `pending` gives, for a
 decode row, the device tensor and index its input token is read from, so the step can be
 launched before the host has seen that token.
+
+A pipeline stage's network ends at its hidden-state send or its logits; the logits of a
+step reach every stage through the runner's `LogitsExchange` (pipeline.py): `run` waits for
+them, `launch` returns them in flight, so a stage computes the next step meanwhile.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 
 from .cuda_graph import CudaGraphDecoder
 from .kv_cache_manager import KVCacheManager
+from .pipeline import InFlightLogits, LogitsExchange
 from .session import Session
 
 
@@ -38,13 +43,17 @@ class StepInput:
 class StepRunner:
 
     def __init__(self, session: Session, kv_cache: KVCacheManager, kv_cache_pool: torch.Tensor,
-                 cuda_graphs: Optional[CudaGraphDecoder] = None):
+                 cuda_graphs: Optional[CudaGraphDecoder] = None,
+                 logits_exchange: Optional[LogitsExchange] = None):
         self.session = session
         self.kv_cache = kv_cache
         self.kv_cache_pool = kv_cache_pool
         self.cuda_graphs = cuda_graphs
+        self.logits_exchange = logits_exchange
         self.device = session.device
         self._pin = self.device.type == "cuda"
+        # "logits", or the hidden states a non-last pipeline stage sent.
+        self._output = session.network.outputs[0]
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the runner's device without waiting for queued work (pinned)."""
@@ -55,13 +64,27 @@ class StepRunner:
     def run(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int]]:
         """Logits [L, V] and, per row, how many of those rows are its (0, 1, or n for
         "all"), in row order."""
+        output, counts = self._forward(rows)
+        if self.logits_exchange is not None:
+            output = self.logits_exchange.start(output, sum(counts), slot=0).wait()
+        return output, counts
+
+    def launch(self, rows: list[StepInput], slot: int) -> tuple[InFlightLogits, list[int]]:
+        """`run` of a pipeline stage that does not wait for the logits: they travel in `slot`
+        (one per step in flight)."""
+        output, counts = self._forward(rows)
+        return self.logits_exchange.start(output, sum(counts), slot), counts
+
+    def _forward(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int]]:
+        """The network's output for `rows` (a non-last pipeline stage's: the hidden states it
+        sent) and the logits counts per row."""
         counts = [r.num_tokens if r.logits == "all" else int(r.logits == "last") for r in rows]
         decode_only = all(r.num_tokens == 1 and r.logits == "last" for r in rows)
         input_ids = self._input_ids(rows)
         tables = self.to_device(self.kv_cache.get_block_table([r.seq_id for r in rows]))
         if decode_only:
             host_lengths = torch.tensor([r.start + 1 for r in rows], dtype=torch.int32)
-            return self.decode(input_ids, self.to_device(host_lengths), tables, host_lengths), counts
+            return self._decode(input_ids, self.to_device(host_lengths), tables, host_lengths), counts
 
         starts = torch.tensor([r.start for r in rows], dtype=torch.int32)
         new = torch.tensor([r.num_tokens for r in rows], dtype=torch.int32)
@@ -84,10 +107,10 @@ class StepRunner:
             "host_context_lengths": new,
             "host_sequence_lengths": lengths,
         }
-        logits = self.session.run(feed, check=False)["logits"]
+        output = self.session.run(feed, check=False)[self._output]
         if sum(counts) == 0:
-            logits = logits[:0]
-        return logits, counts
+            output = output[:0]
+        return output, counts
 
     def _input_ids(self, rows: list[StepInput]) -> torch.Tensor:
         """The packed input tokens on the device; pending ones gathered there."""
@@ -132,6 +155,13 @@ class StepRunner:
         `block_tables` (device). A CUDA graph replay when the runner has them (the logits
         are then a view valid until the next step; the graph reads lengths on the device
         only)."""
+        output = self._decode(tokens, lengths, block_tables, host_lengths, use_cuda_graph)
+        if self.logits_exchange is not None:
+            output = self.logits_exchange.start(output, tokens.numel(), slot=0).wait()
+        return output
+
+    def _decode(self, tokens, lengths, block_tables, host_lengths, use_cuda_graph: bool = True):
+        """`decode`'s network output (a non-last pipeline stage's: the hidden states it sent)."""
         if self.cuda_graphs is not None and use_cuda_graph:
             return self.cuda_graphs.step(tokens, lengths, block_tables)
         n = tokens.numel()
@@ -147,4 +177,4 @@ class StepRunner:
             "host_context_lengths": ones,
             "host_sequence_lengths": host_lengths,
         }
-        return self.session.run(feed, check=False)["logits"]
+        return self.session.run(feed, check=False)[self._output]

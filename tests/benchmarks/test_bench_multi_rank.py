@@ -84,6 +84,7 @@ def test_bench_throughput_pp2_against_one_rank(tmp_path):
     assert (result["tp_size"], result["pp_size"]) == (1, 2)
     for run_ in (result["inflight"], result["one_gpu"]["inflight"]):
         assert run_["output_tokens"] == 12 * 6 and run_["input_tokens"] == 12 * 8
+    assert result["inflight"]["peak_in_flight"] == 2  # the two stages computed at once
     assert result["speedup_vs_one_gpu"] == pytest.approx(
         result["inflight"]["output_tok_s"] / result["one_gpu"]["inflight"]["output_tok_s"])
     assert proc.stdout.count("| in-flight |") == 2  # rank 0 of each run alone prints

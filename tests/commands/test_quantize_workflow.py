@@ -109,3 +109,69 @@ def test_bad_input_is_one_line(hf_dir, tmp_path):
             tmp_path / "c", check=False)
     assert p.returncode == 2 and "not a multiple of the group size 128" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "c").exists()
+
+
+def _kv_scales(ckpt):
+    with safe_open(str(ckpt / "rank0.safetensors"), framework="pt") as f:
+        return {n: f.get_tensor(n) for n in f.keys() if n.endswith(".kv_cache_scale")}
+
+
+@pytest.mark.parametrize("qformat,kv,algo", [("int8_wo", "int8", "W8A16"), ("none", "fp8", None)])
+def test_kv_cache_dtype_with_any_weight_format(hf_dir, tmp_path, capsys, qformat, kv, algo):
+    ckpt = tmp_path / "ckpt"
+    quantize("--model_dir", hf_dir, "--qformat", qformat, "--kv_cache_dtype", kv, "--calib_size", "2",
+             "--output_dir", ckpt)
+    out = capsys.readouterr().out
+    assert "calibrating on 2 samples" in out and f"KV cache {kv.upper()}" in out
+    section = json.loads((ckpt / "config.json").read_text())["quantization"]
+    assert section["kv_cache_quant_algo"] == kv.upper() and section["quant_algo"] == algo
+    scales = _kv_scales(ckpt)
+    assert sorted(scales) == [f"transformer.layers.{i}.attention.kv_cache_scale" for i in range(2)]
+    assert all(tuple(s.shape) == (2,) and bool((s > 0).all()) and bool((s != 1).all()) for s in scales.values())
+
+
+def test_kv_cache_build_run(hf_dir, tmp_path):
+    ckpt, engine = tmp_path / "ckpt", tmp_path / "engine"
+    quantize("--model_dir", hf_dir, "--qformat", "fp8", "--kv_cache_dtype", "int8", "--calib_size", "2",
+             "--output_dir", ckpt)
+    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine, *BUILD)
+    assert "Engine written to" in p.stdout
+    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
+            "--input_text", words(6), "--max_output_len", "6")
+    assert p.stdout.strip()
+
+
+def test_convert_checkpoint_kv_cache_dtype(hf_dir, tmp_path):
+    # no calibration there: FP8 with scales 1.0; INT8 is refused in one line
+    ckpt = tmp_path / "ckpt"
+    p = run("examples/llama/convert_checkpoint.py", "--model_dir", hf_dir, "--output_dir", ckpt, "--use_weight_only",
+            "--kv_cache_dtype", "fp8")
+    assert "KV cache: FP8 codes, scales 1.0" in p.stdout
+    section = json.loads((ckpt / "config.json").read_text())["quantization"]
+    assert section["kv_cache_quant_algo"] == "FP8" and section["quant_algo"] == "W8A16"
+    assert all(s.tolist() == [1.0, 1.0] for s in _kv_scales(ckpt).values()) and len(_kv_scales(ckpt)) == 2
+    p = run("examples/llama/convert_checkpoint.py", "--model_dir", hf_dir, "--output_dir", tmp_path / "c",
+            "--kv_cache_dtype", "int8", check=False)
+    assert p.returncode == 2 and "--kv_cache_dtype int8 needs calibrated scales" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_build_refuses_fp8_kv_cache_for_a_gpu_before_sm89(hf_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    quantize("--model_dir", hf_dir, "--qformat", "int8_wo", "--kv_cache_dtype", "fp8", "--calib_size", "1",
+             "--output_dir", ckpt)
+    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", tmp_path / "e",
+            *BUILD, "--target_device", "cuda:sm_80", check=False)
+    assert p.returncode == 2 and "FP8 KV cache needs a GPU of compute capability 8.9 or newer" in p.stderr
+    assert "sm_80" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--qformat", "none"], "--qformat none quantizes nothing"),
+    (["--qformat", "int8_wo", "--calib_size", "2"], "--calib_size applies to --qformat fp8 or --kv_cache_dtype"),
+    (["--qformat", "fp8", "--kv_cache_dtype", "int4"], "invalid choice"),
+])
+def test_bad_kv_cache_flags_are_refused(hf_dir, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        quantize("--model_dir", hf_dir, "--output_dir", tmp_path / "c", *args)
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -126,10 +126,10 @@ def write_job(path: Path, runs: dict, **extra) -> Path:
     return path
 
 
-def launch(world: int, job: Path, timeout: float = 240) -> list[subprocess.CompletedProcess]:
-    """`world` rank_worker processes with torchrun's environment; their results by rank."""
+def launch(world: int, job: Path, timeout: float = 240, worker: Path = WORKER) -> list[subprocess.CompletedProcess]:
+    """`world` worker processes (rank_worker.py) with torchrun's environment; their results by rank."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(job)], cwd=REPO, text=True,
+    procs = [subprocess.Popen([sys.executable, str(worker), str(job)], cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
                                       MASTER_PORT=port))

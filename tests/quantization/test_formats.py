@@ -17,6 +17,7 @@ from tensorrt_llm.quantization.formats import (
     dequantize_rows,
     fp8_scale_from_amax,
     from_state_dict,
+    kv_cache_algo_of,
     kv_cache_scale_from_amax,
     narrow_columns,
     pack_int4,
@@ -319,3 +320,26 @@ def test_kv_cache_quantization():
         quantize_kv(x, scale, "W8A16")
     with pytest.raises(ValueError, match="INT8 or FP8"):
         kv_cache_scale_from_amax(1.0, QuantAlgo.W4A16)
+
+
+def test_kv_cache_codes_per_layer_k_and_v_scales():
+    # a layer's (K, V) maxima -> its two scales; codes against exact integer / torch E4M3 references
+    gen = torch.Generator().manual_seed(7)
+    k, v = torch.randn(64, 2, 8, generator=gen) * 4, torch.randn(64, 2, 8, generator=gen) * 0.5
+    amax = torch.stack([k.abs().max(), v.abs().max()])
+    for algo, top in (("INT8", 127.0), ("FP8", 448.0)):
+        scales = kv_cache_scale_from_amax(amax, algo)
+        assert scales.shape == (2,) and torch.equal(scales, amax / top)
+        for x, s in ((k, scales[0]), (v, scales[1])):
+            codes = quantize_kv(x, s, algo)
+            if algo == "INT8":  # round half to even of x / s, exactly
+                assert bool(((codes.float() - x / s).abs() <= 0.5).all()) and int(codes.abs().max()) == 127
+                assert torch.equal(quantize_kv(torch.tensor([2.5, -2.5, 3.5]) * s, s, algo).int(),
+                                   torch.tensor([2, -2, 4], dtype=torch.int32))
+            else:
+                assert torch.equal(codes.view(torch.uint8), (x / s).clamp(-448, 448).to(FP8_DTYPE).view(torch.uint8))
+            # the pool's bytes (uint8 for FP8) dequantize to the same values
+            stored = codes.view(torch.uint8) if algo == "FP8" else codes
+            assert torch.equal(dequantize_kv(stored, s), codes.float() * s)
+    assert kv_cache_algo_of(torch.uint8) == QuantAlgo.FP8 and kv_cache_algo_of(torch.int8) == QuantAlgo.INT8
+    assert kv_cache_algo_of(torch.bfloat16) is None

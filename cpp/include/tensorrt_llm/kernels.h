@@ -20,6 +20,8 @@ enum class DType : int {
     kBFloat16 = 2,
     kInt32 = 3,
     kInt64 = 4,
+    kInt8 = 5,   // INT8 KV cache codes
+    kUInt8 = 6,  // FP8 E4M3 KV cache codes, as their bytes
 };
 
 char const* dtypeName(DType dtype);
@@ -100,6 +102,8 @@ struct PagedKvWriteParams {
     void const* key;           // [tokens, kvHeads, headDim], last dim contiguous
     void const* value;         // [tokens, kvHeads, headDim], last dim contiguous
     void* kvCache;             // [numBlocks, 2, kvHeads, tokensPerBlock, headDim], contiguous
+    float const* kvScale;      // [2] (K, V scales) when kvCache holds codes (cacheDtype kInt8 / kUInt8)
+    DType cacheDtype;          // dtype, or kInt8 / kUInt8: rows are quantized as written (kv_codes.cuh)
     int32_t const* blockTables;  // [batch, maxBlocks], contiguous
     int32_t const* cuSeqlens;    // [batch + 1]
     int32_t const* pastLengths;  // [batch]
@@ -146,6 +150,8 @@ struct DecodeAttentionParams {
     void* out;                       // [batch, numHeads, headDim], row stride outTokenStride
     void const* q;                   // [batch, numHeads, headDim], row stride qTokenStride
     void* kvCache;                   // [numBlocks, 2, kvHeads, tokensPerBlock, headDim], contiguous
+    float const* kvScale;            // [2] (K, V scales) when kvCache holds codes
+    DType cacheDtype;                // dtype, or kInt8 / kUInt8 codes (tensor-core kernel only)
     int32_t const* blockTables;      // [batch, maxBlocks]
     int32_t const* sequenceLengths;  // [batch]
     float const* alibiSlopes;        // [numHeads] or nullptr

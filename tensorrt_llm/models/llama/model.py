@@ -68,10 +68,10 @@ def quantize_linears(model, config: PretrainedConfig) -> None:
     """Make each linear the checkpoint's `quantization` section quantizes (attention qkv and
     dense, mlp gate / fc / proj, lm_head; exclude_modules and MIXED_PRECISION per module name)
     weight-only INT8 / INT4, or FP8 (W8A8). A tied LM head (share_embedding_table) reads the
-    float embedding."""
+    float embedding. With a kv_cache_quant_algo, each attention layer gets its KV cache scales."""
     qc = config.quant_config
-    if not qc.quantizes_weights:
-        return
     for name, module in list(model.named_modules()):
         if isinstance(module, Linear) and (layer := qc.layer(name)) is not None:
             module.quantize_weight(layer)
+        elif isinstance(module, Attention) and qc.quantizes_kv_cache:
+            module.quantize_kv_cache()
