@@ -112,12 +112,18 @@ def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables:
 
 # ---- gpt_attention ------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _capability_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
 def _kernel_covers(q, num_heads, num_kv_heads, head_dim, quantized) -> bool:
     """Whether the decode kernel takes these heads (a quantized cache: its tensor-core form only)."""
     if not (cuda_kernels_available() and head_dim in (64, 128, 256) and num_heads // num_kv_heads <= 8):
         return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     return not quantized or (q.dtype in (torch.float16, torch.bfloat16) and head_dim in (64, 128)
-                             and torch.cuda.get_device_capability(q.device)[0] >= 8)
+                             and _capability_major(index) >= 8)
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,7 +29,8 @@ names; all of them parse, and the ones this project runs are:
   four combinations).
 - `MIXED_PRECISION`: per layer, from `quantized_layers`.
 
-`kv_cache_quant_algo` is `INT8` or `FP8` (one scale per attention layer) or `null`.
+`kv_cache_quant_algo` is `INT8` or `FP8` (1-byte codes; a K and a V scale per attention layer,
+formats.py) or `null`.
 
 Unlike TensorRT-LLM, which writes `group_size: 128` for every algorithm, `W8A16` reads its
 `group_size` (`null` is per channel), so a per-channel INT8 checkpoint must say `null`.

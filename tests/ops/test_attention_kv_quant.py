@@ -273,3 +273,21 @@ def test_gpt_attention_cuda_matches_reference(heads, scenario, rotary, algo, dty
     # rows whose codes the two paths rounded differently move the output by about a code step
     torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), rtol=2 * rtol, atol=2 * atol,
                                msg=lambda m: f"{msg}\n{m}")
+
+
+@pytest.mark.gpu
+@needs_kernels
+@pytest.mark.parametrize("q_dtype,head_dim,scale_shape,message", [
+    (torch.float32, 128, (2,), "tensor-core kernel only"),
+    (torch.bfloat16, 256, (2,), "tensor-core kernel only"),
+    (torch.bfloat16, 128, None, "needs kv_scale"),
+    (torch.bfloat16, 128, (3,), r"kv_scale must have shape \[2\]"),
+])
+def test_decode_kernel_refuses_what_it_cannot_read(q_dtype, head_dim, scale_shape, message):
+    q = torch.zeros(2, 8, head_dim, dtype=q_dtype, device="cuda")
+    cache = torch.zeros(4, 2, 2, 16, head_dim, dtype=torch.uint8, device="cuda")
+    tables = torch.zeros(2, 2, dtype=torch.int32, device="cuda")
+    lengths = torch.ones(2, dtype=torch.int32, device="cuda")
+    scale = None if scale_shape is None else torch.ones(scale_shape, device="cuda")
+    with pytest.raises(ValueError, match=message):
+        attention_cuda.decode_attention_cuda(q, cache, tables, lengths, 0.1, kv_scale=scale)
