@@ -21,9 +21,9 @@ than it needed, inside its own blocks. Requests whose sampling reads their token
 Pipeline parallelism (`pipeline_stages` > 1): the running requests form one group per stage
 (scheduler.py), and step() calls take the groups in turn, each launching one step of its
 group whose logits come back from the last stage while the next groups' steps are computed
-(stage 0 computes group g + 1 while the later stages compute group g). A group's previous
-step is resolved (its logits waited for, sampled, read) at the start of its next turn, so
-its requests' tokens are known when it is scheduled again; every rank runs the same turns,
+(stage 0 computes group g + 1 while the later stages compute group g). A group's turn first
+samples its previous step's logits, then launches its next step (with overlap, from the
+sampled tokens still on the device) and reads the tokens; every rank runs the same turns,
 samples the same logits and so schedules the same steps.
 """
 from __future__ import annotations
@@ -275,13 +275,18 @@ class Executor:
     def _pipelined_step(self) -> list[Request]:
         group = self._turn
         self._turn = (group + 1) % self.pipeline_stages
-        updated = []
+        updated, previous = [], None
         if self._in_flight and self._in_flight[0].group == group:
-            updated = self._resolve_pipelined(self._in_flight.popleft())
+            previous = self._sample_pipelined(self._in_flight.popleft())
+            if not self.overlap or any(r.needs_token_values for r in self.scheduler.running):
+                updated += self._resolve(previous)
+                previous = None
         scheduled = self.scheduler.schedule(group)
         self.stats.preemptions += len(scheduled.preempted)
         if scheduled.rows:
-            rows = self._inputs(scheduled, None)
+            # With overlap, the group's decode inputs are its previous step's tokens, still on
+            # the device: the host reads them once this step is queued behind them.
+            rows = self._inputs(scheduled, previous)
             logits, counts = self.runner.launch(rows, slot=group)
             sampled = [row.request for row in scheduled.rows if row.samples]
             self._computed(scheduled, rows)
@@ -290,7 +295,9 @@ class Executor:
             waiting = sum(not step.logits.waited for step in self._in_flight)
             self.stats.peak_in_flight = max(self.stats.peak_in_flight, waiting)
             self._idle_turns = 0
-        elif not updated and not scheduled.preempted and not self._in_flight:
+        if previous is not None:
+            updated += self._resolve(previous)
+        if not scheduled.rows and not updated and not scheduled.preempted and not self._in_flight:
             self._idle_turns += 1
             if self._idle_turns > self.pipeline_stages and self.scheduler.has_work:
                 # Every group had a turn on an idle pipeline and none could start.
@@ -298,10 +305,10 @@ class Executor:
                                    f"requests with {self.kv_cache.num_free_blocks} free KV blocks")
         return list(dict.fromkeys(updated))
 
-    def _resolve_pipelined(self, step: _Pipelined) -> list[Request]:
-        """Wait for a pipelined step's logits, sample them as the one-rank executor would have
-        at launch, and read the tokens. Rows of requests that ended since (aborted) are
-        dropped."""
+    def _sample_pipelined(self, step: _Pipelined) -> _Launched:
+        """Wait for a pipelined step's logits (on a GPU the stream waits, not the host) and
+        sample them as the one-rank executor would have at launch. Rows of requests that ended
+        since (aborted, or stopped by a token read after this step was launched) are dropped."""
         logits = step.logits.wait()
         rows = [(row, step_input, count) for row, step_input, count
                 in zip(step.scheduled.rows, step.inputs, step.counts) if not row.request.finished]
@@ -320,7 +327,7 @@ class Executor:
                                 logits, [count for _, _, count in rows])
         for r in sampled:
             r.num_pending += 1
-        return self._resolve(launched)
+        return launched
 
     @staticmethod
     def _wants_context(r: Request, row) -> bool:

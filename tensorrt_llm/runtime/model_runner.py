@@ -114,7 +114,7 @@ class ModelRunner:
                              max_num_tokens=bc.max_num_tokens, max_beam_width=bc.max_beam_width)
         exchange = None
         if self.mapping.pp_size > 1:
-            exchange = LogitsExchange(self.mapping, cfg["vocab_size"], cfg.get("logits_dtype", "float32"), device)
+            exchange = LogitsExchange(self.mapping, cfg["vocab_size"], cfg["logits_dtype"], device)
         step_runner = StepRunner(self.session, self.kv_cache, self.kv_cache_pool, graphs, exchange)
         self.executor = Executor(step_runner, self.kv_cache, limits, max_batch_size=max_batch_size,
                                  max_num_tokens=max_num_tokens, enable_chunked_context=enable_chunked_context,

@@ -26,6 +26,9 @@ SCENARIOS = {
     "preempt": ({"max_tokens_in_paged_kv_cache": 64}, 0),
     "arrivals": ({"enable_chunked_context": True, "max_num_tokens": 24}, 3),
     "abort": ({}, 0),
+    # Steps launched from the previous step's tokens still on the device (a GPU's default,
+    # forced here), and requests stopped by a token's value: they compute a token more.
+    "overlap": ({"enable_chunked_context": True, "max_num_tokens": 16}, 2),
 }
 
 
@@ -38,7 +41,11 @@ def run_scenario(runner, name: str) -> dict:
     from tensorrt_llm.runtime.request import Request
     ex = runner.executor
     arrive_every = SCENARIOS[name][1]
-    reqs = [Request(p, max_new_tokens=n) for p, n in zip(prompts(runner.vocab_size), NEW_TOKENS)]
+    stop = ()
+    if name == "overlap":
+        ex.overlap = True
+        stop = tuple(range(0, runner.vocab_size, 9))
+    reqs = [Request(p, max_new_tokens=n, stop_token_ids=stop) for p, n in zip(prompts(runner.vocab_size), NEW_TOKENS)]
     added = steps = 0
     aborted = None
     while added < len(reqs) or ex.has_work:

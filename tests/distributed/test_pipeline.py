@@ -1,7 +1,8 @@
 """Pipeline-parallel engines with their stages at work at once (executor.py, "Pipeline
 parallelism"): PP2 and PP4 ranks on the CPU (gloo) give the one-rank engine's greedy tokens
 over pipeline_worker.py's scenarios (mixed prompt lengths, chunked prompts, a pool that forces
-preemption, requests arriving over time, an abort mid-run) and its beams, keep pp_size steps
+preemption, requests arriving over time, an abort mid-run, steps launched from tokens still
+on the device with stops by value) and its beams, keep pp_size steps
 in flight, and end with every KV block back in every rank's pool. The scheduler's groups are tested alone.
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ def llama(tmp_path_factory):
     expected = scenarios_on("cpu", engines[1])
     assert expected["preempt"]["preemptions"] > 0  # the scenario is what it says
     assert expected["abort"]["aborted_mid_run"]
+    assert "stop" in expected["overlap"]["finish"] and "length" in expected["overlap"]["finish"]
     return {"engines": engines, "expected": expected}
 
 
@@ -72,6 +74,7 @@ def check_ranks(job: Path, world: int, expected: dict) -> None:
                 kept = [i for i in kept if i != ABORTED]
             assert [res["tokens"][i] for i in kept] == [want["tokens"][i] for i in kept], where
             assert res["used_blocks"] == 0, where  # every block back in this rank's pool
+            assert res.get("finish") == want.get("finish") or name == "abort", where
         # Every group had a step in flight at once: the stages did not run in turn.
         assert got["mixed"]["peak_in_flight"] == world, rank
         assert got["preempt"]["preemptions"] > 0, rank
