@@ -161,3 +161,28 @@ def test_config_refuses_kv_quant_for_unquantizable_architectures(float_weights):
     config = dataclasses.replace(float_weights[0], architecture="GPTForCausalLM")
     with pytest.raises((ConfigError, ValueError)):
         kv_cache_config(config, "fp8").validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "int8"])
+def test_engine_on_cuda_matches_the_cpu_reference(tmp_path, kv):
+    # head size 64: the GPU runs the paged write, the decode kernel (in CUDA graphs) and the
+    # varlen path over codes; the CPU runs the reference of the same engine. Both read the same
+    # codes, so they differ only by the GPU's float16 rounding (MMA operands, probabilities).
+    if kv == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 KV cache needs sm_89 or newer")
+    hf = random_hf_llama(seed=3, hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+    config = config_from_hf(hf.config, dtype="float16")
+    weights = load_weights_from_hf(hf, config)
+    config = kv_cache_config(config, kv)
+    amax = calibrate(hf, PROMPTS, kv_cache=True).kv_cache_amax
+    engine_dir = _engine(config, quantize_checkpoint(LLaMAForCausalLM, config, weights, kv_cache_amax=amax),
+                         tmp_path / "engine")
+    outs = {device: runner(engine_dir, device=device).generate(PROMPTS, max_new_tokens=NEW_TOKENS,
+                                                               return_context_logits=True)
+            for device in ("cpu", "cuda")}
+    for b, prompt in enumerate(PROMPTS):
+        ref, got = outs["cpu"]["context_logits"][b].float(), outs["cuda"]["context_logits"][b].float().cpu()
+        assert float((got - ref).pow(2).mean().sqrt() / ref.std()) <= 0.02
+        first_new = len(prompt)
+        assert outs["cuda"]["output_ids"][b, 0, first_new] == outs["cpu"]["output_ids"][b, 0, first_new]
