@@ -12,17 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._utils import canonical_dtype, str_dtype_to_torch
-
-
-# kv_cache_quant_algo -> the pool's dtype (formats.KV_CACHE_STORAGE, by name).
-KV_CACHE_STORAGE_NAMES = {"INT8": "int8", "FP8": "uint8"}
-
-
-def kv_cache_dtype_name(dtype: str, kv_cache_quant_algo) -> str:
-    """The pool's dtype: the model's, or the codes' when the KV cache is quantized."""
-    algo = None if kv_cache_quant_algo is None else str(kv_cache_quant_algo).upper()
-    return KV_CACHE_STORAGE_NAMES[algo] if algo in KV_CACHE_STORAGE_NAMES else canonical_dtype(dtype)
+from ._utils import str_dtype_to_torch
+from .quantization.formats import kv_cache_dtype_name
 
 
 def as_torch_dtype(dtype) -> torch.dtype:

@@ -26,9 +26,8 @@ except ImportError:  # older safetensors
 
 from .._utils import read_json_object, str_dtype_to_torch
 from ..errors import CheckpointError, ConfigError
-from ..kv_cache_layout import kv_cache_dtype_name
 from ..mapping import Mapping
-from ..quantization.formats import FP8_DTYPE
+from ..quantization.formats import FP8_DTYPE, kv_cache_dtype_name
 from ..quantization.mode import QuantConfig
 
 # Architecture names a checkpoint may declare. `tensorrt_llm/models/__init__.py` adds the

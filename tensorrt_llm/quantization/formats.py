@@ -64,6 +64,7 @@ from typing import Mapping, Union
 
 import torch
 
+from .._utils import canonical_dtype
 from ..errors import CheckpointError
 from .mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES, LayerQuant, QuantAlgo
 
@@ -384,6 +385,14 @@ def _kv_algo(algo: QuantAlgo | str) -> QuantAlgo:
     if algo not in KV_CACHE_STORAGE:
         raise ValueError(f"KV cache quantization is INT8 or FP8, not {algo}")
     return algo
+
+
+def kv_cache_dtype_name(dtype: str, kv_cache_quant_algo) -> str:
+    """The KV pool's dtype name: the model's `dtype`, or the codes' (KV_CACHE_STORAGE) when
+    `kv_cache_quant_algo` (a QuantAlgo, its name, or None) quantizes the KV cache."""
+    algo = None if kv_cache_quant_algo is None else str(kv_cache_quant_algo).upper()
+    storage = {a.value: t for a, t in KV_CACHE_STORAGE.items()}.get(algo)
+    return canonical_dtype(dtype) if storage is None else str(storage).removeprefix("torch.")
 
 
 def kv_cache_algo_of(pool_dtype: torch.dtype) -> QuantAlgo | None:
