@@ -101,10 +101,13 @@ def build(model, build_config: BuildConfig, timing_cache=None, device=None) -> E
 
 def refit_map(network: Network, params: dict, constants: set) -> Optional[dict]:
     """How each engine weight derives from the checkpoint, for tensorrt_llm/refit.py:
-    {"sources": {engine weight: checkpoint names, concatenated along dim 0},
-     "checkpoint": {checkpoint name: [dtype, shape]}}. Weights in neither are the model's
-    own constants (e.g. the rotary table). None when a rewrite made a weight without
-    recording its sources: such an engine cannot be refitted."""
+    {"sources": {engine weight: checkpoint names, concatenated along dim 0 ([name, rows]:
+                 a [1] tensor repeated over rows rows)},
+     "checkpoint": {checkpoint name: [dtype, shape]},
+     "equal": {checkpoint name: the checkpoint name the engine reads in its place, which it
+               must equal}}. Weights in none are the model's own constants (e.g. the rotary
+    table). None when a rewrite made a weight without recording its sources: such an engine
+    cannot be refitted."""
     sources = {}
     for name in network.weights:
         if name in params:
@@ -113,4 +116,5 @@ def refit_map(network: Network, params: dict, constants: set) -> Optional[dict]:
             sources[name] = network.weight_sources[name]
         elif name not in constants:
             return None
-    return {"sources": sources, "checkpoint": params}
+    equal = {unread: read for unread, read in network.equal_sources.items() if read in sources}
+    return {"sources": sources, "checkpoint": params, "equal": equal}

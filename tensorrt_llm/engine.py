@@ -201,12 +201,20 @@ class Engine:
 
 
 def _is_refit_map(refit) -> bool:
-    """{"sources": {name: [names]}, "checkpoint": {name: [dtype, shape]}} (refit.py reads it)."""
-    return (isinstance(refit, dict) and set(refit) == {"sources", "checkpoint"}
+    """{"sources": {name: [name or [name, rows]]}, "checkpoint": {name: [dtype, shape]},
+    "equal": {name: name}} (builder.refit_map; refit.py reads it). Engines from before
+    "equal" existed have none."""
+    def is_source(s):
+        return isinstance(s, str) or (isinstance(s, list) and len(s) == 2 and isinstance(s[0], str)
+                                      and isinstance(s[1], int))
+
+    equal = refit.get("equal", {}) if isinstance(refit, dict) else None
+    return (isinstance(refit, dict) and set(refit) - {"equal"} == {"sources", "checkpoint"}
             and isinstance(refit["sources"], dict) and isinstance(refit["checkpoint"], dict)
-            and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in refit["sources"].values())
+            and all(isinstance(v, list) and all(map(is_source, v)) for v in refit["sources"].values())
             and all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], list)
-                    for v in refit["checkpoint"].values()))
+                    for v in refit["checkpoint"].values())
+            and isinstance(equal, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in equal.items()))
 
 
 def check_versions(format_version, package_version, where) -> None:

@@ -375,13 +375,26 @@ _GATED_ACTIVATIONS = {"silu": ("silu_and_mul", None), "gelu": ("gelu_and_mul", "
 
 
 # The ops FuseGateUp fuses, with their parameters that stack along the output rows: a float
-# linear, and a weight-only quantized one (its codes, scales and zeros are per output row).
-_GATE_UP_PARAMS = {"linear": ("weight", "bias"), "weight_only_linear": ("qweight", "scales", "zeros", "bias")}
+# linear, a weight-only quantized one (its codes, scales and zeros are per output row), and an
+# FP8 one (codes per row; its weight scale is per tensor or per row, see _fp8_weight_scale).
+_GATE_UP_PARAMS = {"linear": ("weight", "bias"), "weight_only_linear": ("qweight", "scales", "zeros", "bias"),
+                   "fp8_linear": ("qweight", "weight_scale", "bias")}
+# Parameters of one value for the whole input that both linears must share, and the fused one
+# reads once: FP8's static input scale (x is quantized once, with one scale).
+_GATE_UP_SHARED = {"fp8_linear": ("input_scale",)}
 
 
 class FuseGateUp(Fusion):
     """act(linear(x, W_gate, b_gate)) * linear(x, W_up, b_up) -> one linear with
-    cat([W_gate, W_up]) (and biases) followed by silu_and_mul / gelu_and_mul."""
+    cat([W_gate, W_up]) (and biases) followed by silu_and_mul / gelu_and_mul.
+
+    fp8_linear pairs fuse when their input scales are the same (both dynamic, or equal static
+    values) and their weight scales of one kind: equal per-tensor scales stay one per-tensor
+    scale (cuBLASLt's fast tensor-wise FP8 GEMM); different per-tensor or per-channel scales
+    become per-channel, each row keeping its own scale. The codes are kept as they are, so the
+    fused linear computes the unfused ones' products exactly. Weights read in place of an
+    equal one (the shared input scale, an equal per-tensor weight scale) are recorded in
+    `Network.equal_sources`, so refit refuses a checkpoint in which they differ."""
 
     def __init__(self):
         super().__init__("fuse_gate_up", root_layer={"mul"})
@@ -400,7 +413,7 @@ class FuseGateUp(Fusion):
                     or gate_layer.attrs != up_layer.attrs):  # one weight format and group (quantized)
                 continue
             gate, up = _info(gate_layer), _info(up_layer)
-            names = _GATE_UP_PARAMS[gate_layer.op]
+            names = _GATE_UP_PARAMS[gate_layer.op] + _GATE_UP_SHARED.get(gate_layer.op, ())
             if (gate.get_input("x") != up.get_input("x")
                     or any((gate.get_input(p) is None) != (up.get_input(p) is None) for p in names)
                     or any(gate.get_input(p) is not None and gate.get_input(p).dtype != up.get_input(p).dtype
@@ -408,6 +421,8 @@ class FuseGateUp(Fusion):
                 continue
             params = [lin.get_input(p) for lin in (gate, up) for p in names]
             if not all(_is_constant(t) for t in params if t is not None):
+                continue
+            if gate_layer.op == "fp8_linear" and not _fp8_fusable(gate, up):
                 continue
             if not (_only_reader(act.get_input("x"), act_layer) and _only_reader(act_t, layer)
                     and _only_reader(up_t, layer)):
@@ -422,14 +437,18 @@ class FuseGateUp(Fusion):
         for param in _GATE_UP_PARAMS[gate.layer_type]:
             if gate.get_input(param) is None:
                 fused[param] = None
-                continue
-            names = [_info(lin.get_input(param).get_parent()).get_input("name") for lin in (gate, up)]
-            name = _fused_weight_name(net, *names)
-            net.weight_sources[name] = [s for n in names for s in net.weight_sources.get(n, [n])]
-            # Rows of the output: a quantized weight's codes, scales and zeros stack as its rows do.
-            fused[param] = F.constant(torch.cat([net.weights[n] for n in names], dim=0), name=name)
+            elif param == "weight_scale":
+                fused[param] = _fp8_weight_scale(gate, up)
+            else:
+                fused[param] = _stacked(net, *(_weight_name(lin.get_input(param)) for lin in (gate, up)))
+        for param in _GATE_UP_SHARED.get(gate.layer_type, ()):
+            if gate.get_input(param) is not None:
+                _record_equal(net, _weight_name(up.get_input(param)), _weight_name(gate.get_input(param)))
         if gate.layer_type == "linear":
             y = F.linear(gate.get_input("x"), fused["weight"], fused["bias"])
+        elif gate.layer_type == "fp8_linear":
+            y = F.fp8_linear(gate.get_input("x"), fused["qweight"], fused["weight_scale"],
+                             gate.get_input("input_scale"), fused["bias"])
         else:
             attrs = {k: v for k, v in gate.raw_inputs.items() if k in ("weight_format", "group_size")}
             y = F.weight_only_linear(gate.get_input("x"), fused["qweight"], fused["scales"], fused["zeros"],
@@ -437,6 +456,66 @@ class FuseGateUp(Fusion):
         op, approximate = _GATED_ACTIVATIONS[act.layer_type]
         out = F.silu_and_mul(y) if op == "silu_and_mul" else F.gelu_and_mul(y, approximate=approximate)
         found["mul"].replace_output_uses_with(net, [out])
+
+
+def _weight_name(tensor: Tensor) -> str:
+    """The network weight a constant tensor holds."""
+    return _info(tensor.get_parent()).get_input("name")
+
+
+def _is_checkpoint_weight(net: Network, name: str) -> bool:
+    """A weight as the checkpoint has it (no rewrite made it), which refit can compare."""
+    return name not in net.weight_sources
+
+
+def _fp8_fusable(gate: FLayerInfo, up: FLayerInfo) -> bool:
+    """Two fp8_linear calls on one x that one fp8_linear computes exactly: the same input
+    scale (x is quantized once) and weight scales of one kind, both per tensor or both per
+    channel. Values read once for both must be checkpoint weights, for refit to compare."""
+    net = gate.network
+    in_g, in_u = gate.get_input("input_scale"), up.get_input("input_scale")
+    if in_g is not None:
+        g, u = _weight_name(in_g), _weight_name(in_u)
+        if not (torch.equal(net.weights[g], net.weights[u]) and _is_checkpoint_weight(net, g)
+                and _is_checkpoint_weight(net, u)):
+            return False
+    ws_g, ws_u = gate.get_input("weight_scale"), up.get_input("weight_scale")
+    if (tuple(ws_g.shape) == (1,)) != (tuple(ws_u.shape) == (1,)):
+        return False
+    # per-tensor scales are repeated per row or read once: either way refit needs their own names
+    return tuple(ws_g.shape) != (1,) or all(_is_checkpoint_weight(net, _weight_name(t)) for t in (ws_g, ws_u))
+
+
+def _fp8_weight_scale(gate: FLayerInfo, up: FLayerInfo) -> Tensor:
+    """The fused FP8 weight scale: the gate's per-tensor scale when the up's equals it (the
+    fast tensor-wise GEMM), else one scale per row (per-tensor scales repeated over their rows)."""
+    net = gate.network
+    g, u = (_weight_name(lin.get_input("weight_scale")) for lin in (gate, up))
+    scale_g, scale_u = net.weights[g], net.weights[u]
+    if scale_g.numel() == 1 and scale_u.numel() == 1:
+        if torch.equal(scale_g, scale_u):
+            _record_equal(net, u, g)
+            return gate.get_input("weight_scale")
+        rows_g, rows_u = (lin.get_input("qweight").shape[0] for lin in (gate, up))
+        name = _fused_weight_name(net, g, u)
+        net.weight_sources[name] = [[g, rows_g], [u, rows_u]]
+        return F.constant(torch.cat([scale_g.expand(rows_g), scale_u.expand(rows_u)]), name=name)
+    return _stacked(net, g, u)
+
+
+def _stacked(net: Network, gate_name: str, up_name: str) -> Tensor:
+    """A constant of the two weights stacked along their rows, its refit sources recorded."""
+    names = [gate_name, up_name]
+    name = _fused_weight_name(net, *names)
+    net.weight_sources[name] = [s for n in names for s in net.weight_sources.get(n, [n])]
+    # Rows of the output: a quantized weight's codes and scales stack as its rows do.
+    return F.constant(torch.cat([net.weights[n] for n in names], dim=0), name=name)
+
+
+def _record_equal(net: Network, unread: str, read: str) -> None:
+    """The engine reads checkpoint weight `read` where it read `unread` too (they are equal)."""
+    if unread != read:
+        net.equal_sources[unread] = read
 
 
 def _fused_weight_name(net: Network, gate_name: str, up_name: str) -> str:

@@ -245,8 +245,12 @@ class Network:
         self._next_id = 0
         self._scopes: list[str] = []
         # Weight name -> the weights a rewrite made it from (concatenated along dim 0, in
-        # order), so that the builder can record how to refit an engine (tensorrt_llm/refit.py).
-        self.weight_sources: dict[str, list[str]] = {}
+        # order; [name, rows]: a [1] weight repeated over rows rows), so that the builder can
+        # record how to refit an engine (tensorrt_llm/refit.py).
+        self.weight_sources: dict[str, list] = {}
+        # Weight name -> the equal weight a rewrite reads in its place (FuseGateUp's shared FP8
+        # scales): refit refuses a checkpoint in which the two differ.
+        self.equal_sources: dict[str, str] = {}
 
     # ---- tensors -------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 The builder records in each rank file how every engine weight derives from checkpoint
 weights (`builder.refit_map`: the same tensor, or several concatenated along dim 0 by a
-fusion). Refitting follows that record, so no model code runs and the graph and the
+fusion, a per-tensor FP8 scale repeated over its rows where a fused scale is per channel; and
+the checkpoint tensors a fused engine reads once for two, which must be equal). Refitting
+follows that record, so no model code runs and the graph and the
 model's own constants (e.g. the rotary table) stay as built. A checkpoint whose config,
 weight names, shapes or dtypes differ from what the engine was built from is refused. An FP8
 checkpoint's float8_e4m3fn codes fit the engine's uint8 weights (engines hold the codes' bytes).
@@ -102,12 +104,19 @@ def _swap_weights(engine: Engine, path: Path) -> int:
             if got != dtype or list(t.shape) != shape:
                 problems.append(f"{name}: engine has {dtype} {shape}, checkpoint has {got} {list(t.shape)}")
             tensors[name] = t
+    for unread, read in refit.get("equal", {}).items():
+        if unread in tensors and read in tensors and not torch.equal(tensors[unread], tensors[read]):
+            problems.append(f"{unread} differs from {read}, which the engine reads for both (a fused "
+                            f"gate/up FP8 scale); rebuild instead")
     if problems:
         raise RefitError(f"{path} does not fit rank {engine.rank} of the engine "
                          f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
     weights = engine.network.weights
+    def source(s):
+        return tensors[s] if isinstance(s, str) else tensors[s[0]].expand(s[1])  # [name, rows]: [1] repeated
+
     for name, sources in refit["sources"].items():
-        value = tensors[sources[0]] if len(sources) == 1 else torch.cat([tensors[s] for s in sources])
+        value = source(sources[0]) if len(sources) == 1 else torch.cat([source(s) for s in sources])
         if value.dtype != weights[name].dtype or value.shape != weights[name].shape:
             raise EngineError(f"the engine's refit map builds {name} as {value.dtype} "
                               f"{list(value.shape)} but the engine holds {weights[name].dtype} "

@@ -19,6 +19,7 @@ from tensorrt_llm.graph_rewriting import (
 from tensorrt_llm.models import LLaMAForCausalLM, PretrainedConfig
 from tensorrt_llm.network import Tensor
 from tensorrt_llm.ops import op as op_registry
+from tensorrt_llm.quantization.formats import FP8_DTYPE
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 H, I = 8, 12
@@ -131,6 +132,85 @@ def test_no_fusion_for_different_inputs_or_broadcast_add():
     report = optimize(net)
     assert report["rewrites"] == {"fuse_add_rms_norm": 0, "fuse_gate_up": 0, "fuse_rope_attention": 0,
                                   "fuse_norm_linear": 0, "fuse_act_linear": 0}
+
+
+def fp8_mlp_network(weight_scales, input_scales, bias=False, up_fp8=True):
+    """y = silu(fp8_linear(x, gate)) * fp8_linear(x, up) (up a float linear unless up_fp8):
+    weight_scales and input_scales are the (gate, up) scales, a list or None."""
+    g = torch.Generator().manual_seed(1)
+    codes = lambda: (torch.randn(I, H, generator=g) * 100).clamp(-448, 448).to(FP8_DTYPE).view(torch.uint8)
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("num_tokens", (1, 4, 16))])
+
+        def fp8(name, weight_scale, input_scale):
+            const = lambda value, suffix: F.constant(torch.tensor(value, dtype=torch.float32), name=f"{name}.{suffix}")
+            return F.fp8_linear(x, F.constant(codes(), name=f"{name}.weight"), const(weight_scale, "weight_scale"),
+                                None if input_scale is None else const([input_scale], "input_scale"),
+                                F.constant(torch.randn(I, generator=g), name=f"{name}.bias") if bias else None)
+        gate = fp8("mlp.gate", weight_scales[0], input_scales[0])
+        up = (fp8("mlp.fc", weight_scales[1], input_scales[1]) if up_fp8
+              else F.linear(x, F.constant(torch.randn(I, H, generator=g), name="mlp.fc.weight")))
+        net.mark_output(F.silu(gate) * up, "y")
+    return net
+
+
+SCALES = torch.linspace(0.001, 0.003, I).tolist()
+# (weight scales, the fused weight scale's shape and its refit sources)
+FP8_CASES = {"per_tensor_equal": (([0.002], [0.002]), (1,), None),
+             "per_tensor_different": (([0.002], [0.003]), (2 * I,),
+                                      [["mlp.gate.weight_scale", I], ["mlp.fc.weight_scale", I]]),
+             "per_channel": ((SCALES, SCALES[::-1]), (2 * I,), ["mlp.gate.weight_scale", "mlp.fc.weight_scale"])}
+
+
+@pytest.mark.parametrize("case", FP8_CASES)
+@pytest.mark.parametrize("input_scales,bias", [((0.02, 0.02), False), ((None, None), True)])
+def test_fp8_gate_and_up_fuse_into_one_fp8_linear(case, input_scales, bias):
+    weight_scales, scale_shape, scale_sources = FP8_CASES[case]
+    net = fp8_mlp_network(weight_scales, input_scales, bias=bias)
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(2))
+    before = ReferenceExecutor(net).run({"x": x})["y"]
+    dequantized = lambda name: (net.weights[f"{name}.weight"].view(FP8_DTYPE).float()
+                                * net.weights[f"{name}.weight_scale"].reshape(-1, 1))
+    unfused_weight = torch.cat([dequantized("mlp.gate"), dequantized("mlp.fc")])
+    assert optimize(net, passes=["fuse_gate_up"])["rewrites"] == {"fuse_gate_up": 1}
+    assert ops(net).count("fp8_linear") == 1 and "silu_and_mul" in ops(net) and "mul" not in ops(net)
+    (layer,) = [layer for layer in net.layers if layer.op == "fp8_linear"]
+    qweight, weight_scale, input_scale = (name and net.producer(name).attrs["weight"] for name in layer.inputs[1:4])
+    # The codes and each row's scale are the unfused ones: the same float32 weight, bit for bit,
+    # and x quantized with the same scale, so every output is the same float32 dot product, up
+    # to the order the GEMM sums it in (it blocks a 2I-row weight unlike an I-row one: measured
+    # 1e-7 of the largest output).
+    fused_weight = net.weights[qweight].view(FP8_DTYPE).float() * net.weights[weight_scale].reshape(-1, 1)
+    assert torch.equal(fused_weight, unfused_weight)
+    after = ReferenceExecutor(net).run({"x": x})["y"]
+    assert (after - before).abs().max() <= 1e-6 * before.abs().max()
+    assert qweight == "mlp.gate_up.weight" and net.weights[qweight].shape == (2 * I, H)
+    assert net.weight_sources[qweight] == ["mlp.gate.weight", "mlp.fc.weight"]
+    assert net.weights[weight_scale].shape == scale_shape
+    equal = {}
+    if scale_sources is None:  # the gate's scale, read for both
+        assert weight_scale == "mlp.gate.weight_scale"
+        equal["mlp.fc.weight_scale"] = "mlp.gate.weight_scale"
+    else:
+        assert weight_scale == "mlp.gate_up.weight_scale" and net.weight_sources[weight_scale] == scale_sources
+    if input_scales[0] is not None:
+        assert input_scale == "mlp.gate.input_scale"
+        equal["mlp.fc.input_scale"] = "mlp.gate.input_scale"
+    assert net.equal_sources == equal
+    assert ("mlp.gate_up.bias" in net.weights) == bias
+
+
+@pytest.mark.parametrize("weight_scales,input_scales,up_fp8", [
+    (([0.002], [0.002]), (0.02, 0.03), True),  # x would be quantized with two scales
+    (([0.002], [0.002]), (0.02, None), True),  # static and dynamic
+    (([0.002], SCALES), (0.02, 0.02), True),  # per tensor and per channel
+    (([0.002], None), (0.02, None), False),  # only the gate is FP8
+])
+def test_fp8_gate_and_up_do_not_fuse_unless_one_fp8_linear_computes_them(weight_scales, input_scales, up_fp8):
+    net = fp8_mlp_network(weight_scales, input_scales, up_fp8=up_fp8)
+    assert optimize(net, passes=["fuse_gate_up"])["rewrites"] == {"fuse_gate_up": 0}
+    assert "mul" in ops(net) and not net.equal_sources and not net.weight_sources
 
 
 def test_dead_branches_are_removed_in_one_pass():

@@ -99,15 +99,63 @@ def fp8_checkpoint(hf, path):
     return path
 
 
-def test_an_fp8_engine_takes_an_fp8_checkpoint(tmp_path):
-    ckpt_a = fp8_checkpoint(random_hf_llama(seed=10, **SHAPE), tmp_path / "ckpt_a")
-    ckpt_b = fp8_checkpoint(random_hf_llama(seed=11, **SHAPE), tmp_path / "ckpt_b")
+@pytest.fixture(scope="module")
+def fp8_setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("refit_fp8")
+    return tuple(fp8_checkpoint(random_hf_llama(seed=seed, **SHAPE), tmp / name)
+                 for seed, name in ((10, "ckpt_a"), (11, "ckpt_b")))
+
+
+def with_other_fc_scales(ckpt, path):
+    """`ckpt` with each MLP's fc weight scale doubled: gate and fc no longer share one, as in
+    FP8 checkpoints quantized elsewhere (a valid checkpoint: the fc weights double)."""
+    path.mkdir()
+    shutil.copy(ckpt / "config.json", path / "config.json")
+    weights = safetensors.torch.load_file(ckpt / "rank0.safetensors")
+    for name in [n for n in weights if n.endswith(".mlp.fc.weight_scale")]:
+        weights[name] = weights[name] * 2
+    safetensors.torch.save_file(weights, path / "rank0.safetensors")
+    return path
+
+
+def test_an_fp8_engine_takes_an_fp8_checkpoint(fp8_setup, tmp_path):
+    ckpt_a, ckpt_b = fp8_setup
     engine, engine_b = build_engine(ckpt_a, tmp_path / "engine"), build_engine(ckpt_b, tmp_path / "engine_b")
     report = refit_engine(engine, ckpt_b)
     assert report["weights_replaced"] > 0
     _, built, _ = assert_same_engine(engine, engine_b)
     codes = [n for n, w in built.network.weights.items() if w.dtype == torch.uint8]
     assert codes and any(n.endswith(".input_scale") for n in built.network.weights)
+    # gate and fc run fused, with the gate's per-tensor scales read for both
+    assert "transformer.layers.0.mlp.gate_up.weight" in codes
+    p = "transformer.layers.0.mlp"
+    assert built.refit_map["equal"][f"{p}.fc.weight_scale"] == f"{p}.gate.weight_scale"
+    assert built.refit_map["equal"][f"{p}.fc.input_scale"] == f"{p}.gate.input_scale"
+
+
+def test_an_fp8_engine_with_per_channel_gate_up_scales_takes_a_checkpoint(fp8_setup, tmp_path):
+    ckpt_a, ckpt_b = (with_other_fc_scales(c, tmp_path / c.name) for c in fp8_setup)
+    engine, engine_b = build_engine(ckpt_a, tmp_path / "engine"), build_engine(ckpt_b, tmp_path / "engine_b")
+    refit_engine(engine, ckpt_b)
+    _, built, _ = assert_same_engine(engine, engine_b)
+    # the two per-tensor scales, each repeated over its rows
+    p = "transformer.layers.0.mlp"
+    rows = built.network.weights[f"{p}.gate_up.weight"].shape[0]
+    assert built.network.weights[f"{p}.gate_up.weight_scale"].shape == (rows,)
+    assert built.refit_map["sources"][f"{p}.gate_up.weight_scale"] == [[f"{p}.gate.weight_scale", rows // 2],
+                                                                       [f"{p}.fc.weight_scale", rows // 2]]
+
+
+def test_an_fp8_engine_with_one_gate_up_scale_refuses_a_checkpoint_with_two(fp8_setup, tmp_path):
+    ckpt_a, ckpt_b = fp8_setup
+    engine = build_engine(ckpt_a, tmp_path / "engine")
+    original = digest(engine)
+    with pytest.raises(RefitError) as e:
+        refit_engine(engine, with_other_fc_scales(ckpt_b, tmp_path / "other"))
+    assert "2 problem(s)" in str(e.value)  # one per layer
+    assert ("transformer.layers.1.mlp.fc.weight_scale differs from transformer.layers.1.mlp.gate.weight_scale"
+            in str(e.value))
+    assert digest(engine) == original
 
 
 def test_cli_writes_to_another_folder_and_keeps_the_original(setup, tmp_path):

@@ -8,7 +8,8 @@ section, rank0.safetensors, the tokenizer files), which trtllm-build builds:
     trtllm-build --checkpoint_dir ckpt --output_dir engine
 
 --qformat fp8: the linears (attention qkv and dense, mlp gate / up / down) get FP8 E4M3 weights, one scale
-per tensor (--per_channel: per output channel), and FP8 activations; the embedding, the norms
+per tensor (--per_channel: per output channel; gate and up share one, so that the engine's fused
+gate/up GEMM keeps it: models/quantize.py), and FP8 activations; the embedding, the norms
 and the LM head stay in --dtype, as TensorRT-LLM leaves them by default. Activation scales are
 static by default (quant_algo FP8): each linear's input max |x| over --calib_size calibration
 samples, the first --calib_max_len tokens of the project's articles (examples/data; no

@@ -12,7 +12,12 @@ first: lm_head gets the embedding's rows, quantized, and the embedding stays flo
 
 FP8 with static activation scales (`FP8`) needs each linear's calibrated input |x| max
 (models/calibrate.py); per-token scales (`FP8_PER_CHANNEL_PER_TOKEN`) need none. Both
-take per-tensor or per-channel weight scales.
+take per-tensor or per-channel weight scales. A gated MLP's gate and fc (up) linears read one
+x, and the builder runs them as one GEMM (graph_rewriting.FuseGateUp), which needs one input
+scale and keeps a per-tensor weight scale only where theirs are equal (per-channel scales take
+cuBLASLt's slower row-wise FP8 GEMM): so per tensor they share one weight scale, the larger of
+their two amax / 448, and they always share one input scale, the larger calibrated amax of the
+two (calibration gives them the same one, as they read the same x).
 
 A quantized KV cache (`kv_cache_quant_algo` INT8 / FP8, with any weight format or none,
 `kv_cache_config`) gives each attention layer `A` the tensor `A.kv_cache_scale`, float32 [2]:
@@ -29,6 +34,7 @@ import torch
 
 from ..layers.attention import Attention
 from ..layers.linear import QUANT_SCALE_DTYPE, Linear
+from ..layers.mlp import GatedMLP
 from ..quantization.formats import fp8_scale_from_amax, kv_cache_scale_from_amax, quantize, quantize_fp8, to_state_dict
 from ..quantization.mode import QuantAlgo, QuantConfig
 from .modeling_utils import PretrainedConfig
@@ -115,20 +121,36 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
         out["lm_head.weight"] = out["transformer.vocab_embedding.weight"].clone()
     model = model_cls(config)
     out = add_kv_cache_scales(model_cls, config, out, kv_cache_amax)
-    for name, module in model.named_modules():
-        if not isinstance(module, Linear) or module.weight_format is None:
-            continue
-        layer, w = config.quant_config.layer(name), out[f"{name}.weight"].float()
+    linears = {name: config.quant_config.layer(name) for name, module in model.named_modules()
+               if isinstance(module, Linear) and module.weight_format is not None}
+    fp8 = [name for name, layer in linears.items() if layer.weight_format == "fp8"]
+    for name, layer in linears.items():
         if layer.weight_format != "fp8":
-            set_quantized(out, name, quantize(w, layer))
-            continue
-        input_scale = None
-        if layer.static_activation_scale:
-            if input_amax is None or name not in input_amax:
-                raise ValueError(f"{layer.quant_algo} needs the calibrated input amax of {name}; none was given")
-            input_scale = fp8_scale_from_amax(input_amax[name])
-        set_quantized(out, name, quantize_fp8(w, per_channel=per_channel, input_scale=input_scale))
+            set_quantized(out, name, quantize(out[f"{name}.weight"].float(), layer))
+    static = [name for name in fp8 if linears[name].static_activation_scale]
+    missing = [name for name in static if input_amax is None or name not in input_amax]
+    if missing:
+        raise ValueError(f"{linears[missing[0]].quant_algo} needs the calibrated input amax of {missing[0]}; "
+                         f"none was given")
+    weight_amax = {name: out[f"{name}.weight"].float().abs().amax().reshape(1) for name in fp8}
+    act_amax = {name: torch.as_tensor(input_amax[name], dtype=torch.float32).reshape(1) for name in static}
+    for amax in (weight_amax, act_amax):
+        for pair in gate_up_pairs(model, list(amax)):
+            amax.update(dict.fromkeys(pair, torch.maximum(*(amax[name] for name in pair))))
+    for name in fp8:
+        input_scale = fp8_scale_from_amax(act_amax[name]) if name in act_amax else None
+        set_quantized(out, name, quantize_fp8(out[f"{name}.weight"].float(), per_channel=per_channel,
+                                              input_scale=input_scale,
+                                              amax=None if per_channel else weight_amax[name]))
     return out
+
+
+def gate_up_pairs(model, linears: list[str]) -> list[tuple[str, str]]:
+    """(gate, fc) of each gated MLP of `model` whose two linears are both among `linears`:
+    the pairs the builder fuses into one GEMM (graph_rewriting.FuseGateUp)."""
+    chosen = set(linears)
+    pairs = [(f"{name}.gate", f"{name}.fc") for name, module in model.named_modules() if isinstance(module, GatedMLP)]
+    return [pair for pair in pairs if chosen.issuperset(pair)]
 
 
 def add_kv_cache_scales(model_cls, config: PretrainedConfig, weights: dict[str, torch.Tensor],

@@ -40,6 +40,11 @@ FP8 (`Fp8Weight`, `FP8` / `FP8_PER_CHANNEL_PER_TOKEN`), E4M3 (torch.float8_e4m3f
     scale        float32 [1] (per tensor) or [N] (per output channel); W = float(q) * scale
     input_scale  float32 [1] (static, calibrated: x is quantized as x * (1 / input_scale)) or None
                  (dynamic: each token's row is quantized with its own amax / 448)
+    An MLP's gate and up linears read one x and run as one GEMM (graph_rewriting.FuseGateUp),
+    whose input scale is theirs (they must be equal) and whose weight scale stays per tensor
+    when theirs are equal, else becomes per channel (cuBLASLt's slower row-wise FP8 GEMM). Our
+    quantizer (models/quantize.py) therefore gives them one per-tensor scale, the larger amax
+    of the two / 448, and one input scale.
 
 KV cache (`kv_cache_quant_algo` INT8 / FP8): each attention layer has float32 [2] scales,
 (K scale, V scale); the paged pool (kv_cache_layout.py) holds 1-byte codes, stored value =
@@ -286,12 +291,24 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128,
 
 
 def quantize_fp8(w: torch.Tensor, per_channel: bool = False,
-                 input_scale: torch.Tensor | float | None = None) -> Fp8Weight:
+                 input_scale: torch.Tensor | float | None = None,
+                 amax: torch.Tensor | float | None = None) -> Fp8Weight:
     """FP8 E4M3: scale = amax / 448 per tensor (or per output channel), codes w / scale
     rounded to E4M3. `input_scale` is a calibrated static activation scale (see
-    `fp8_scale_from_amax`) or None for dynamic per-token scales."""
+    `fp8_scale_from_amax`) or None for dynamic per-token scales. `amax` (per tensor only) is
+    the |w| max to scale by instead of w's own: a larger one shared with linears that run as
+    one GEMM, so that they keep one per-tensor scale."""
     w = _as_matrix(w)
-    amax = w.abs().amax(dim=1) if per_channel else w.abs().amax().reshape(1)
+    if amax is not None:
+        if per_channel:
+            raise ValueError("quantize_fp8: a given amax is per tensor; per-channel scales come from the weight")
+        amax = torch.as_tensor(amax, dtype=torch.float32).reshape(1)
+        if amax < w.abs().amax():
+            raise ValueError(f"quantize_fp8: amax {float(amax)} is below the weight's own {float(w.abs().amax())}")
+    elif per_channel:
+        amax = w.abs().amax(dim=1)
+    else:
+        amax = w.abs().amax().reshape(1)
     scale = _over_fp8_max(amax.float())
     divisor = _safe(scale)[:, None] if per_channel else _safe(scale)
     q = (w / divisor).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)

@@ -89,6 +89,14 @@ def test_checkpoint_holds_codes_scales_and_input_scales(hf, float_weights, per_c
             assert weights[f"{p}.weight_scale"].dtype == torch.float32
             assert weights[f"{p}.weight_scale"].shape == ((n,) if per_channel else (1,))
             assert (f"{p}.input_scale" in weights) != dynamic
+        # gate and fc share their scales (models/quantize.py), so that the fused GEMM keeps them
+        mlp, float_w = f"transformer.layers.{i}.mlp", float_weights[1]
+        gate, fc = (weights[f"{mlp}.{lin}.weight_scale"] for lin in ("gate", "fc"))
+        if not per_channel:
+            amax = torch.maximum(*(float_w[f"{mlp}.{lin}.weight"].abs().amax() for lin in ("gate", "fc")))
+            assert torch.equal(gate, fc) and torch.equal(gate, (amax / 448).reshape(1))
+        if not dynamic:
+            assert torch.equal(weights[f"{mlp}.gate.input_scale"], weights[f"{mlp}.fc.input_scale"])
     # the LM head (the tied embedding) and the embedding stay float
     assert config.share_embedding_table and "lm_head.weight" not in weights
     assert weights["transformer.vocab_embedding.weight"].dtype == torch.float32
@@ -128,8 +136,23 @@ def test_engine_is_transformers_with_fp8_fake_quantization(hf, float_weights, pe
     config, weights = _fp8(hf, float_weights, per_channel, dynamic)
     engine = _engine(config, weights, tmp_path / "fp8")
     ops = [layer.op for layer in engine.network.layers]
-    assert ops.count("fp8_linear") == 2 * len(LINEARS) and "weight_only_linear" not in ops
-    assert engine.network.weights["transformer.layers.0.mlp.proj.weight"].dtype == torch.uint8  # E4M3 bytes
+    # gate and fc run as one fp8_linear (graph_rewriting.FuseGateUp)
+    assert ops.count("fp8_linear") == 2 * (len(LINEARS) - 1) and "weight_only_linear" not in ops
+    assert ops.count("silu_and_mul") == 2 and "mul" not in ops
+    net = engine.network
+    assert net.weights["transformer.layers.0.mlp.proj.weight"].dtype == torch.uint8  # E4M3 bytes
+    for i in range(2):
+        p = f"transformer.layers.{i}.mlp"
+        (gate_up,) = [layer for layer in net.layers if layer.op == "fp8_linear"
+                      and net.producer(layer.inputs[1]).attrs["weight"] == f"{p}.gate_up.weight"]
+        assert net.consumers(gate_up.outputs[0])[0].op == "silu_and_mul"
+        rows = 2 * hf.config.intermediate_size
+        # our quantizer gives gate and fc one per-tensor scale: the fused one stays per tensor
+        scale = net.producer(gate_up.inputs[2]).attrs["weight"]
+        assert net.weights[scale].shape == ((rows,) if per_channel else (1,))
+        assert not any(n.startswith((f"{p}.gate.", f"{p}.fc.")) and n.endswith("weight") for n in net.weights)
+        input_scale = net.producer(gate_up.inputs[3]).attrs["weight"] if not dynamic else None
+        assert input_scale in (None, f"{p}.gate.input_scale")
     reference = _fake_quantized(hf, config, weights)
     for prompt in PROMPTS:
         ours = _logits(tmp_path / "fp8", prompt)
@@ -138,6 +161,23 @@ def test_engine_is_transformers_with_fp8_fake_quantization(hf, float_weights, pe
         # float32 throughout: equal up to the order of float32 sums (measured: 0 for static
         # scales, ~3e-7 relative for per-token ones)
         assert (ours - want).pow(2).mean().sqrt() <= 1e-5 * want.pow(2).mean().sqrt()
+
+
+@pytest.mark.parametrize("per_channel,dynamic", [(False, False), (True, True)])
+def test_fused_gate_up_engine_generates_what_the_unfused_one_does(hf, float_weights, per_channel, dynamic,
+                                                                  tmp_path):
+    config, weights = _fp8(hf, float_weights, per_channel, dynamic)
+    fused = _engine(config, weights, tmp_path / "fused")
+    unfused = _engine(config, weights, tmp_path / "unfused",
+                      optimizations=[p for p in BuildConfig().optimizations if p != "fuse_gate_up"])
+    assert fused.config["build_summary"]["rewrites"]["rewrites"]["fuse_gate_up"] == 2
+    assert [layer.op for layer in unfused.network.layers].count("fp8_linear") == 2 * len(LINEARS)
+    ours, ref = (runner(tmp_path / name).generate(PROMPTS, max_new_tokens=6, return_context_logits=True)
+                 for name in ("fused", "unfused"))
+    assert torch.equal(ours["output_ids"], ref["output_ids"])
+    # the same float32 products, summed in another order by the wider GEMM
+    for a, b in zip(ours["context_logits"], ref["context_logits"]):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
 
 
 # Each FP8 linear moves its output by ~3.7% RMS (tests/ops/test_fp8_linear.py); ten of them in

@@ -116,6 +116,19 @@ def test_fp8_quantizer_keeps_e4m3_precision(per_channel):
     assert bool((err <= w.abs() * 2.0 ** -4 + scale * 2.0 ** -9).all())
 
 
+def test_fp8_quantizer_scales_by_a_given_shared_amax():
+    """Linears fused into one GEMM (gate and up) share one per-tensor scale, from the larger amax."""
+    w = torch.randn(32, 64)
+    amax = w.abs().amax() * 3
+    q = quantize_fp8(w, amax=amax)
+    assert torch.equal(q.scale, (amax / 448).reshape(1))
+    assert bool(((dequantize(q) - w).abs() <= w.abs() * 2.0 ** -4 + q.scale * 2.0 ** -9).all())
+    with pytest.raises(ValueError, match="below the weight's own"):
+        quantize_fp8(w, amax=w.abs().amax() / 2)
+    with pytest.raises(ValueError, match="per tensor"):
+        quantize_fp8(w, per_channel=True, amax=amax)
+
+
 def test_quantize_follows_the_layer_quant():
     w = torch.randn(16, 128)
     assert isinstance(quantize(w, LayerQuant(QuantAlgo.W8A16)), Int8Weight)
