@@ -414,7 +414,7 @@ def kv_cache_dtype_name(dtype: str, kv_cache_quant_algo) -> str:
 
 def kv_cache_algo_of(pool_dtype: torch.dtype) -> QuantAlgo | None:
     """The KV cache quantization a pool of `pool_dtype` holds (None: float values)."""
-    return {torch.int8: QuantAlgo.INT8, torch.uint8: QuantAlgo.FP8}.get(pool_dtype)
+    return {storage: algo for algo, storage in KV_CACHE_STORAGE.items()}.get(pool_dtype)
 
 
 def kv_cache_scale_from_amax(amax: torch.Tensor | float, algo: QuantAlgo | str) -> torch.Tensor:
