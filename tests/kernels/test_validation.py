@@ -78,10 +78,10 @@ def test_binding_other_kernels_errors(b):
     past = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"paged_kv_write: past_lengths must have shape \[2\], got \[3\]"):
         b.paged_kv_write(on(0, key), on(0, key), on(0, torch.zeros(4, 2, 2, 4, 4)), on(0, tables), on(0, cu),
-                         on(0, torch.zeros(3, dtype=torch.int32)), 0)
+                         on(0, torch.zeros(3, dtype=torch.int32)), None, 0)
     with pytest.raises(ValueError, match="kv_cache must be contiguous"):
         b.paged_kv_write(on(0, key), on(0, key), on(0, torch.zeros(4, 4, 2, 2, 4).transpose(1, 3)),
-                         on(0, tables), on(0, cu), on(0, past), 0)
+                         on(0, tables), on(0, cu), on(0, past), None, 0)
 
 
 def test_binding_refuses_without_a_usable_gpu(b):
