@@ -168,6 +168,14 @@ def _(key, value, kv_cache, block_tables, cu_seqlens, past_lengths):
     return None
 
 
+def _float_cache(op: str, kv_cache: torch.Tensor) -> None:
+    """These ops take a cache of K/V values; a quantized cache (int8 / uint8 codes) needs its
+    scales, which gpt_attention (functional) passes."""
+    if not kv_cache.is_floating_point():
+        raise TypeError(f"{op}: kv_cache holds {kv_cache.dtype} codes (a quantized KV cache); this op takes "
+                        f"float K/V values: use tensorrt_llm.functional.gpt_attention, which takes the KV scales")
+
+
 def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     cu_seqlens: torch.Tensor, past_lengths: torch.Tensor) -> None:
     """Scatter key/value [T, KV, D] into kv_cache [num_blocks, 2, KV, tpb, D] through block_tables.
@@ -177,6 +185,7 @@ def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
     Bad block ids or positions raise on the CPU; on CUDA those tokens are skipped (never written
     out of bounds), since checking would need a device sync.
     """
+    _float_cache("paged_kv_write_", kv_cache)
     torch.ops.trtllm.paged_kv_write_(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
 
 
@@ -256,6 +265,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     Without k_new/v_new the cache must already hold this step's rows. With them ([B, KV, D]),
     the same launch writes them at position L - 1, after rotating k and q by rotary_cos_sin
     (float32 [max_positions, rotary_dim]) when given; the caller's q/k stay unrotated."""
+    _float_cache("decode_attention", kv_cache)
     return torch.ops.trtllm.decode_attention(q, kv_cache, block_tables, sequence_lengths, scale, alibi_slopes,
                                              sliding_window, k_new, v_new, rotary_cos_sin, is_neox)
 

@@ -50,3 +50,15 @@ def test_cpu_dispatch_is_the_reference():
     w = torch.randn(6, dtype=torch.bfloat16)
     assert torch.equal(torch.ops.trtllm.rms_norm(x, w, 1e-6), rms_norm_reference(x, w, eps=1e-6))
     assert torch.equal(torch.ops.trtllm.silu_and_mul(x), silu_and_mul_reference(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+def test_quantized_caches_are_refused_with_the_way_to_read_them(dtype):
+    """The trtllm:: attention ops take float K/V; a cache of codes needs gpt_attention's scales."""
+    _, (k, v, cache, tables, cu, past) = _samples()["paged_kv_write_"]
+    codes = cache.to(dtype)
+    with pytest.raises(TypeError, match="paged_kv_write_: kv_cache holds .* codes.*gpt_attention"):
+        kernels.paged_kv_write_(k, v, codes, tables, cu, past)
+    q = torch.randn(2, 3, 16)
+    with pytest.raises(TypeError, match="decode_attention: kv_cache holds .* codes.*gpt_attention"):
+        kernels.decode_attention(q, codes, tables, torch.tensor([2, 3], dtype=torch.int32), 0.25)
