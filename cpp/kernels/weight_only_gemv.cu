@@ -666,24 +666,31 @@ int groupShiftOf(int64_t groupSize, int bits) {
     return shift;
 }
 
-} // namespace
-
-void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
-                          void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                          int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream) {
-    if (m == 0 || n == 0) return;
+// The operands and shapes both GEMVs (weight-only, FP8) share; the caller sets the rest.
+Params gemvParams(void* out, void const* x, void const* qweight, void const* scales, void const* bias, int64_t m,
+                  int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride) {
     Params p{};
     p.out = out;
     p.x = x;
     p.qweight = static_cast<uint4 const*>(qweight);
     p.scales = scales;
-    p.zeros = zeros;
     p.bias = bias;
     p.m = m;
     p.n = n;
     p.k = k;
     p.xRowStride = xRowStride;
     p.outRowStride = outRowStride;
+    return p;
+}
+
+} // namespace
+
+void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
+                          void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
+                          int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream) {
+    if (m == 0 || n == 0) return;
+    Params p = gemvParams(out, x, qweight, scales, bias, m, n, k, xRowStride, outRowStride);
+    p.zeros = zeros;
     p.groups = groupSize == 0 ? 1 : static_cast<int>(k / groupSize);
     p.groupShift = groupShiftOf(groupSize, bits);
     dispatch(dtype, scaleDtype, bits, "weight_only_gemv", [&](auto t, auto s, auto b) {
@@ -708,17 +715,7 @@ void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* we
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
                    bool perChannel, DType dtype, void* stream) {
     if (m == 0 || n == 0) return;
-    Params p{};
-    p.out = out;
-    p.x = x;
-    p.qweight = static_cast<uint4 const*>(qweight);
-    p.scales = weightScale;
-    p.bias = bias;
-    p.m = m;
-    p.n = n;
-    p.k = k;
-    p.xRowStride = xRowStride;
-    p.outRowStride = outRowStride;
+    Params p = gemvParams(out, x, qweight, weightScale, bias, m, n, k, xRowStride, outRowStride);
     p.groups = 1;
     p.groupShift = 31;
     p.inputScale = static_cast<float const*>(inputScale);
