@@ -23,6 +23,15 @@ def quantize(*args):
     module.main([str(a) for a in args])
 
 
+def build_and_run(ckpt, engine):
+    """trtllm-build of the checkpoint, then run.py generating from the engine, as a user runs them."""
+    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine, *BUILD)
+    assert "Engine written to" in p.stdout
+    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
+            "--input_text", words(6), "--max_output_len", "6")
+    assert p.stdout.strip()
+
+
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("q") / "hf"
@@ -57,11 +66,7 @@ def test_fp8_checkpoint(hf_dir, tmp_path, capsys, args, algo, per_channel):
 def test_quantize_build_run(hf_dir, tmp_path):
     ckpt, engine = tmp_path / "ckpt", tmp_path / "engine"
     run(QUANTIZE, "--model_dir", hf_dir, "--qformat", "fp8", "--calib_size", "2", "--output_dir", ckpt)
-    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine, *BUILD)
-    assert "Engine written to" in p.stdout
-    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
-            "--input_text", words(6), "--max_output_len", "6")
-    assert p.stdout.strip()
+    build_and_run(ckpt, engine)
 
 
 def test_build_refuses_fp8_for_a_gpu_before_sm89(hf_dir, tmp_path):
@@ -134,11 +139,7 @@ def test_kv_cache_build_run(hf_dir, tmp_path):
     ckpt, engine = tmp_path / "ckpt", tmp_path / "engine"
     quantize("--model_dir", hf_dir, "--qformat", "fp8", "--kv_cache_dtype", "int8", "--calib_size", "2",
              "--output_dir", ckpt)
-    p = run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine, *BUILD)
-    assert "Engine written to" in p.stdout
-    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
-            "--input_text", words(6), "--max_output_len", "6")
-    assert p.stdout.strip()
+    build_and_run(ckpt, engine)
 
 
 def test_convert_checkpoint_kv_cache_dtype(hf_dir, tmp_path):
