@@ -1,11 +1,15 @@
-"""Where a decode step's time goes: graph replay alone, a whole step, and the kernels of one
-step (profiled without the graph, so each kernel is seen).
+"""Where a decode step's time goes: graph replay alone, a whole step, the kernels of one
+step (profiled without the graph, so each kernel is seen), and the replayed graph's timeline:
+how much of a replay the GPU spends in kernels and how much between them (launch gaps and
+tails, which a batch-1 step of ~300 short kernels pays at every kernel boundary).
 
     python benchmarks/profile_decode.py --model smollm2-135m --batch 1
+    python benchmarks/profile_decode.py --model llama-8b --quant fp8 --batch 1
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -14,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import random_models  # noqa: E402
+from bench_generation import QUANTS, quantized_model, random_models  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
@@ -24,6 +28,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quant", choices=list(QUANTS), default="none")
+    p.add_argument("--group_size", type=int, default=128, help="INT4 weight-only group")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input_len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
@@ -32,10 +38,14 @@ def main():
                         "builds for its longest prompt, e.g. 2184 for --ttft_input_len 2048")
     args = p.parse_args()
     dev = torch.device("cuda")
-    model, _ = random_models(args.model, args.dtype, dev, with_hf=False)
+    torch.manual_seed(0)
+    model, hf = random_models(args.model, args.dtype, dev, with_hf=args.quant == "fp8")
     bc = BuildConfig(max_batch_size=max(args.batch, 1), max_input_len=args.input_len,
                      max_seq_len=args.max_seq_len or args.input_len + args.steps + 8)
     prompts = [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32) for _ in range(args.batch)]
+    if args.quant != "none":  # fp8 calibrates its activation scales on the prompts through `hf`
+        model = quantized_model(model, args.quant, args.group_size, False, hf, prompts)
+        del hf
     with tempfile.TemporaryDirectory() as tmp:
         build(model, bc).save(tmp)
         graphs = ModelRunner.from_dir(tmp, device=dev)
@@ -62,8 +72,9 @@ def main():
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    print(f"{args.model} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
+    print(f"{args.model} {args.quant} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
           f"step with graphs {step_ms(graphs):.3f} ms, step without {step_ms(eager):.3f} ms")
+    replay_timeline(graph)
 
     # The kernels of the decode steps alone: a run of 9 tokens (context step + 8 decode steps)
     # minus a run of 1 (the context step), per decode step.
@@ -89,6 +100,48 @@ def main():
     print(f"{'us/step':>9} {'share':>6}  kernel")
     for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])[:25]:
         print(f"{v:>9.1f} {v / total:>6.1%}  {k[:110]}")
+
+def replay_timeline(graph, replays: int = 20):
+    """Kernel time against the span of each replay: the GPU's idle time between a graph's
+    kernels (launch latency, the previous kernel's tail) is the span minus the union of the
+    kernels' intervals."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                     if e.get("cat") == "kernel" and "dur" in e)
+    if not kernels:
+        print("the profiler saw no kernels of the replayed graph (CUPTI without graph kernel records)")
+        return
+    per_replay = len(kernels) // replays
+    spans, busy, gaps = [], [], []
+    for r in range(1, replays):  # the first replay is left out: the profiler's own start-up
+        ks = kernels[r * per_replay:(r + 1) * per_replay]
+        spans.append(ks[-1][1] - ks[0][0])
+        covered, end = 0.0, ks[0][0]
+        for a, b, _ in ks:
+            covered += max(0.0, b - max(a, end))
+            end = max(end, b)
+        busy.append(covered)
+        gaps.extend(max(0.0, ks[i + 1][0] - ks[i][1]) for i in range(len(ks) - 1))
+    n = len(spans)
+    gaps.sort()
+    print(f"replayed graph: {per_replay} kernels a replay, span {sum(spans) / n / 1e3:.3f} ms, "
+          f"kernels busy {sum(busy) / n / 1e3:.3f} ms, idle between kernels {(sum(spans) - sum(busy)) / n / 1e3:.3f} ms "
+          f"(gap p50 {gaps[len(gaps) // 2]:.1f} us, p90 {gaps[int(len(gaps) * 0.9)]:.1f} us)")
+    totals = {}
+    for a, b, name in kernels[per_replay:per_replay * replays]:
+        t, c = totals.get(name, (0.0, 0))
+        totals[name] = (t + b - a, c + 1)
+    print(f"{'us/replay':>9} {'count':>5}  kernel")
+    for name, (t, c) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:20]:
+        print(f"{t / n:>9.1f} {c // n:>5}  {name[:110]}")
+
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,8 @@ namespace tensorrt_llm {
 template <typename T, int VEC, Activation A>
 __global__ void actAndMulKernel(T* __restrict__ out, T const* __restrict__ x, int64_t inter, int64_t xRowStride,
                                 int64_t outRowStride, int64_t chunksPerRow) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     using P = Pack<T, VEC>;
     int64_t const row = blockIdx.x / chunksPerRow;
     int64_t const chunk = blockIdx.x - row * chunksPerRow;
@@ -31,8 +33,8 @@ static void launch(ActAndMulParams const& p, cudaStream_t stream) {
     int64_t const chunks = (numVec + threads - 1) / threads;
     int64_t const blocks = p.rows * chunks;
     if (blocks > 0x7fffffffLL) throw std::invalid_argument("act_and_mul: too many rows for one launch");
-    actAndMulKernel<T, VEC, A><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        static_cast<T*>(p.out), static_cast<T const*>(p.x), p.inter, p.xRowStride, p.outRowStride, chunks);
+    launchKernel("act_and_mul", actAndMulKernel<T, VEC, A>, static_cast<unsigned>(blocks), threads, 0, stream,
+                 static_cast<T*>(p.out), static_cast<T const*>(p.x), p.inter, p.xRowStride, p.outRowStride, chunks);
 }
 
 template <typename T, int VEC>
@@ -59,7 +61,6 @@ void launchActAndMul(ActAndMulParams const& p, void* stream) {
             launchAct<T, 1>(p, s);
         }
     });
-    checkLaunch("act_and_mul");
 }
 
 } // namespace tensorrt_llm

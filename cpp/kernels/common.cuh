@@ -1,5 +1,6 @@
 // Small device helpers shared by the kernels: dtype conversion, 16-byte packs, reductions,
-// dtype dispatch, launch-error checking and the grid of the row-per-warp GEMVs.
+// dtype dispatch, the launch of every kernel (launchKernel, with programmatic dependent launch)
+// and the grid of the row-per-warp GEMVs.
 #pragma once
 
 #include "tensorrt_llm/kernels.h"
@@ -10,9 +11,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace tensorrt_llm {
 
@@ -97,6 +101,74 @@ inline void checkLaunch(char const* kernel) {
         throw std::runtime_error(std::string(kernel) + ": CUDA error: " + cudaGetErrorName(err) + ": "
                                  + cudaGetErrorString(err));
     }
+}
+
+// ---- programmatic dependent launch (sm_90 and later) ----
+// A decode step of a small batch is a chain of ~260 short kernels, each reading what the one
+// before wrote. Launched by launchKernel, a kernel may start while the previous one still runs
+// (on Hopper: once every block of the previous kernel has called allowNextKernel or ended): it
+// does what needs no earlier kernel's output (the GEMVs send their weights towards L2, where
+// the DRAM would otherwise idle through the previous kernel's tail) and then waits in
+// waitForPreviousKernel until every earlier kernel has finished and its writes are visible.
+// The contract, for every kernel launched through launchKernel: each block calls
+// waitForPreviousKernel before it reads anything an earlier kernel wrote, writes any global
+// memory, or returns; before that it may only read memory no kernel writes (weights, scales).
+// Both calls do nothing in a kernel launched the ordinary way (or built for an older GPU).
+__device__ __forceinline__ void waitForPreviousKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allowNextKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks the memory system to bring `bytes` at `ptr` into L2, without waiting for them (a hint:
+// nothing when ptr is off a 16-byte boundary; the bulk prefetch takes whole 16-byte units).
+__device__ __forceinline__ void prefetchToL2(void const* ptr, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0 || bytes < 16) return;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes & ~15u) : "memory");
+#endif
+}
+
+// Whether launches on the current device use programmatic dependent launch: compute capability
+// 9.0 or later, unless TRTLLM_ENABLE_PDL=0 (for comparing, or ruling it out).
+inline bool programmaticLaunch() {
+    static int const enabled = [] {
+        char const* env = std::getenv("TRTLLM_ENABLE_PDL");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    if (!enabled) return false;
+    int device = 0;
+    cudaGetDevice(&device);
+    static std::unordered_map<int, bool> cache;  // launches come from one thread at a time (the GIL)
+    auto it = cache.find(device);
+    if (it != cache.end()) return it->second;
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    return cache[device] = major >= 9;
+}
+
+// Every kernel of the library is launched here (see the contract above), then checked.
+template <typename... Params, typename... Args>
+void launchKernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                  cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = programmaticLaunch() ? 1 : 0;
+    cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+    checkLaunch(name);
 }
 
 // Multiprocessors of the current device (asked once per device).

@@ -377,6 +377,8 @@ constexpr int kMinBlocks = (MAXG * RowLayout<T, D>::EPL <= 32 && D <= 128 && siz
 
 template <typename T, int D, int MAXG, int U, int THREADS>
 __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) decodeAttentionKernel(DecodeAttentionParams p) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     using L = RowLayout<T, D>;
     constexpr int kWarps = THREADS / 32;
     constexpr int kGroups = kWarps * L::RPW;            // lane groups in the block
@@ -556,6 +558,8 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], 
 //      (16 bytes for D = 128, 8 for D = 64); m-tile i takes dims 2i, 2i + 1 of that run.
 template <typename T, typename C, int D, int WARPS, int TILES, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(DecodeAttentionParams p) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     static_assert(D == 64 || D == 128, "head dims of the tensor-core kernel");
     constexpr bool kCodes = kIsKvCode<C>;
     using M = std::conditional_t<kCodes, __half, T>;
@@ -786,8 +790,7 @@ void launchGrouped(DecodeAttentionParams const& p, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
     dim3 grid(static_cast<unsigned>(p.kvHeads), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.numSplits));
-    kernel<<<grid, THREADS, smem, stream>>>(p);
-    checkLaunch("decode_attention");
+    launchKernel("decode_attention", kernel, grid, THREADS, smem, stream, p);
 }
 
 template <typename T, int D, int THREADS>
@@ -813,8 +816,7 @@ void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
     dim3 grid(static_cast<unsigned>(p.kvHeads), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.numSplits));
-    kernel<<<grid, WARPS * 32, smem, stream>>>(p);
-    checkLaunch("decode_attention");
+    launchKernel("decode_attention", kernel, grid, WARPS * 32, smem, stream, p);
 }
 
 struct DeviceInfo {

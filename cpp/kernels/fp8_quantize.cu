@@ -19,6 +19,8 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kQuantizeThreads)
     fp8QuantizeKernel(uint8_t* __restrict__ codes, float* __restrict__ rowScales, T const* __restrict__ x,
                       float const* __restrict__ inputScale, int64_t k, int64_t xRowStride) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     using XPack = Pack<T, V>;
     using CodePack = Pack<uint8_t, V>;
     XPack const* xr = reinterpret_cast<XPack const*>(x + blockIdx.x * xRowStride);
@@ -62,11 +64,10 @@ void launchFp8Quantize(void* codes, void* rowScales, void const* x, void const* 
         // 16-byte loads when every row starts on a 16-byte boundary (the codes' rows then too).
         bool const vec = aligned16(x) && (xRowStride * sizeof(T)) % 16 == 0 && k % V == 0;
         auto kernel = vec ? fp8QuantizeKernel<T, V> : fp8QuantizeKernel<T, 1>;
-        kernel<<<static_cast<unsigned>(m), kQuantizeThreads, 0, st>>>(
+        launchKernel("fp8_quantize", kernel, static_cast<unsigned>(m), kQuantizeThreads, 0, st,
             static_cast<uint8_t*>(codes), static_cast<float*>(rowScales), static_cast<T const*>(x),
             static_cast<float const*>(inputScale), k, xRowStride);
     });
-    checkLaunch("fp8_quantize");
 }
 
 } // namespace tensorrt_llm

@@ -37,6 +37,8 @@ __global__ void pagedKvWriteKernel(T const* __restrict__ key, T const* __restric
                                    int64_t numBlocks, int kvHeads, int64_t tokensPerBlock, int headDim,
                                    int64_t keyTokenStride, int64_t keyHeadStride, int64_t valueTokenStride,
                                    int64_t valueHeadStride) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     int64_t const t = blockIdx.x;
 
     // The sequence of token t: the last b with cuSeqlens[b] <= t (binary search over b+1 offsets).
@@ -79,7 +81,7 @@ template <typename T, typename C, int VEC>
 static void launch(PagedKvWriteParams const& p, cudaStream_t stream) {
     int64_t const work = p.kvHeads * (p.headDim / VEC);
     int const threads = std::min(256, std::max(32, roundUp(work, 32)));
-    pagedKvWriteKernel<T, C, VEC><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(
+    launchKernel("paged_kv_write", pagedKvWriteKernel<T, C, VEC>, static_cast<unsigned>(p.tokens), threads, 0, stream,
         static_cast<T const*>(p.key), static_cast<T const*>(p.value), static_cast<C*>(p.kvCache), p.kvScale,
         p.blockTables,
         p.cuSeqlens, p.pastLengths, static_cast<int>(p.batch), p.maxBlocks, p.numBlocks, static_cast<int>(p.kvHeads),
@@ -112,7 +114,6 @@ void launchPagedKvWrite(PagedKvWriteParams const& p, void* stream) {
             byCache(T{});
         }
     });
-    checkLaunch("paged_kv_write");
 }
 
 } // namespace tensorrt_llm

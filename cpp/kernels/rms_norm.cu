@@ -14,6 +14,8 @@ __global__ void rmsNormKernel(T* __restrict__ out, T const* __restrict__ x, T co
                               T const* __restrict__ residual, T* __restrict__ residualOut, int64_t hidden,
                               int64_t xRowStride, int64_t outRowStride, int64_t resRowStride, int64_t resOutRowStride,
                               float eps) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     using P = Pack<T, VEC>;
     int64_t const row = blockIdx.x;
     int64_t const numVec = hidden / VEC;
@@ -57,7 +59,7 @@ template <typename T, int VEC>
 static void launch(RmsNormParams const& p, cudaStream_t stream) {
     int64_t const numVec = p.hidden / VEC;
     int const threads = std::min(1024, std::max(32, roundUp(numVec, 32)));
-    rmsNormKernel<T, VEC><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(
+    launchKernel("rms_norm", rmsNormKernel<T, VEC>, static_cast<unsigned>(p.rows), threads, 0, stream,
         static_cast<T*>(p.out), static_cast<T const*>(p.x), static_cast<T const*>(p.weight),
         static_cast<T const*>(p.residual), static_cast<T*>(p.residualOut), p.hidden, p.xRowStride, p.outRowStride,
         p.residualRowStride, p.residualOutRowStride, p.eps);
@@ -81,7 +83,6 @@ void launchRmsNorm(RmsNormParams const& p, void* stream) {
             launch<T, 1>(p, s);
         }
     });
-    checkLaunch("rms_norm");
 }
 
 } // namespace tensorrt_llm

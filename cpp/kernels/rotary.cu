@@ -18,6 +18,8 @@ __global__ void rotaryKernel(T* __restrict__ q, T* __restrict__ k, PosT const* _
                              float const* __restrict__ cosSin, int64_t maxPositions, int rotaryDim, int qHeads,
                              int kHeads, int64_t qTokenStride, int64_t qHeadStride, int64_t kTokenStride,
                              int64_t kHeadStride, bool isNeox) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     int64_t const token = blockIdx.x;
     int64_t const pos = static_cast<int64_t>(positions[token]);
     if (pos < 0 || pos >= maxPositions) return;
@@ -46,7 +48,7 @@ template <typename T, typename PosT>
 static void launch(RotaryParams const& p, cudaStream_t stream) {
     int64_t const work = (p.qHeads + p.kHeads) * (p.rotaryDim / 2);
     int const threads = std::min(512, std::max(32, roundUp(work, 32)));
-    rotaryKernel<T, PosT><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(
+    launchKernel("rotary_embedding", rotaryKernel<T, PosT>, static_cast<unsigned>(p.tokens), threads, 0, stream,
         static_cast<T*>(p.q), static_cast<T*>(p.k), static_cast<PosT const*>(p.positions), p.cosSinCache,
         p.maxPositions, static_cast<int>(p.rotaryDim), static_cast<int>(p.qHeads), static_cast<int>(p.kHeads),
         p.qTokenStride, p.qHeadStride, p.kTokenStride, p.kHeadStride, p.isNeox);
@@ -65,7 +67,6 @@ void launchRotaryEmbedding(RotaryParams const& p, void* stream) {
             throw std::invalid_argument("rotary_embedding: positions must be int32 or int64");
         }
     });
-    checkLaunch("rotary_embedding");
 }
 
 } // namespace tensorrt_llm

@@ -229,6 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     topKTopPSampleKernel(int32_t* __restrict__ out, T const* __restrict__ logits, int64_t vocab, int64_t rowStride,
                          float const* __restrict__ temperatures, int32_t const* __restrict__ topKs,
                          float const* __restrict__ topPs, float const* __restrict__ uniforms) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     __shared__ SharedState s;
     int64_t const rowIndex = blockIdx.x;
     T const* row = logits + rowIndex * rowStride;
@@ -342,11 +344,10 @@ void launchTopKTopPSample(TopKTopPSampleParams const& p, void* stream) {
     auto s = static_cast<cudaStream_t>(stream);
     dispatchFloat(p.dtype, "top_k_top_p_sample", [&](auto tag) {
         using T = decltype(tag);
-        topKTopPSampleKernel<T><<<static_cast<unsigned>(p.batch), kThreads, 0, s>>>(
+        launchKernel("top_k_top_p_sample", topKTopPSampleKernel<T>, static_cast<unsigned>(p.batch), kThreads, 0, s,
             p.out, static_cast<T const*>(p.logits), p.vocab, p.logitsRowStride, p.temperatures, p.topKs, p.topPs,
             p.uniforms);
     });
-    checkLaunch("top_k_top_p_sample");
 }
 
 } // namespace tensorrt_llm

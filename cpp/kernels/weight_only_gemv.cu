@@ -157,6 +157,8 @@ __device__ __forceinline__ void loadTile(Params const& p, int64_t m0, float* xs,
 template <typename T, typename S, int BITS, int MT>
 // Tiles of 8 rows need more than 128 registers: one block per SM is enough for them.
 __global__ void __launch_bounds__(kThreads, MT == 8 ? 1 : 2) weightOnlyGemvKernel(Params p) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     constexpr int C = kCodes<BITS>;
     extern __shared__ __align__(16) unsigned char smem[];
     float* xs = reinterpret_cast<float*>(smem);
@@ -247,8 +249,7 @@ void launchGemvInstance(Params const& p, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
     unsigned const blocks = rowPerWarpBlocks(kernel, kThreads, smem, p.n);
-    kernel<<<blocks, kThreads, smem, stream>>>(p);
-    checkLaunch("weight_only_gemv");
+    launchKernel("weight_only_gemv", kernel, blocks, kThreads, smem, stream, p);
 }
 
 template <typename T, typename S, int BITS>
@@ -479,15 +480,21 @@ __device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, u
 // (quantizeX), mma.sync in float16 whatever x's dtype, input_scale x weight_scale once per output.
 template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Params p) {
+    allowNextKernel();  // see launchKernel
+    int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
+    int64_t const n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+    if (threadIdx.x == 0 && n0 < p.n) {  // the block's weight rows (contiguous) towards L2 while the previous kernel ends
+        int64_t const rows = (p.n - n0 < kMmaRows ? p.n - n0 : int64_t{kMmaRows});
+        prefetchToL2(p.qweight + n0 * numPacks, static_cast<uint32_t>(rows * numPacks * sizeof(uint4)));
+    }
+    waitForPreviousKernel();
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
     constexpr int U = BITS == 8 ? (NT == 1 ? 4 : NT == 2 ? 2 : 1) : NT == 1 ? (MASKED ? 2 : 3) : 1;
     static_assert(BITS == 8 || NT <= 2, "INT4 tiles of 32 rows: x alone would take 64 registers");
     __shared__ float red[kMmaWarps][NT * 8][kMmaRows];
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
     int const kSteps = (numPacks + 3) / 4;
-    int64_t const n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
     int64_t const rowA = n0 + g, rowB = n0 + g + 8;
     bool const okA = rowA < p.n, okB = rowB < p.n;
     uint4 const* wA = p.qweight + rowA * numPacks;
@@ -581,8 +588,7 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     auto kernel = q.m <= 8    ? weightOnlyGemvMmaKernel<T, S, BITS, 1, MASKED, FP8>
                   : q.m <= 16 ? weightOnlyGemvMmaKernel<T, S, BITS, 2, MASKED, FP8>
                               : weightOnlyGemvMmaKernel<T, S, BITS, BITS == 8 ? 4 : 2, MASKED, FP8>;
-    kernel<<<blocks, kMmaWarps * 32, 0, stream>>>(q);
-    checkLaunch(FP8 ? "fp8_gemv" : "weight_only_gemv");
+    launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, 0, stream, q);
 }
 
 template <typename T, typename S, int BITS, bool FP8 = false>
@@ -608,6 +614,8 @@ template <typename T, typename S, int BITS>
 __global__ void weightOnlyDequantizeKernel(T* __restrict__ out, uint4 const* __restrict__ qweight,
                                            S const* __restrict__ scales, S const* __restrict__ zeros, int64_t n,
                                            int numPacks, int groups, int groupShift) {
+    waitForPreviousKernel();  // see launchKernel
+    allowNextKernel();
     constexpr int C = kCodes<BITS>;
     int64_t const total = n * numPacks;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
@@ -741,11 +749,10 @@ void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scal
     dispatch(dtype, scaleDtype, bits, "weight_only_dequantize", [&](auto t, auto s, auto b) {
         using T = decltype(t);
         using S = decltype(s);
-        weightOnlyDequantizeKernel<T, S, decltype(b)::value><<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<T*>(out), static_cast<uint4 const*>(qweight), static_cast<S const*>(scales),
+        launchKernel("weight_only_dequantize", weightOnlyDequantizeKernel<T, S, decltype(b)::value>, blocks, 256, 0,
+                     static_cast<cudaStream_t>(stream), static_cast<T*>(out), static_cast<uint4 const*>(qweight), static_cast<S const*>(scales),
             static_cast<S const*>(zeros), n, numPacks, groups, shift);
     });
-    checkLaunch("weight_only_dequantize");
 }
 
 } // namespace tensorrt_llm
