@@ -2,13 +2,13 @@
 //
 // Grid (kvHeads, batch, numSplits). A block owns one KV head of one sequence over one chunk of
 // its positions, and serves every query head of that KV head's group, so each K/V row is read
-// from memory once per group (grouped-query attention). The chunks split the sequence's actual
-// (visible) length evenly, at most splitSize positions each, so short and long sequences both
-// use the whole grid. With several splits, each block writes a partial result (its max, its
-// sum of exponentials and its normalised output), and the last block of the sequence's KV
-// head to finish combines them; empty chunks write an empty partial. The grid is fixed by the
-// caller (from the engine's max_seq_len), so a launch never depends on data on the device and
-// can be captured in a CUDA graph. Two kernels walk the positions and share the rest (the
+// from memory once per group (grouped-query attention). The grid's numSplits is the most splits
+// a sequence may use (fixed by the caller from the engine's max_seq_len and the batch, so a
+// launch never depends on data on the device and can be captured in a CUDA graph); each
+// sequence uses as many of them as its actual (visible) length is worth (splitsFor) and splits
+// that length evenly, the other blocks return at once. With several splits, each block writes
+// a partial result (its max, its sum of exponentials and its normalised output), and the last
+// block of the sequence's KV head to finish combines them; empty chunks write an empty partial. Two kernels walk the positions and share the rest (the
 // staging, the merges): a tensor-core one for half-precision heads of 64 or 128 on sm_80+, and
 // a CUDA-core one for float32 and head size 256.
 //
@@ -101,6 +101,7 @@ __device__ __forceinline__ float rowReduceSum(float v) {
 // of the sequence's actual (visible) length, so short sequences spread over all the blocks
 // of the grid, whose size depends on shapes only.
 struct Chunk {
+    int splits;  // the splits this sequence uses (<= numSplits); blocks of later splits have no work
     int begin, end, n, qPos;
     int tpbShift, tpbMask;  // tokensPerBlock is a power of two (checked by the binding): shifts,
                             // not 64-bit divisions, which cost a software routine per position
@@ -108,11 +109,24 @@ struct Chunk {
     bool rotary, owner;         // owner: writes this step's K/V row (its position is inside)
 };
 
+// Splits worth their cost for `visible` positions. Measured on an H100 (batch 1, 8 KV heads,
+// head 128: a block's fixed cost ~5 us, a merge ~5.6 us plus ~1 us per split, ~0.018 us per
+// position a block walks): one block up to 768 positions (a second split costs more than it
+// saves: 8.7 vs 13.3 us at 200 positions), then a split per 384 (2,100 positions: 6 splits, 22-23
+// us, against 30 at 17 and 44 at 1). Never fewer than the chunk cap (splitSize) needs.
+__device__ __forceinline__ int splitsFor(DecodeAttentionParams const& p, int visible) {
+    int const worth = visible <= 768 ? 1 : (visible + 383) / 384;
+    int const needed = (visible + p.splitSize - 1) / p.splitSize;
+    return max(1, min(static_cast<int>(p.numSplits), max(worth, needed)));
+}
+
 __device__ __forceinline__ Chunk chunkOf(DecodeAttentionParams const& p, int b, int split) {
     Chunk c;
     int const seqLen = p.sequenceLengths[b];
     int const first = p.slidingWindow > 0 ? max(0, seqLen - p.slidingWindow) : 0;
-    int const size = min(p.splitSize, (max(0, seqLen - first) + p.numSplits - 1) / p.numSplits);
+    int const visible = max(0, seqLen - first);
+    c.splits = splitsFor(p, visible);
+    int const size = min(p.splitSize, (visible + c.splits - 1) / c.splits);
     c.begin = first + split * size;
     c.end = min(seqLen, c.begin + size);
     c.n = max(0, c.end - c.begin);
@@ -293,7 +307,7 @@ __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b
 // The caller has written accS/statS; every thread of the block calls this.
 template <typename T, int D, int MAXG>
 __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS, float const* statS, int parts,
-                              int b, int kvh, int split, int group) {
+                              int b, int kvh, int split, int splits, int group) {
     __syncthreads();
     for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
         int const g = i / D;
@@ -311,7 +325,7 @@ __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS,
         }
         int const h = kvh * group + g;
         float const normalised = den > 0.f ? num / den : 0.f;
-        if (p.numSplits == 1) {
+        if (splits == 1) {
             static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(normalised);
         } else {
             // workspace: [batch, numHeads, numSplits, D + 2] = output, then max and sum
@@ -323,7 +337,7 @@ __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS,
             }
         }
     }
-    if (p.numSplits == 1) return;
+    if (splits == 1) return;
 
     // Counters are zero before a launch and left zero after it.
     __shared__ bool lastS;
@@ -331,7 +345,7 @@ __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS,
     __syncthreads();
     if (threadIdx.x == 0) {
         int* counter = p.splitCounters + b * p.kvHeads + kvh;
-        lastS = atomicAdd(counter, 1) == p.numSplits - 1;
+        lastS = atomicAdd(counter, 1) == splits - 1;
         if (lastS) *counter = 0;
     }
     __syncthreads();
@@ -344,10 +358,10 @@ __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS,
         // Read through L2 (__ldcg): other blocks wrote these.
         float const* parts = p.workspace + (static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits * (D + 2);
         float mAll = -FLT_MAX;
-        for (int sp = 0; sp < p.numSplits; ++sp) mAll = fmaxf(mAll, __ldcg(parts + sp * (D + 2) + D));
+        for (int sp = 0; sp < splits; ++sp) mAll = fmaxf(mAll, __ldcg(parts + sp * (D + 2) + D));
         float num = 0.f;
         float den = 0.f;
-        for (int sp = 0; sp < p.numSplits; ++sp) {
+        for (int sp = 0; sp < splits; ++sp) {
             float const lsp = __ldcg(parts + sp * (D + 2) + D + 1);
             if (lsp == 0.f) continue;
             float const c = __expf(__ldcg(parts + sp * (D + 2) + D) - mAll) * lsp;
@@ -394,6 +408,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
     int const sub = lane % L::LPR;                     // which slice of a row this lane reads
     int const laneGroup = warp * L::RPW + lane / L::LPR;
     Chunk const c = chunkOf(p, b, split);
+    if (split >= c.splits) return;  // the whole block: this sequence uses fewer splits
     int const n = c.n;
     stageBlock<T, T, D, THREADS>(p, c, b, kvh, group, sh);
 
@@ -496,7 +511,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
             sh.stat[(laneGroup * MAXG + g) * 2 + 1] = l[g];
         }
     }
-    mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, kGroups, b, kvh, split, group);
+    mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, kGroups, b, kvh, split, c.splits, group);
 }
 
 // ---- tensor-core kernel (half precision, head sizes 64 and 128; sm_80 and later) ------------
@@ -582,6 +597,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     int const g = lane / 4;  // MMA row (query head) and column (position, output dim) of this lane
     int const t = lane % 4;  // its place in the quad
     Chunk const c = chunkOf(p, b, split);
+    if (split >= c.splits) return;  // the whole block: this sequence uses fewer splits
     stageBlock<T, C, D, WARPS * 32>(p, c, b, kvh, group, sh);
 
     // Q as the A operand of every k-step, in the permuted dim order (rows 8..15 zero).
@@ -772,7 +788,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
         sh.stat[(warp * MAXG + g) * 2] = m != -FLT_MAX ? m / kLog2e : -FLT_MAX;  // natural-log units
         sh.stat[(warp * MAXG + g) * 2 + 1] = l;
     }
-    mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, WARPS, b, kvh, split, group);
+    mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, WARPS, b, kvh, split, c.splits, group);
 }
 
 // ---- launch --------------------------------------------------------------------------------

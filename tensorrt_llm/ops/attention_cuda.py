@@ -54,18 +54,20 @@ def _multiprocessors(device_index: int) -> int:
 
 def _decode_splits(batch: int, kv_heads: int, max_positions: int, multiprocessors: int,
                    tokens_per_block: int, max_chunk_blocks: int) -> tuple[int, int]:
-    """(num_splits, split_size). The kernel's blocks (KV head x sequence x split) share each
-    sequence's actual length evenly, so splits only add blocks: enough for about one block per
-    multiprocessor when batch x KV heads is small, none when it already fills the GPU (each
-    block has a fixed cost, and a split costs a merge); never chunks under 64 positions, and
-    never more block ids per chunk than a block stages (max_chunk_blocks, the binding's
-    DECODE_ATTENTION_MAX_CHUNK_BLOCKS, which counts the 2 ids a chunk may straddle). Depends
-    on shapes only, so graphs can capture it."""
+    """(num_splits, split_size): the grid's splits per (sequence, KV head), the most any
+    sequence may use, and the most positions one block may walk. The kernel gives each sequence
+    the splits its actual length is worth (decode_attention.cu's splitsFor: one block up to 768
+    positions, then one per 384) up to num_splits, so num_splits only bounds them: about one
+    block per multiprocessor when batch x KV heads is small, none when it already fills the GPU
+    (each block has a fixed cost, and a split costs a merge). split_size is the whole table
+    (any chunk may be the whole sequence) unless a block cannot stage that many block ids
+    (max_chunk_blocks, the binding's DECODE_ATTENTION_MAX_CHUNK_BLOCKS, which counts the 2 ids a
+    chunk may straddle); then enough splits to cover it. Depends on shapes only, so graphs can
+    capture it."""
     blocks = max(1, batch * kv_heads)
+    split_size = min(max_positions, (max_chunk_blocks - 2) * tokens_per_block)
     splits = max(1, min(-(-multiprocessors // blocks), -(-max_positions // 64)))
-    splits = max(splits, -(-max_positions // ((max_chunk_blocks - 2) * tokens_per_block)))
-    split = -(-max_positions // splits)
-    return -(-max_positions // split), split
+    return max(splits, -(-max_positions // split_size)), split_size
 
 
 _counters: dict[torch.device, list[torch.Tensor]] = {}

@@ -17,6 +17,7 @@ CASES = [  # (batch, heads, kv_heads, head_dim, tokens_per_block, max_len)
     (2, 8, 1, 128, 8, 33),       # MQA, group 8
     (4, 4, 2, 256, 16, 100),     # head_dim 256
     (1, 32, 8, 128, 32, 2100),   # one long sequence, many splits
+    (3, 32, 8, 128, 16, 3000),   # one batch's sequences use different numbers of splits
     (160, 32, 8, 128, 16, 150),  # many waves of blocks: the large-batch instance
     (400, 9, 3, 64, 32, 90),     # the same, group 3, head size 64
 ]
