@@ -48,8 +48,14 @@ def main():
         del hf
     with tempfile.TemporaryDirectory() as tmp:
         build(model, bc).save(tmp)
-        graphs = ModelRunner.from_dir(tmp, device=dev)
-        eager = ModelRunner.from_dir(tmp, device=dev, use_cuda_graph=False)
+        del model  # the runners load their own copies of the weights
+        # Two runners of one engine: each a KV pool of what the batch needs (not of the free
+        # memory), and prompts prefilled 8,192 tokens a step (a large batch's whole prompt step
+        # would not fit beside two copies of the 8B weights).
+        pool = dict(max_tokens_in_paged_kv_cache=args.batch * bc.max_seq_len, enable_chunked_context=True,
+                    max_num_tokens=min(8192, args.batch * args.input_len))
+        graphs = ModelRunner.from_dir(tmp, device=dev, **pool)
+        eager = ModelRunner.from_dir(tmp, device=dev, use_cuda_graph=False, **pool)
     for r in (graphs, eager):
         r.generate(prompts, max_new_tokens=4)
 
