@@ -135,22 +135,39 @@ __device__ __forceinline__ void prefetchToL2(void const* ptr, uint32_t bytes) {
 #endif
 }
 
+// Rows [first, first + count) of a row-major matrix of `total` rows of `rowBytes` bytes each,
+// clipped to the matrix, towards L2: a GEMV block's weight rows, before waitForPreviousKernel.
+__device__ __forceinline__ void prefetchRowsToL2(void const* base, int64_t first, int64_t count, int64_t total,
+                                                 int64_t rowBytes) {
+    if (first >= total) return;
+    int64_t const rows = total - first < count ? total - first : count;
+    prefetchToL2(static_cast<char const*>(base) + first * rowBytes, static_cast<uint32_t>(rows * rowBytes));
+}
+
+// An attribute of the current device, asked once per device and attribute (launches are
+// captured in CUDA graphs and come from one thread at a time: the GIL).
+inline int deviceAttribute(cudaDeviceAttr attribute) {
+    int device = 0;
+    cudaGetDevice(&device);
+    static std::unordered_map<int64_t, int> cache;
+    int64_t const key = (static_cast<int64_t>(device) << 32) | static_cast<int64_t>(attribute);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    int value = 0;
+    cudaDeviceGetAttribute(&value, attribute, device);
+    return cache[key] = value;
+}
+
+inline int multiprocessors() { return deviceAttribute(cudaDevAttrMultiProcessorCount); }
+
 // Whether launches on the current device use programmatic dependent launch: compute capability
 // 9.0 or later, unless TRTLLM_ENABLE_PDL=0 (for comparing, or ruling it out).
 inline bool programmaticLaunch() {
-    static int const enabled = [] {
+    static bool const enabled = [] {
         char const* env = std::getenv("TRTLLM_ENABLE_PDL");
         return env == nullptr || std::strcmp(env, "0") != 0;
     }();
-    if (!enabled) return false;
-    int device = 0;
-    cudaGetDevice(&device);
-    static std::unordered_map<int, bool> cache;  // launches come from one thread at a time (the GIL)
-    auto it = cache.find(device);
-    if (it != cache.end()) return it->second;
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    return cache[device] = major >= 9;
+    return enabled && deviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 9;
 }
 
 // Every kernel of the library is launched here (see the contract above), then checked.
@@ -169,18 +186,6 @@ void launchKernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 b
     config.numAttrs = programmaticLaunch() ? 1 : 0;
     cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
     checkLaunch(name);
-}
-
-// Multiprocessors of the current device (asked once per device).
-inline int multiprocessors() {
-    int device = 0;
-    cudaGetDevice(&device);
-    static std::unordered_map<int, int> cache;  // launches come from one thread at a time (the GIL)
-    auto it = cache.find(device);
-    if (it != cache.end()) return it->second;
-    int count = 0;
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return cache[device] = count;
 }
 
 // Blocks of `threads` threads for a GEMV whose warps own whole output rows, taking the `rows`

@@ -835,25 +835,6 @@ void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
     launchKernel("decode_attention", kernel, grid, WARPS * 32, smem, stream, p);
 }
 
-struct DeviceInfo {
-    int multiprocessors = 0;
-    int major = 0;
-};
-
-DeviceInfo const& deviceInfo() {
-    int device = 0;
-    cudaGetDevice(&device);
-    static DeviceInfo infos[64];  // per device, read once (launches are captured in CUDA graphs)
-    static DeviceInfo const fallback{132, 9};
-    if (device >= 64) return fallback;
-    DeviceInfo& info = infos[device];
-    if (info.multiprocessors == 0) {
-        cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device);
-        cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device);
-    }
-    return info;
-}
-
 // Which kernel and block size. Half-precision heads of 64 or 128 on sm_80+ take the tensor-core
 // kernel. With several waves of blocks (large decode batches of short sequences) one-warp blocks
 // of two tiles per iteration (224 registers, 8 blocks per multiprocessor): a block's fixed part
@@ -871,10 +852,9 @@ DeviceInfo const& deviceInfo() {
 // 137.7 / 403.5 / 105). CUDA cores: 265 us at b512 L192 (64 threads); b32 L192 20.2 (256).
 template <typename T, int D>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
-    DeviceInfo const& info = deviceInfo();
-    bool const manyWaves = p.batch * p.kvHeads * p.numSplits >= 8LL * info.multiprocessors;
+    bool const manyWaves = p.batch * p.kvHeads * p.numSplits >= 8LL * multiprocessors();
     if constexpr (!std::is_same_v<T, float> && (D == 64 || D == 128)) {
-        if (info.major >= 8) {
+        if (deviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8) {
             auto byCache = [&](auto codeTag) {
                 using C = decltype(codeTag);
                 if (manyWaves) {

@@ -101,12 +101,9 @@ __device__ __forceinline__ void computeInput(GemvParams const& p, T* a) {
 template <typename T, int MAXM, GemvPrologue PRO>
 __global__ void __launch_bounds__(kThreads) gemvKernel(GemvParams p) {
     allowNextKernel();  // see launchKernel
-    {   // the block's first kWarps weight rows (contiguous) towards L2 while the previous kernel ends
-        int64_t const n0 = static_cast<int64_t>(blockIdx.x) * kWarps;
-        if (threadIdx.x == 0 && n0 < p.n) {
-            int64_t const rows = (p.n - n0 < kWarps ? p.n - n0 : int64_t{kWarps});
-            prefetchToL2(static_cast<T const*>(p.weight) + n0 * p.k, static_cast<uint32_t>(rows * p.k * sizeof(T)));
-        }
+    // The block's first kWarps weight rows (contiguous) towards L2 while the previous kernel ends.
+    if (threadIdx.x == 0) {
+        prefetchRowsToL2(p.weight, int64_t{blockIdx.x} * kWarps, kWarps, p.n, p.k * int64_t{sizeof(T)});
     }
     waitForPreviousKernel();
     constexpr int V = kVec16<T>;

@@ -483,10 +483,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvMmaKernel(Par
     allowNextKernel();  // see launchKernel
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
     int64_t const n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
-    if (threadIdx.x == 0 && n0 < p.n) {  // the block's weight rows (contiguous) towards L2 while the previous kernel ends
-        int64_t const rows = (p.n - n0 < kMmaRows ? p.n - n0 : int64_t{kMmaRows});
-        prefetchToL2(p.qweight + n0 * numPacks, static_cast<uint32_t>(rows * numPacks * sizeof(uint4)));
-    }
+    // The block's weight rows (contiguous) towards L2 while the previous kernel ends.
+    if (threadIdx.x == 0) prefetchRowsToL2(p.qweight, n0, kMmaRows, p.n, numPacks * int64_t{sizeof(uint4)});
     waitForPreviousKernel();
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
