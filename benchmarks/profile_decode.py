@@ -107,6 +107,7 @@ def main():
     for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])[:25]:
         print(f"{v:>9.1f} {v / total:>6.1%}  {k[:110]}")
 
+
 def replay_timeline(graph, replays: int = 20):
     """Kernel time against the span of each replay: the GPU's idle time between a graph's
     kernels (launch latency, the previous kernel's tail) is the span minus the union of the
