@@ -99,7 +99,7 @@ def run_executor(runner, workload, arrival, device, profile: bool = False) -> di
     reused_before = runner.kv_cache.reused_blocks
     ex.stats.peak_used_blocks = ex.stats.peak_in_flight = 0
     steps_before, decode_before = ex.stats.steps, ex.stats.decode_only_steps
-    wait_before = ex.stats.gpu_wait_s
+    wait_before, graphs_before = ex.stats.gpu_wait_s, captured_graphs(runner)
     sync(device)
     t0 = time.perf_counter()
     submitted, last = 0, 0.0
@@ -141,6 +141,7 @@ def run_executor(runner, workload, arrival, device, profile: bool = False) -> di
             "decode_only_steps": ex.stats.decode_only_steps - decode_before,
             "step_time": step_time(steps),
             "gpu_wait_s": ex.stats.gpu_wait_s - wait_before,
+            "graphs_captured": captured_graphs(runner) - graphs_before,
             # Pipeline stages: steps in flight at once (pp_size when the stages overlap).
             "peak_in_flight": ex.stats.peak_in_flight,
             "outputs": [r.output_token_ids for r in reqs]}
@@ -165,6 +166,8 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
     """The static generate: a batch of up to `batch` requests that have arrived (all at t=0
     without `arrival`) runs to its longest output before the next batch starts."""
     arrival = np.zeros(len(workload)) if arrival is None else arrival
+    stats, graphs_before = runner.executor.stats, captured_graphs(runner)
+    steps_before, decode_before, wait_before = stats.steps, stats.decode_only_steps, stats.gpu_wait_s
     sync(device)
     t0 = time.perf_counter()
     out_tokens, i = 0, 0
@@ -182,7 +185,21 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
         i = j
     sync(device)
     elapsed = time.perf_counter() - t0
-    return {"batch": batch, "elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed}
+    return {"batch": batch, "elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed,
+            "steps": stats.steps - steps_before, "decode_only_steps": stats.decode_only_steps - decode_before,
+            "gpu_wait_s": stats.gpu_wait_s - wait_before,
+            "graphs_captured": captured_graphs(runner) - graphs_before}
+
+
+def cuda_graphs(runner):
+    """The runner's CUDA graph decoder, or None (CPU, pipeline stages, graphs off)."""
+    return getattr(getattr(runner.executor, "runner", None), "cuda_graphs", None)
+
+
+def captured_graphs(runner) -> int:
+    """CUDA graphs captured so far (a capture inside a timed run is part of its time)."""
+    graphs = cuda_graphs(runner)
+    return len(graphs.graphs) if graphs is not None else 0
 
 
 def run_llm_api(engine_dir, workload, arrival, device) -> dict:
@@ -344,11 +361,13 @@ def run(args):
     result.update(params=params, kv_blocks=runner.kv_cache.num_blocks, tokens_per_block=args.tokens_per_block,
                   tp_size=args.tp_size, pp_size=args.pp_size)
 
-    # Warm-up: CUDA graphs of every bucket, the attention paths.
+    # Warm-up: the attention paths, then the CUDA graphs of every bucket.
     warm = make_workload(argparse.Namespace(**{**vars(args), "num_requests": min(args.max_batch_size, 64),
                                                "dataset": "fixed", "input_len": min(64, max_in),
                                                "output_len": min(8, max_out)}), vocab, rng)
     run_executor(runner, warm, np.zeros(len(warm)), device)
+    if cuda_graphs(runner) is not None:  # every bucket, the largest first: the runs time steps, not captures
+        cuda_graphs(runner).capture()
 
     if args.scenario == "throughput":
         workload = make_workload(args, vocab, rng)
@@ -467,7 +486,12 @@ def print_summary(result: dict) -> None:
         if result["device_name"] != "cpu":
             pace = ("the GPU sets the pace" if r["gpu_wait_s"] > 0.25 * r["elapsed_s"]
                     else "little waiting: the host's own work per step sets the pace")
-            print(f"the host waited for the GPU {r['gpu_wait_s']:.2f} s of {r['elapsed_s']:.2f} s ({pace})")
+            print(f"the host waited for the GPU {r['gpu_wait_s']:.2f} s of {r['elapsed_s']:.2f} s ({pace}); "
+                  f"{r['graphs_captured']} CUDA graphs captured during the run")
+            for s in result.get("static", []):
+                print(f"static batch {s['batch']}: {s['steps']} steps ({s['decode_only_steps']} decode only), "
+                      f"host waited {s['gpu_wait_s']:.2f} s of {s['elapsed_s']:.2f} s, "
+                      f"{s['graphs_captured']} CUDA graphs captured during the run")
         if "speedup_vs_best_static" in result:
             print(f"in-flight / best static: {result['speedup_vs_best_static']:.2f}x")
         if "equal_to_alone" in result:

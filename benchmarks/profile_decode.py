@@ -46,18 +46,6 @@ def main():
     if args.quant != "none":  # fp8 calibrates its activation scales on the prompts through `hf`
         model = quantized_model(model, args.quant, args.group_size, False, hf, prompts)
         del hf
-    with tempfile.TemporaryDirectory() as tmp:
-        build(model, bc).save(tmp)
-        del model  # the runners load their own copies of the weights
-        # Two runners of one engine: each a KV pool of what the batch needs (not of the free
-        # memory), and prompts prefilled 8,192 tokens a step (a large batch's whole prompt step
-        # would not fit beside two copies of the 8B weights).
-        pool = dict(max_tokens_in_paged_kv_cache=args.batch * bc.max_seq_len, enable_chunked_context=True,
-                    max_num_tokens=min(8192, args.batch * args.input_len))
-        graphs = ModelRunner.from_dir(tmp, device=dev, **pool)
-        eager = ModelRunner.from_dir(tmp, device=dev, use_cuda_graph=False, **pool)
-    for r in (graphs, eager):
-        r.generate(prompts, max_new_tokens=4)
 
     def step_ms(r):
         times = []
@@ -69,7 +57,22 @@ def main():
             times.append(time.perf_counter() - t)
         return (times[1] - times[0]) / args.steps * 1e3
 
+    # One runner at a time, each with a KV pool of what the batch needs (not of the free
+    # memory), prompts prefilled 8,192 tokens a step: a large batch's whole prompt step, or two
+    # runners' copies of the 8B weights, would not fit.
+    blocks_per_seq = -(-bc.max_seq_len // bc.tokens_per_block)  # whole blocks: every row must fit at once
+    pool = dict(max_tokens_in_paged_kv_cache=args.batch * blocks_per_seq * bc.tokens_per_block,
+                enable_chunked_context=True,
+                max_num_tokens=min(8192, args.batch * args.input_len))
+    tmp = tempfile.TemporaryDirectory()
+    build(model, bc).save(tmp.name)
+    del model  # the runners load their own copies of the weights
+    graphs = ModelRunner.from_dir(tmp.name, device=dev, **pool)
+    # Long enough that every row decodes at once after a chunked prompt (the graph is captured).
+    graphs.generate(prompts, max_new_tokens=args.steps + 1)
     cuda_graphs = graphs.executor.runner.cuda_graphs
+    if cuda_graphs.bucket(args.batch) not in cuda_graphs.graphs:
+        sys.exit(f"no decode step of all {args.batch} rows ran (graphs of {sorted(cuda_graphs.graphs)})")
     graph, _ = cuda_graphs.graphs[cuda_graphs.bucket(args.batch)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
@@ -79,8 +82,14 @@ def main():
     end.record()
     torch.cuda.synchronize()
     print(f"{args.model} {args.quant} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
-          f"step with graphs {step_ms(graphs):.3f} ms, step without {step_ms(eager):.3f} ms")
+          f"step with graphs {step_ms(graphs):.3f} ms")
     replay_timeline(graph)
+    del graphs, cuda_graphs, graph
+    torch.cuda.empty_cache()
+    eager = ModelRunner.from_dir(tmp.name, device=dev, use_cuda_graph=False, **pool)
+    tmp.cleanup()
+    eager.generate(prompts, max_new_tokens=4)
+    print(f"step without graphs {step_ms(eager):.3f} ms")
 
     # The kernels of the decode steps alone: a run of 9 tokens (context step + 8 decode steps)
     # minus a run of 1 (the context step), per decode step.

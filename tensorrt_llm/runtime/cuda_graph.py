@@ -75,6 +75,14 @@ class CudaGraphDecoder:
             output = self.session.run(feed, check=False)[self.session.network.outputs[0]]
         self.graphs[b] = (graph, output)
 
+    def capture(self, buckets=None) -> None:
+        """Capture the graphs of `buckets` (default: every bucket) now instead of at their
+        first step, so that a timed or latency-bound run does not pay for captures. Each graph
+        keeps its own logits buffer [bucket, vocab] in the graph pool."""
+        for b in sorted(buckets or self.buckets, reverse=True):
+            if b not in self.graphs:
+                self._capture(self.bucket(b))
+
     def bucket(self, n: int) -> int:
         for b in self.buckets:
             if b >= n:

@@ -68,9 +68,11 @@ class GenerationSession:
     def generate(self, batch_input_ids, sampling: SamplingConfig,
                  max_new_tokens: int, output_generation_logits: bool = False,
                  return_context_logits: bool = False, stop_words_list=None, bad_words_list=None,
-                 output_log_probs: bool = False, output_cum_log_probs: bool = False
-                 ) -> Iterator[dict]:
-        """An iterator over the state after every step; the last item is the final result.
+                 output_log_probs: bool = False, output_cum_log_probs: bool = False,
+                 every_step: bool = True) -> Iterator[dict]:
+        """An iterator over the state after every step; the last item is the final result
+        (with every_step=False the final result alone: a batch of hundreds of rows would
+        otherwise assemble its whole output on the host at every step).
 
         The request is checked when this is called (check_request says what
         batch_input_ids may be), not when the iterator is first read.
@@ -104,16 +106,16 @@ class GenerationSession:
                                     return_generation_logits=output_generation_logits))
         for r in requests:
             self.executor.check(r)
-        return self._run(requests, sampling, max_new_tokens, outputs)
+        return self._run(requests, sampling, max_new_tokens, outputs, every_step)
 
     def _run(self, requests: list[Request], sampling: SamplingConfig, max_new_tokens: int,
-             outputs: dict) -> Iterator[dict]:
+             outputs: dict, every_step: bool) -> Iterator[dict]:
         ex = self.executor
         try:
             for r in requests:
                 ex.add_request(r)
             while not all(r.finished for r in requests):
-                if ex.step():
+                if ex.step() and every_step:
                     yield self._result(requests, sampling, max_new_tokens, outputs, done=False)
             yield self._result(requests, sampling, max_new_tokens, outputs, done=True)
         finally:  # a stream closed early: its requests leave the executor

@@ -199,7 +199,8 @@ class ModelRunner:
                                          stop_words_list=stop_words_list,
                                          bad_words_list=bad_words_list,
                                          output_log_probs=output_log_probs,
-                                         output_cum_log_probs=output_cum_log_probs)
+                                         output_cum_log_probs=output_cum_log_probs,
+                                         every_step=streaming)
         if streaming:
             return (_shape(out, return_dict) for out in steps)
         out = None

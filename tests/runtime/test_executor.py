@@ -385,6 +385,36 @@ def test_abort_frees_every_block_and_leaves_the_others_alone(runners):
     assert not ex.requests and kv.num_free_blocks == kv.num_blocks
 
 
+def test_a_static_generate_without_streaming_assembles_its_result_once(runners):
+    """GenerationSession.generate(every_step=False) yields the final result alone, equal to
+    the stream's last item (ModelRunner.generate without streaming takes this way)."""
+    runner = runners()
+    prompts = [TEXT[:12], TEXT]
+    streamed = list(runner.generation.generate(prompts, SamplingConfig(top_k=1), 10, every_step=True))
+    once = list(runner.generation.generate(prompts, SamplingConfig(top_k=1), 10, every_step=False))
+    assert len(streamed) > 2 and len(once) == 1 and once[0]["done"]
+    for key in ("output_ids", "sequence_lengths"):
+        assert torch.equal(once[0][key], streamed[-1][key])
+    assert torch.equal(runner.generate(prompts, max_new_tokens=10)["output_ids"], once[0]["output_ids"])
+
+
+
+@pytest.mark.gpu
+def test_graphs_captured_up_front_decode_as_graphs_captured_at_first_use(engine_dir):
+    """CudaGraphDecoder.capture() (every bucket, before any step) gives the tokens of the
+    graphs a runner captures as it meets each batch size."""
+    device = torch.device("cuda")
+    engine = Engine.from_dir(engine_dir, device=device)
+    prompts = [TEXT[:5], TEXT[:12], TEXT[:30], TEXT]
+    lazy = ModelRunner(engine, device).generate(prompts, max_new_tokens=12)
+    runner = ModelRunner(engine, device)
+    graphs = runner.executor.runner.cuda_graphs
+    graphs.capture()
+    assert sorted(graphs.graphs) == graphs.buckets
+    up_front = runner.generate(prompts, max_new_tokens=12)
+    assert torch.equal(up_front["output_ids"], lazy["output_ids"])
+    assert sorted(graphs.graphs) == graphs.buckets  # nothing captured again
+
 # -- (f) bad requests ----------------------------------------------------------------------------
 
 def test_a_bad_request_is_refused_whole_and_disturbs_nothing(runners):
