@@ -196,6 +196,22 @@ def cuda_graphs(runner):
     return getattr(getattr(runner.executor, "runner", None), "cuda_graphs", None)
 
 
+def capture_graphs_up_front(runner, lead: bool) -> None:
+    """Every CUDA graph bucket now, so that the timed runs time steps, not captures; when their
+    outputs (each graph keeps [bucket, vocab] float32 logits) do not fit beside the KV pool, the
+    graphs are captured at their first step and the runs report how many they captured."""
+    graphs = cuda_graphs(runner)
+    if graphs is None:
+        return
+    need = sum(graphs.buckets) * runner.vocab_size * 4
+    free, _ = torch.cuda.mem_get_info(runner.device)
+    if need + (2 << 30) <= free:
+        graphs.capture()
+    elif lead:
+        print(f"CUDA graphs captured at their first step: every bucket's logits ({need / 2**30:.1f} GiB) "
+              f"would not fit in the {free / 2**30:.1f} GiB the KV pool left", flush=True)
+
+
 def captured_graphs(runner) -> int:
     """CUDA graphs captured so far (a capture inside a timed run is part of its time)."""
     graphs = cuda_graphs(runner)
@@ -366,8 +382,7 @@ def run(args):
                                                "dataset": "fixed", "input_len": min(64, max_in),
                                                "output_len": min(8, max_out)}), vocab, rng)
     run_executor(runner, warm, np.zeros(len(warm)), device)
-    if cuda_graphs(runner) is not None:  # every bucket, the largest first: the runs time steps, not captures
-        cuda_graphs(runner).capture()
+    capture_graphs_up_front(runner, lead)
 
     if args.scenario == "throughput":
         workload = make_workload(args, vocab, rng)
