@@ -192,19 +192,20 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
 
 
 def cuda_graphs(runner):
-    """The runner's CUDA graph decoder, or None (CPU, pipeline stages, graphs off)."""
+    """The runner's CUDA graph decoder, or None (CPU, graphs off)."""
     return getattr(getattr(runner.executor, "runner", None), "cuda_graphs", None)
 
 
 def capture_graphs_up_front(runner, lead: bool) -> None:
     """Every CUDA graph bucket now, so that the timed runs time steps, not captures; when their
     outputs (each graph keeps [bucket, vocab] float32 logits) do not fit beside the KV pool, the
-    graphs are captured at their first step and the runs report how many they captured."""
+    graphs are captured at their first step and the runs report how many they captured. Every
+    rank decides alike (a capture runs the step's collectives)."""
     graphs = cuda_graphs(runner)
     if graphs is None:
         return
     need = sum(graphs.buckets) * runner.vocab_size * 4
-    free, _ = torch.cuda.mem_get_info(runner.device)
+    free = distributed.agree_min(torch.cuda.mem_get_info(runner.device)[0])
     if need + (2 << 30) <= free:
         graphs.capture()
     elif lead:
