@@ -56,7 +56,7 @@ def _decode_splits(batch: int, kv_heads: int, max_positions: int, multiprocessor
                    tokens_per_block: int, max_chunk_blocks: int) -> tuple[int, int]:
     """(num_splits, split_size): the grid's splits per (sequence, KV head), the most any
     sequence may use, and the most positions one block may walk. The kernel gives each sequence
-    the splits its actual length is worth (decode_attention.cu's splitsFor: one block up to 768
+    the splits its actual length is worth (decode_attention.cuh's splitsFor: one block up to 768
     positions, then one per 384) up to num_splits, so num_splits only bounds them: about one
     block per multiprocessor when batch x KV heads is small, none when it already fills the GPU
     (each block has a fixed cost, and a split costs a merge). split_size is the whole table
