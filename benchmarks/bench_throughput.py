@@ -196,23 +196,6 @@ def cuda_graphs(runner):
     return getattr(getattr(runner.executor, "runner", None), "cuda_graphs", None)
 
 
-def capture_graphs_up_front(runner, lead: bool) -> None:
-    """Every CUDA graph bucket now, so that the timed runs time steps, not captures; when their
-    outputs (each graph keeps [bucket, vocab] float32 logits) do not fit beside the KV pool, the
-    graphs are captured at their first step and the runs report how many they captured. Every
-    rank decides alike (a capture runs the step's collectives)."""
-    graphs = cuda_graphs(runner)
-    if graphs is None:
-        return
-    need = sum(graphs.buckets) * runner.vocab_size * 4
-    free = distributed.agree_min(torch.cuda.mem_get_info(runner.device)[0])
-    if need + (2 << 30) <= free:
-        graphs.capture()
-    elif lead:
-        print(f"CUDA graphs captured at their first step: every bucket's logits ({need / 2**30:.1f} GiB) "
-              f"would not fit in the {free / 2**30:.1f} GiB the KV pool left", flush=True)
-
-
 def captured_graphs(runner) -> int:
     """CUDA graphs captured so far (a capture inside a timed run is part of its time)."""
     graphs = cuda_graphs(runner)
@@ -383,7 +366,8 @@ def run(args):
                                                "dataset": "fixed", "input_len": min(64, max_in),
                                                "output_len": min(8, max_out)}), vocab, rng)
     run_executor(runner, warm, np.zeros(len(warm)), device)
-    capture_graphs_up_front(runner, lead)
+    if cuda_graphs(runner) is not None:  # every bucket now: the timed runs time steps, not captures
+        cuda_graphs(runner).capture()
 
     if args.scenario == "throughput":
         workload = make_workload(args, vocab, rng)

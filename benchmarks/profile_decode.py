@@ -40,8 +40,12 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     model, hf = random_models(args.model, args.dtype, dev, with_hf=args.quant == "fp8")
+    # Prompts are prefilled 8,192 tokens a step (below): the runs of the eager breakdown start
+    # with this many steps of prompt chunks and first tokens before every row decodes.
+    max_num_tokens = min(8192, args.batch * args.input_len)
+    prompt_steps = -(-args.batch * args.input_len // max_num_tokens) + 1
     bc = BuildConfig(max_batch_size=max(args.batch, 1), max_input_len=args.input_len,
-                     max_seq_len=args.max_seq_len or args.input_len + args.steps + 8)
+                     max_seq_len=args.max_seq_len or args.input_len + args.steps + prompt_steps + 8)
     prompts = [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32) for _ in range(args.batch)]
     if args.quant != "none":  # fp8 calibrates its activation scales on the prompts through `hf`
         model = quantized_model(model, args.quant, args.group_size, False, hf, prompts)
@@ -63,7 +67,7 @@ def main():
     blocks_per_seq = -(-bc.max_seq_len // bc.tokens_per_block)  # whole blocks: every row must fit at once
     pool = dict(max_tokens_in_paged_kv_cache=args.batch * blocks_per_seq * bc.tokens_per_block,
                 enable_chunked_context=True,
-                max_num_tokens=min(8192, args.batch * args.input_len))
+                max_num_tokens=max_num_tokens)
     tmp = tempfile.TemporaryDirectory()
     build(model, bc).save(tmp.name)
     del model  # the runners load their own copies of the weights
@@ -73,7 +77,7 @@ def main():
     cuda_graphs = graphs.executor.runner.cuda_graphs
     if cuda_graphs.bucket(args.batch) not in cuda_graphs.graphs:
         sys.exit(f"no decode step of all {args.batch} rows ran (graphs of {sorted(cuda_graphs.graphs)})")
-    graph, _ = cuda_graphs.graphs[cuda_graphs.bucket(args.batch)]
+    graph = cuda_graphs.graphs[cuda_graphs.bucket(args.batch)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     start.record()
@@ -91,8 +95,9 @@ def main():
     eager.generate(prompts, max_new_tokens=4)
     print(f"step without graphs {step_ms(eager):.3f} ms")
 
-    # The kernels of the decode steps alone: a run of 9 tokens (context step + 8 decode steps)
-    # minus a run of 1 (the context step), per decode step.
+    # The kernels of the decode steps alone: a run of prompt_steps + 8 tokens minus a run of
+    # prompt_steps (the prompt's steps, with the first rows' first decodes beside the chunks),
+    # per decode step: the 8 more steps are every row decoding.
     def kernel_us(max_new_tokens):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             eager.generate(prompts, max_new_tokens=max_new_tokens)
@@ -107,7 +112,7 @@ def main():
                 totals[e.key] = totals.get(e.key, 0.0) + us
         return totals
     steps = 8
-    with_steps, context_only = kernel_us(steps + 1), kernel_us(1)
+    with_steps, context_only = kernel_us(prompt_steps + steps), kernel_us(prompt_steps)
     per_step = {k: (v - context_only.get(k, 0.0)) / steps for k, v in with_steps.items()}
     per_step = {k: v for k, v in per_step.items() if v > 0.5}
     total = sum(per_step.values())
