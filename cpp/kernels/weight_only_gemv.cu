@@ -478,11 +478,15 @@ __device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, u
 // passes take registers the plain one needs for its loads.
 // FP8: W8A8 E4M3 (BITS 8, S float): weight bytes to float16 codes, x quantized in registers
 // (quantizeX), mma.sync in float16 whatever x's dtype, input_scale x weight_scale once per output.
-// FP8 with one n-tile runs 3 blocks an SM (72 registers at U = 3, no spills): a 4096-row
-// output's grid (qkv, o) is then one wave, not 1.45 (H100 batch-1 step 4.21 -> 3.99 ms); INT8
-// at 3 blocks was slower (4.22 -> 4.36 ms), so it keeps 2.
-template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false>
-__global__ void __launch_bounds__(kMmaWarps * 32, (FP8 && NT == 1) ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
+// ONE_WAVE (FP8, one n-tile): 3 blocks an SM at U = 3 (72 registers) instead of 2 at U = 4, for
+// grids of 2-3 blocks per multiprocessor (qkv's 384 blocks on 132 SMs), which then run as one
+// wave instead of 1.45. Other grids keep U = 4: o and down (256 blocks) have 2 blocks an SM
+// either way, and U = 3 only left fewer bytes in flight. H100, batch 1, 3 blocks for every grid
+// -> this choice: qkv 12.43 -> 12.16 us, o 11.70 -> 9.67, down 33.92 -> 25.21; the engine's
+// step 4.08 ms, 0.770 of its floor (was 0.708-0.782 on four machines). INT8 at 3 blocks: no
+// faster on qkv (14.13 -> 13.97 us), slower over the step before (4.22 -> 4.36 ms): it keeps 2.
+template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false>
+__global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
     allowNextKernel();  // see launchKernel
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
     int64_t const n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
@@ -491,8 +495,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, (FP8 && NT == 1) ? 3 : 2) weig
     waitForPreviousKernel();
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
-    constexpr int U = BITS == 8 ? (NT == 1 ? (FP8 ? 3 : 4) : NT == 2 ? 2 : 1) : NT == 1 ? (MASKED ? 2 : 3) : 1;
+    constexpr int U = BITS == 8 ? (NT == 1 ? (ONE_WAVE ? 3 : 4) : NT == 2 ? 2 : 1) : NT == 1 ? (MASKED ? 2 : 3) : 1;
     static_assert(BITS == 8 || NT <= 2, "INT4 tiles of 32 rows: x alone would take 64 registers");
+    static_assert(!ONE_WAVE || (FP8 && NT == 1), "ONE_WAVE: FP8, one n-tile");
     __shared__ float red[kMmaWarps][NT * 8][kMmaRows];
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     int const kSteps = (numPacks + 3) / 4;
@@ -589,6 +594,10 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     auto kernel = q.m <= 8    ? weightOnlyGemvMmaKernel<T, S, BITS, 1, MASKED, FP8>
                   : q.m <= 16 ? weightOnlyGemvMmaKernel<T, S, BITS, 2, MASKED, FP8>
                               : weightOnlyGemvMmaKernel<T, S, BITS, BITS == 8 ? 4 : 2, MASKED, FP8>;
+    if constexpr (FP8) {
+        int64_t const sms = multiprocessors();
+        if (q.m <= 8 && blocks > 2 * sms && blocks <= 3 * sms) kernel = weightOnlyGemvMmaKernel<T, S, 8, 1, false, true, true>;
+    }
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, 0, stream, q);
 }
 

@@ -237,6 +237,19 @@ def test_fp8_gemv_matches_reference(m, k, n, per_channel, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 8])
+@pytest.mark.parametrize("blocks_per_sm", [2, 2.5, 3, 3.5])
+def test_fp8_gemv_grid_sizes(m, blocks_per_sm):
+    """Grids of 2-3 blocks (16 outputs each) per multiprocessor take the kernel's 3-blocks-an-SM
+    instance, others the 2-blocks one: both against the reference, on either side of the bounds."""
+    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+    n = 16 * int(blocks_per_sm * sms)
+    x, qw, ws, xs = _gpu_case(m, 512, n, True, True, torch.bfloat16, seed=m)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    _assert_within_summation_order(fp8_linear_cuda(x, qw, ws, xs, bias), fp8_linear_reference(x, qw, ws, xs, bias))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [17, 24, 32, 33, 37, 70])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_fp8_gemv_tile_loop(m, per_channel):
