@@ -78,6 +78,14 @@ def main():
     if cuda_graphs.bucket(args.batch) not in cuda_graphs.graphs:
         sys.exit(f"no decode step of all {args.batch} rows ran (graphs of {sorted(cuda_graphs.graphs)})")
     graph = cuda_graphs.graphs[cuda_graphs.bucket(args.batch)]
+    # A graph replays what its input buffers hold: after the run, its last step, in which the
+    # rows that had already finished (their prompts were chunked, so they started decoding
+    # earlier) are padding of one token. One step of every row at a full length on blocks of its
+    # own, so that the replays below attend over the whole batch.
+    n = args.batch
+    cuda_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
+                     torch.full((n,), args.input_len + args.steps, dtype=torch.int32, device=dev),
+                     torch.arange(n * blocks_per_seq, dtype=torch.int32, device=dev).view(n, blocks_per_seq))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     start.record()
