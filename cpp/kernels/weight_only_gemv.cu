@@ -278,6 +278,7 @@ void launchGemvTile(Params const& p, cudaStream_t stream) {
 // 16 for INT4 (two).
 constexpr int kMmaWarps = 8;
 constexpr int kMmaRows = 16;  // output features per block
+constexpr size_t kMaxSharedX = 16 * 1024;  // x a block stages (SHARED_X): more (down's 28 KB, 8 rows) waits longer than it saves
 
 template <typename T>
 struct MmaTraits;
@@ -457,6 +458,30 @@ __device__ __forceinline__ void mmaStep(uint4 const& wa, uint4 const& wb, uint4 
     }
 }
 
+// 16 bytes global -> shared without registers (sm_80+), and the wait for all of a thread's copies.
+__device__ __forceinline__ void copyAsync16(void* dst, void const* src) {
+    uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copyAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// loadX from x's rows staged in shared memory ([p.m][k], SHARED_X).
+template <typename T, int BITS, int NT>
+__device__ __forceinline__ void loadXShared(T const* xs_, Params const& p, int step, int numPacks,
+                                            uint4 (&xs)[NT][16 / BITS]) {
+    constexpr int C = kCodes<BITS>;
+    int const lane = threadIdx.x % 32;
+    int const pack = 4 * step + lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        int const m = nt * 8 + lane / 4;
+        bool const ok = pack < numPacks && m < p.m;
+        uint4 const* src = reinterpret_cast<uint4 const*>(xs_ + m * p.k + static_cast<int64_t>(pack) * C);
+#pragma unroll
+        for (int j = 0; j < 16 / BITS; ++j) xs[nt][j] = ok ? src[j] : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // x of k-step `step` for lane (g, t): pack 4 * step + t of rows g (+ 8 nt) of x; zeros outside.
 template <typename T, int BITS, int NT>
 __device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, uint4 (&xs)[NT][16 / BITS]) {
@@ -485,7 +510,12 @@ __device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, u
 // -> this choice: qkv 12.43 -> 12.16 us, o 11.70 -> 9.67, down 33.92 -> 25.21; the engine's
 // step 4.08 ms, 0.770 of its floor (was 0.708-0.782 on four machines). INT8 at 3 blocks: no
 // faster on qkv (14.13 -> 13.97 us), slower over the step before (4.22 -> 4.36 ms): it keeps 2.
-template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false>
+// SHARED_X (INT4, one n-tile): the block copies x's rows to shared memory (cp.async, under the
+// first weight loads) and each k-step reads its x there when it uses it, instead of holding two
+// k-steps of x in registers (32 a lane, mostly zeros at batch 1): the registers go to one more
+// k-step of codes in flight (U = 4).
+template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false,
+          bool SHARED_X = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
     allowNextKernel();  // see launchKernel
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
@@ -495,7 +525,19 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
     waitForPreviousKernel();
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
-    constexpr int U = BITS == 8 ? (NT == 1 ? (ONE_WAVE ? 3 : 4) : NT == 2 ? 2 : 1) : NT == 1 ? (MASKED ? 2 : 3) : 1;
+    constexpr int U = BITS == 8 ? (NT == 1 ? (ONE_WAVE ? 3 : 4) : NT == 2 ? 2 : 1)
+                                : NT == 1 ? (MASKED ? 2 : SHARED_X ? 4 : 3) : 1;
+    static_assert(!SHARED_X || (BITS == 4 && NT == 1), "SHARED_X: INT4, one n-tile");
+    extern __shared__ __align__(16) unsigned char sharedX[];
+    T* xShared = reinterpret_cast<T*>(sharedX);  // [p.m][k] (SHARED_X)
+    if constexpr (SHARED_X) {
+        int const vecs = static_cast<int>(p.k / 8);  // 16-byte packs of a row (8 values of T)
+        for (int i = threadIdx.x; i < p.m * vecs; i += kMmaWarps * 32) {
+            int const r = i / vecs, v = i - r * vecs;
+            copyAsync16(xShared + r * p.k + v * 8, static_cast<T const*>(p.x) + r * p.xRowStride + v * 8);
+        }
+    }
+    bool xPending = SHARED_X;  // until this thread has waited for the copies and the block met
     static_assert(BITS == 8 || NT <= 2, "INT4 tiles of 32 rows: x alone would take 64 registers");
     static_assert(!ONE_WAVE || (FP8 && NT == 1), "ONE_WAVE: FP8, one n-tile");
     __shared__ float red[kMmaWarps][NT * 8][kMmaRows];
@@ -541,6 +583,30 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
                 za[u] = zb[u] = 0.f;
             }
         }
+        if constexpr (SHARED_X) {
+            if (xPending) {  // the first k-steps' codes are on their way
+                copyAsyncWaitAll();
+                __syncthreads();
+                xPending = false;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                int const step = step0 + u * kMmaWarps;
+                if (step >= kSteps) break;  // the same for the whole warp
+                uint4 xs[NT][XW];
+                loadXShared<T, BITS, NT>(xShared, p, step, numPacks, xs);
+                if constexpr (!MASKED) {
+                    mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], 0, 0, acc);
+                } else {
+                    int const groupsPerStep = 4 >> p.groupShift;
+                    for (int q = 0; q < groupsPerStep; ++q) {
+                        mmaStep<T, S, BITS, NT, true>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], q, p.groupShift,
+                                                      acc);
+                    }
+                }
+            }
+            continue;
+        }
         uint4 xs[2][NT][XW];
         loadX<T, BITS, NT>(p, step0, numPacks, xs[0]);
 #pragma unroll
@@ -567,6 +633,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
         }
     }
 
+    if (xPending) {  // a warp with no k-step still meets the block once (SHARED_X)
+        copyAsyncWaitAll();
+        __syncthreads();
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         red[warp][nt * 8 + 2 * t][g] = acc[nt][0];
@@ -594,11 +664,22 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     auto kernel = q.m <= 8    ? weightOnlyGemvMmaKernel<T, S, BITS, 1, MASKED, FP8>
                   : q.m <= 16 ? weightOnlyGemvMmaKernel<T, S, BITS, 2, MASKED, FP8>
                               : weightOnlyGemvMmaKernel<T, S, BITS, BITS == 8 ? 4 : 2, MASKED, FP8>;
+    size_t smem = 0;
     if constexpr (FP8) {
         int64_t const sms = multiprocessors();
         if (q.m <= 8 && blocks > 2 * sms && blocks <= 3 * sms) kernel = weightOnlyGemvMmaKernel<T, S, 8, 1, false, true, true>;
     }
-    launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, 0, stream, q);
+    if constexpr (BITS == 4) {
+        size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
+        if (q.m <= 8 && xBytes <= kMaxSharedX) {
+            kernel = weightOnlyGemvMmaKernel<T, S, 4, 1, MASKED, false, false, true>;
+            smem = xBytes;
+            if (smem > 48 * 1024) {
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+            }
+        }
+    }
+    launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
 }
 
 template <typename T, typename S, int BITS, bool FP8 = false>
