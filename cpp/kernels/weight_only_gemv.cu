@@ -5,7 +5,8 @@
 //
 // The GEMV (decode, up to 32 rows of x per read of the weight, 16 for INT4; more rows loop over tiles).
 // float16 / bfloat16 activations take the tensor-core kernel (weightOnlyGemvMmaKernel, described
-// above it): no shared-memory prologue, x read straight from L1 / L2, each lane's 16-byte packs
+// above it): x read straight from L1 / L2 (INT4 with at most 16 KB of x: from a copy in shared
+// memory, SHARED_X), each lane's 16-byte packs
 // of U k-steps (and their scales) loaded before any is used, codes turned into exact float16 /
 // bfloat16 integers with magic-number ORs and one packed FMA per two codes, mma.sync summing
 // the exact products in float32, the group's scale (and zero times the sum of x, from a second
@@ -513,7 +514,9 @@ __device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, u
 // SHARED_X (INT4, one n-tile): the block copies x's rows to shared memory (cp.async, under the
 // first weight loads) and each k-step reads its x there when it uses it, instead of holding two
 // k-steps of x in registers (32 a lane, mostly zeros at batch 1): the registers go to one more
-// k-step of codes in flight (U = 4).
+// k-step of codes in flight (U = 4). H100 batch 1, INT4 group 128, before -> after: qkv 11.24 ->
+// 10.80 us, o 7.66 -> 6.76, gate_up 40.47 -> 38.50; engine step 3.586 -> 3.473 ms (0.577 -> 0.589
+// of its floor; different machines). down (28 KB of x) and 8 rows (64 KB) were slower staged.
 template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false,
           bool SHARED_X = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
