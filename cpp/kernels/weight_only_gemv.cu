@@ -466,37 +466,24 @@ __device__ __forceinline__ void copyAsync16(void* dst, void const* src) {
 }
 __device__ __forceinline__ void copyAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// loadX from x's rows staged in shared memory ([p.m][k], SHARED_X).
-template <typename T, int BITS, int NT>
-__device__ __forceinline__ void loadXShared(T const* xs_, Params const& p, int step, int numPacks,
-                                            uint4 (&xs)[NT][16 / BITS]) {
-    constexpr int C = kCodes<BITS>;
-    int const lane = threadIdx.x % 32;
-    int const pack = 4 * step + lane % 4;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        int const m = nt * 8 + lane / 4;
-        bool const ok = pack < numPacks && m < p.m;
-        uint4 const* src = reinterpret_cast<uint4 const*>(xs_ + m * p.k + static_cast<int64_t>(pack) * C);
-#pragma unroll
-        for (int j = 0; j < 16 / BITS; ++j) xs[nt][j] = ok ? src[j] : make_uint4(0, 0, 0, 0);
-    }
-}
-
 // x of k-step `step` for lane (g, t): pack 4 * step + t of rows g (+ 8 nt) of x; zeros outside.
-template <typename T, int BITS, int NT>
-__device__ __forceinline__ void loadX(Params const& p, int step, int numPacks, uint4 (&xs)[NT][16 / BITS]) {
+// x is p.x, or with SHARED its rows' copy in shared memory ([p.m][k], SHARED_X).
+template <typename T, int BITS, int NT, bool SHARED = false>
+__device__ __forceinline__ void loadX(Params const& p, T const* x, int step, int numPacks,
+                                      uint4 (&xs)[NT][16 / BITS]) {
     constexpr int C = kCodes<BITS>;
+    int64_t const rowStride = SHARED ? p.k : p.xRowStride;
     int const lane = threadIdx.x % 32;
     int const pack = 4 * step + lane % 4;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         int const m = nt * 8 + lane / 4;
         bool const ok = pack < numPacks && m < p.m;
-        uint4 const* src = reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + m * p.xRowStride
-                                                          + static_cast<int64_t>(pack) * C);
+        uint4 const* src = reinterpret_cast<uint4 const*>(x + m * rowStride + static_cast<int64_t>(pack) * C);
 #pragma unroll
-        for (int j = 0; j < 16 / BITS; ++j) xs[nt][j] = ok ? __ldg(src + j) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < 16 / BITS; ++j) {
+            xs[nt][j] = !ok ? make_uint4(0, 0, 0, 0) : SHARED ? src[j] : __ldg(src + j);
+        }
     }
 }
 
@@ -597,7 +584,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
                 int const step = step0 + u * kMmaWarps;
                 if (step >= kSteps) break;  // the same for the whole warp
                 uint4 xs[NT][XW];
-                loadXShared<T, BITS, NT>(xShared, p, step, numPacks, xs);
+                loadX<T, BITS, NT, true>(p, xShared, step, numPacks, xs);
                 if constexpr (!MASKED) {
                     mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], 0, 0, acc);
                 } else {
@@ -611,12 +598,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
             continue;
         }
         uint4 xs[2][NT][XW];
-        loadX<T, BITS, NT>(p, step0, numPacks, xs[0]);
+        loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step0, numPacks, xs[0]);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int const step = step0 + u * kMmaWarps;
             if (step >= kSteps) break;  // the same for the whole warp
-            if (u + 1 < U) loadX<T, BITS, NT>(p, step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
+            if (u + 1 < U) loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
             if constexpr (FP8) {
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
