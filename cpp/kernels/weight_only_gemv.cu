@@ -279,7 +279,10 @@ void launchGemvTile(Params const& p, cudaStream_t stream) {
 // 16 for INT4 (two).
 constexpr int kMmaWarps = 8;
 constexpr int kMmaRows = 16;  // output features per block
-constexpr size_t kMaxSharedX = 16 * 1024;  // x a block stages (SHARED_X): more (down's 28 KB, 8 rows) waits longer than it saves
+// x a block stages (SHARED_X): more (down's 28 KB, 8 rows) delays the first k-step by more than
+// it saves. Within the 48 KB of dynamic shared memory a launch gets without opting in.
+constexpr size_t kMaxSharedX = 16 * 1024;
+static_assert(kMaxSharedX <= 48 * 1024, "SHARED_X beyond 48 KB needs cudaFuncAttributeMaxDynamicSharedMemorySize");
 
 template <typename T>
 struct MmaTraits;
@@ -657,16 +660,15 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     size_t smem = 0;
     if constexpr (FP8) {
         int64_t const sms = multiprocessors();
-        if (q.m <= 8 && blocks > 2 * sms && blocks <= 3 * sms) kernel = weightOnlyGemvMmaKernel<T, S, 8, 1, false, true, true>;
+        if (q.m <= 8 && blocks > 2 * sms && blocks <= 3 * sms) {
+            kernel = weightOnlyGemvMmaKernel<T, S, 8, 1, false, true, true>;
+        }
     }
     if constexpr (BITS == 4) {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
         if (q.m <= 8 && xBytes <= kMaxSharedX) {
             kernel = weightOnlyGemvMmaKernel<T, S, 4, 1, MASKED, false, false, true>;
             smem = xBytes;
-            if (smem > 48 * 1024) {
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-            }
         }
     }
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
