@@ -568,16 +568,21 @@ class FuseRopeAttention(Fusion):
         attn.replace_output_uses_with(attn.network, [F.gpt_attention(**args)])
 
 
+# The linear layers a norm or activation fuses into, and their parameters (every input but x).
+_FUSABLE_LINEAR_PARAMS = {"linear": ("weight", "bias"),
+                          "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias")}
+
+
 def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
-    """The FLayerInfo of the linear that reads `tensor` as its input x, with a constant weight
-    (and bias), when it is the tensor's only reader and the tensor is no network result; else
-    None. Constant parameters are what a fused kernel streams, and they cannot depend on the
+    """The FLayerInfo of the linear (or fp8_linear) that reads `tensor` as its input x, with
+    constant parameters, when it is the tensor's only reader and the tensor is no network result;
+    else None. Constant parameters are what a fused kernel streams, and they cannot depend on the
     tensor."""
     users = tensor.get_users()
-    if len(users) != 1 or users[0].op != "linear" or _has_timed_choice(users[0]):
+    if len(users) != 1 or users[0].op not in _FUSABLE_LINEAR_PARAMS or _has_timed_choice(users[0]):
         return None
     linear = _info(users[0])
-    params = [linear.get_input("weight"), linear.get_input("bias")]
+    params = [linear.get_input(name) for name in _FUSABLE_LINEAR_PARAMS[users[0].op]]
     if linear.get_input("x") != tensor or tensor in params:
         return None
     if not all(_is_constant(t) for t in params if t is not None):
@@ -587,8 +592,9 @@ def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
 
 class FuseNormLinear(Fusion):
     """rms_norm(x, w) -> linear becomes rms_norm_linear, and fused_add_rms_norm(x, r, w) ->
-    linear becomes add_rms_norm_linear, whose sum output takes over every reader of the old
-    sum (the residual stream). Only where the norm has a weight and the normalised output has
+    linear becomes add_rms_norm_linear (an fp8_linear: rms_norm_fp8_linear and
+    add_rms_norm_fp8_linear), whose sum output takes over every reader of the old sum (the
+    residual stream). Only where the norm has a weight and the normalised output has
     that linear as its only reader and is no network or debug output: a norm read twice
     (Phi's parallel attention and MLP) stays as it is. Runs after fuse_add_rms_norm and
     fuse_gate_up, whose results it matches."""
@@ -605,20 +611,29 @@ class FuseNormLinear(Fusion):
 
     def emit(self, found: dict[str, FLayerInfo]) -> None:
         norm, linear = found["norm"], found["linear"]
-        weight, bias, eps = linear.get_input("weight"), linear.get_input("bias"), norm.get_input("eps")
+        params = _linear_params(linear)
+        eps = norm.get_input("eps")
+        fp8 = linear.layer_type == "fp8_linear"
         if norm.layer_type == "rms_norm":
-            y = F.rms_norm_linear(norm.get_input("x"), norm.get_input("weight"), weight, bias, eps=eps)
+            fused = F.rms_norm_fp8_linear if fp8 else F.rms_norm_linear
+            y = fused(norm.get_input("x"), norm.get_input("weight"), *params, eps=eps)
         else:
-            y, total = F.add_rms_norm_linear(norm.get_input("x"), norm.get_input("residual"),
-                                             norm.get_input("weight"), weight, bias, eps=eps)
+            fused = F.add_rms_norm_fp8_linear if fp8 else F.add_rms_norm_linear
+            y, total = fused(norm.get_input("x"), norm.get_input("residual"), norm.get_input("weight"), *params,
+                             eps=eps)
             norm.outputs[1].replace_all_uses_with(total)
         linear.replace_output_uses_with(linear.network, [y])
 
 
+def _linear_params(linear: FLayerInfo) -> list:
+    """The parameters of a linear or fp8_linear found by _sole_linear_reader, in its order."""
+    return [linear.get_input(name) for name in _FUSABLE_LINEAR_PARAMS[linear.layer_type]]
+
+
 class FuseActLinear(Fusion):
-    """silu_and_mul -> linear becomes silu_and_mul_linear, where that linear is the only reader
-    of the activation and the activation no network or debug output. Runs after fuse_gate_up,
-    which makes the silu_and_mul."""
+    """silu_and_mul -> linear becomes silu_and_mul_linear (fp8_linear: silu_and_mul_fp8_linear),
+    where that linear is the only reader of the activation and the activation no network or
+    debug output. Runs after fuse_gate_up, which makes the silu_and_mul."""
 
     def __init__(self):
         super().__init__("fuse_act_linear", root_layer={"silu_and_mul"})
@@ -631,7 +646,8 @@ class FuseActLinear(Fusion):
 
     def emit(self, found: dict[str, FLayerInfo]) -> None:
         act, linear = found["activation"], found["linear"]
-        y = F.silu_and_mul_linear(act.get_input("x"), linear.get_input("weight"), linear.get_input("bias"))
+        fused = F.silu_and_mul_fp8_linear if linear.layer_type == "fp8_linear" else F.silu_and_mul_linear
+        y = fused(act.get_input("x"), *_linear_params(linear))
         linear.replace_output_uses_with(linear.network, [y])
 
 

@@ -24,7 +24,8 @@
 // (and zero) before using any, turns the codes into floats in registers, and a warp reduction
 // ends the row.
 //
-// FP8 (W8A8, E4M3, static input scale; launchFp8Gemv, fp8_linear's few-row path) is the same
+// FP8 (W8A8, E4M3, static input scale; launchFp8Gemv, fp8_linear's few-row path and the fused
+// *_fp8_linear ops, with an RMSNorm or SiLU-and-mul prologue) is the same
 // tensor-core kernel with an FP8 flavour (its FP8 template flag), on INT8's [N, K] byte layout:
 // weight bytes to float16 (every E4M3 value is exact there) by cvt.rn.f16x2.e4m3x2, x quantized
 // in registers as formats.quantize_fp8_activation does (float32 x / input_scale, correctly
@@ -47,6 +48,7 @@
 // The dequantization (prompt steps, more rows than the GEMV serves): W in the activation dtype,
 // W = code * scale + zero in float32 exactly as formats.py (two roundings, no fused
 // multiply-add), rounded once to the dtype, for a tensor-core matmul by the caller.
+#include "activation.cuh"
 #include "common.cuh"
 
 #include <cuda_fp8.h>
@@ -83,6 +85,14 @@ struct Params {
     // inputScale the float32 static activation scale [1].
     float const* inputScale;
     int64_t scaleStride;
+    // FP8 with a prologue (stageFp8Input): RMSNorm's weight [k], the residual added first [m, k]
+    // (or nullptr) and its sum's output [m, k] (contiguous), eps.
+    GemvPrologue prologue;
+    void const* normWeight;
+    void const* residual;
+    void* residualOut;
+    int64_t residualRowStride;
+    float eps;
 };
 
 __device__ __forceinline__ uint4 loadStreaming(uint4 const* ptr) {
@@ -490,6 +500,99 @@ __device__ __forceinline__ void loadX(Params const& p, T const* x, int step, int
     }
 }
 
+// FP8 with a prologue (PRO): x's rows through RMSNorm (of x + residual, which block 0 also writes
+// to residualOut) or SiLU-and-mul (x [m, 2k]), each value rounded to T as rms_norm.cu and
+// activation.cu round it (so the fused op equals those kernels then fp8_gemv), then quantized as
+// quantizeX does, into xs [m][k]: the E4M3 codes as float16, every k-step's B operands. The RMS
+// needs the whole row before any output, so every block computes it once, here, instead of each
+// k-step quantizing its own x. Every thread of the block calls it (block reductions).
+// B: packs a thread loads before using any (x comes from L2).
+template <typename T, GemvPrologue PRO, int B>
+__device__ __forceinline__ void stageFp8Input(Params const& p, __half* xs, float inverseScale) {
+    constexpr int V = 8;  // values of T in a uint4
+    constexpr int kThreads = kMmaWarps * 32;
+    using P = Pack<T, V>;
+    static_assert(sizeof(P) == sizeof(uint4), "a pack of 8 values of T is 16 bytes");
+    int const k = static_cast<int>(p.k);
+    int const vecs = k / V;
+    auto load = [](void const* base, int64_t i) {
+        uint4 const raw = __ldg(static_cast<uint4 const*>(base) + i);
+        return *reinterpret_cast<P const*>(&raw);
+    };
+    for (int r = 0; r < p.m; ++r) {
+        P* row = reinterpret_cast<P*>(xs + static_cast<int64_t>(r) * k);
+        T const* x = static_cast<T const*>(p.x) + r * p.xRowStride;
+        float inv = 0.f;
+        if constexpr (PRO == GemvPrologue::kRmsNorm) {
+            // As rms_norm.cu: s rounded to T, the mean of the rounded s's squares in float32.
+            T const* res = p.residual ? static_cast<T const*>(p.residual) + r * p.residualRowStride : nullptr;
+            P* resOut = p.residualOut != nullptr && blockIdx.x == 0
+                ? reinterpret_cast<P*>(static_cast<T*>(p.residualOut) + static_cast<int64_t>(r) * k)
+                : nullptr;
+            float sumSq = 0.f;
+            for (int i0 = threadIdx.x; i0 < vecs; i0 += B * kThreads) {
+                P s[B], b[B];
+#pragma unroll
+                for (int j = 0; j < B; ++j) {
+                    int const i = i0 + j * kThreads;
+                    if (i < vecs) {
+                        s[j] = load(x, i);
+                        if (res) b[j] = load(res, i);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < B; ++j) {
+                    int const i = i0 + j * kThreads;
+                    if (i >= vecs) break;
+                    if (res) {
+#pragma unroll
+                        for (int e = 0; e < V; ++e) s[j].v[e] = fromFloat<T>(toFloat(s[j].v[e]) + toFloat(b[j].v[e]));
+                        if (resOut) resOut[i] = s[j];
+                    }
+#pragma unroll
+                    for (int e = 0; e < V; ++e) sumSq += toFloat(s[j].v[e]) * toFloat(s[j].v[e]);
+                    row[i] = s[j];  // this thread's own elements, read back below
+                }
+            }
+            inv = rsqrtf(blockReduceSum(sumSq) / static_cast<float>(k) + p.eps);
+        }
+        for (int i0 = threadIdx.x; i0 < vecs; i0 += B * kThreads) {
+            P a[B], b[B];  // RMSNorm: the norm's weight; SiLU-and-mul: gate, up
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                int const i = i0 + j * kThreads;
+                if (i < vecs) {
+                    if constexpr (PRO == GemvPrologue::kRmsNorm) {
+                        a[j] = load(p.normWeight, i);
+                    } else {
+                        a[j] = load(x, i);
+                        b[j] = load(x, vecs + i);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                int const i = i0 + j * kThreads;
+                if (i >= vecs) break;
+                P o;
+                if constexpr (PRO == GemvPrologue::kRmsNorm) {
+                    P const sv = row[i];
+#pragma unroll
+                    for (int e = 0; e < V; ++e) o.v[e] = fromFloat<T>(toFloat(sv.v[e]) * inv * toFloat(a[j].v[e]));
+                } else {
+#pragma unroll
+                    for (int e = 0; e < V; ++e) {
+                        o.v[e] = fromFloat<T>(activate<Activation::kSilu>(toFloat(a[j].v[e])) * toFloat(b[j].v[e]));
+                    }
+                }
+                uint4 codes = *reinterpret_cast<uint4 const*>(&o);
+                quantizeX<T>(codes, inverseScale);
+                *reinterpret_cast<uint4*>(row + i) = codes;
+            }
+        }
+    }
+}
+
 // MASKED: groups of 1 or 2 packs (a k-step spans several groups); its own instance, as the masked
 // passes take registers the plain one needs for its loads.
 // FP8: W8A8 E4M3 (BITS 8, S float): weight bytes to float16 codes, x quantized in registers
@@ -507,20 +610,29 @@ __device__ __forceinline__ void loadX(Params const& p, T const* x, int step, int
 // k-step of codes in flight (U = 4). H100 batch 1, INT4 group 128, before -> after: qkv 11.24 ->
 // 10.80 us, o 7.66 -> 6.76, gate_up 40.47 -> 38.50; engine step 3.586 -> 3.473 ms (0.577 -> 0.589
 // of its floor; different machines). down (28 KB of x) and 8 rows (64 KB) were slower staged.
+// PRO (FP8, one n-tile): the layer's input computed from x by a prologue, staged in shared memory
+// (stageFp8Input), where the unfused engine runs an RMSNorm or SiLU-and-mul kernel before the GEMV.
+// Its grid is the blocks that run at once, each looping over tiles of 16 features, so each block
+// computes the prologue once (a block per tile paid it per tile: 7 times an SM for gate_up).
+// H100, LLaMA-8B at 1 row, the fused kernel minus the GEMV alone (the prologue's kernel then the
+// GEMV minus the GEMV alone): qkv +0.55 us (+1.88), gate_up -1.03 (+3.35); the FP8 engine's step
+// 4.165 -> 3.858 ms (two machines; 0.745 -> 0.827 of its floor with the KV cache).
 template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false,
-          bool SHARED_X = false>
+          bool SHARED_X = false, GemvPrologue PRO = GemvPrologue::kNone>
 __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
     allowNextKernel();  // see launchKernel
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
-    int64_t const n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
-    // The block's weight rows (contiguous) towards L2 while the previous kernel ends.
-    if (threadIdx.x == 0) prefetchRowsToL2(p.qweight, n0, kMmaRows, p.n, numPacks * int64_t{sizeof(uint4)});
+    int64_t const firstRow = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+    // The block's (first) weight rows (contiguous) towards L2 while the previous kernel ends.
+    if (threadIdx.x == 0) prefetchRowsToL2(p.qweight, firstRow, kMmaRows, p.n, numPacks * int64_t{sizeof(uint4)});
     waitForPreviousKernel();
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
     constexpr int U = BITS == 8 ? (NT == 1 ? (ONE_WAVE ? 3 : 4) : NT == 2 ? 2 : 1)
                                 : NT == 1 ? (MASKED ? 2 : SHARED_X ? 4 : 3) : 1;
     static_assert(!SHARED_X || (BITS == 4 && NT == 1), "SHARED_X: INT4, one n-tile");
+    constexpr bool STAGED = PRO != GemvPrologue::kNone;
+    static_assert(!STAGED || (FP8 && NT == 1), "a prologue: FP8, one n-tile");
     extern __shared__ __align__(16) unsigned char sharedX[];
     T* xShared = reinterpret_cast<T*>(sharedX);  // [p.m][k] (SHARED_X)
     if constexpr (SHARED_X) {
@@ -530,124 +642,154 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
             copyAsync16(xShared + r * p.k + v * 8, static_cast<T const*>(p.x) + r * p.xRowStride + v * 8);
         }
     }
-    bool xPending = SHARED_X;  // until this thread has waited for the copies and the block met
+    bool xPending = SHARED_X || STAGED;  // until this thread has waited for the copies and the block met
     static_assert(BITS == 8 || NT <= 2, "INT4 tiles of 32 rows: x alone would take 64 registers");
     static_assert(!ONE_WAVE || (FP8 && NT == 1), "ONE_WAVE: FP8, one n-tile");
     __shared__ float red[kMmaWarps][NT * 8][kMmaRows];
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     int const kSteps = (numPacks + 3) / 4;
-    int64_t const rowA = n0 + g, rowB = n0 + g + 8;
-    bool const okA = rowA < p.n, okB = rowB < p.n;
-    uint4 const* wA = p.qweight + rowA * numPacks;
-    uint4 const* wB = p.qweight + rowB * numPacks;
     S const* scales = static_cast<S const*>(p.scales);
     S const* zeros = static_cast<S const*>(p.zeros);
     float const inputScale = FP8 ? *p.inputScale : 0.f;
     float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
 
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-    }
+    // One tile of 16 output features per block, except with a prologue: a grid of the blocks that
+    // fit at once, each staging x once for its tiles (launchGemvMmaTile).
+    int64_t const tileStride = int64_t{gridDim.x} * kMmaRows;
+    for (int64_t n0 = firstRow; n0 < p.n; n0 = STAGED ? n0 + tileStride : p.n) {
+        int64_t const rowA = n0 + g, rowB = n0 + g + 8;
+        bool const okA = rowA < p.n, okB = rowB < p.n;
+        uint4 const* wA = p.qweight + rowA * numPacks;
+        uint4 const* wB = p.qweight + rowB * numPacks;
 
-    for (int step0 = warp; step0 < kSteps; step0 += kMmaWarps * U) {
-        uint4 wa[U], wb[U];
-        float sa[U], sb[U], za[U], zb[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            int const pack = 4 * (step0 + u * kMmaWarps) + t;
-            bool const in = pack < numPacks;
-            wa[u] = in && okA ? loadStreaming(wA + pack) : make_uint4(0, 0, 0, 0);
-            wb[u] = in && okB ? loadStreaming(wB + pack) : make_uint4(0, 0, 0, 0);
-            // The k-step's group (every lane the same; masked: the group of the lane's own pack, which
-            // the lanes of each group read from its first lane).
-            if constexpr (FP8) continue;  // scales once per output, at the end
-            int const scalePack = MASKED ? pack : 4 * (step0 + u * kMmaWarps);
-            bool const sIn = scalePack < numPacks;
-            int const group = scalePack >> p.groupShift;
-            sa[u] = sIn && okA ? toFloat(scales[rowA * p.groups + group]) : 0.f;
-            sb[u] = sIn && okB ? toFloat(scales[rowB * p.groups + group]) : 0.f;
-            if constexpr (BITS == 4) {
-                za[u] = sIn && okA ? toFloat(zeros[rowA * p.groups + group]) : 0.f;
-                zb[u] = sIn && okB ? toFloat(zeros[rowB * p.groups + group]) : 0.f;
-            } else {
-                za[u] = zb[u] = 0.f;
-            }
+        float acc[NT][4];
+    #pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+    #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
         }
-        if constexpr (SHARED_X) {
-            if (xPending) {  // the first k-steps' codes are on their way
-                copyAsyncWaitAll();
-                __syncthreads();
-                xPending = false;
+
+        for (int step0 = warp; step0 < kSteps; step0 += kMmaWarps * U) {
+            uint4 wa[U], wb[U];
+            float sa[U], sb[U], za[U], zb[U];
+    #pragma unroll
+            for (int u = 0; u < U; ++u) {
+                int const pack = 4 * (step0 + u * kMmaWarps) + t;
+                bool const in = pack < numPacks;
+                wa[u] = in && okA ? loadStreaming(wA + pack) : make_uint4(0, 0, 0, 0);
+                wb[u] = in && okB ? loadStreaming(wB + pack) : make_uint4(0, 0, 0, 0);
+                // The k-step's group (every lane the same; masked: the group of the lane's own pack, which
+                // the lanes of each group read from its first lane).
+                if constexpr (FP8) continue;  // scales once per output, at the end
+                int const scalePack = MASKED ? pack : 4 * (step0 + u * kMmaWarps);
+                bool const sIn = scalePack < numPacks;
+                int const group = scalePack >> p.groupShift;
+                sa[u] = sIn && okA ? toFloat(scales[rowA * p.groups + group]) : 0.f;
+                sb[u] = sIn && okB ? toFloat(scales[rowB * p.groups + group]) : 0.f;
+                if constexpr (BITS == 4) {
+                    za[u] = sIn && okA ? toFloat(zeros[rowA * p.groups + group]) : 0.f;
+                    zb[u] = sIn && okB ? toFloat(zeros[rowB * p.groups + group]) : 0.f;
+                } else {
+                    za[u] = zb[u] = 0.f;
+                }
             }
-#pragma unroll
+            if constexpr (SHARED_X || STAGED) {
+                if (xPending) {  // the first k-steps' codes are on their way
+                    if constexpr (STAGED) {
+                        stageFp8Input<T, PRO, ONE_WAVE ? 1 : 2>(p, reinterpret_cast<__half*>(sharedX), inverseScale);
+                    } else {
+                        copyAsyncWaitAll();
+                    }
+                    __syncthreads();
+                    xPending = false;
+                }
+    #pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    int const step = step0 + u * kMmaWarps;
+                    if (step >= kSteps) break;  // the same for the whole warp
+                    uint4 xs[NT][XW];
+                    loadX<T, BITS, NT, true>(p, xShared, step, numPacks, xs);
+                    if constexpr (STAGED) {
+                        mmaStepFp8<NT>(wa[u], wb[u], xs, acc);  // staged as codes
+                    } else if constexpr (!MASKED) {
+                        mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], 0, 0, acc);
+                    } else {
+                        int const groupsPerStep = 4 >> p.groupShift;
+                        for (int q = 0; q < groupsPerStep; ++q) {
+                            mmaStep<T, S, BITS, NT, true>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], q, p.groupShift,
+                                                          acc);
+                        }
+                    }
+                }
+                continue;
+            }
+            uint4 xs[2][NT][XW];
+            loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step0, numPacks, xs[0]);
+    #pragma unroll
             for (int u = 0; u < U; ++u) {
                 int const step = step0 + u * kMmaWarps;
                 if (step >= kSteps) break;  // the same for the whole warp
-                uint4 xs[NT][XW];
-                loadX<T, BITS, NT, true>(p, xShared, step, numPacks, xs);
-                if constexpr (!MASKED) {
-                    mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], 0, 0, acc);
+                if (u + 1 < U) loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
+                if constexpr (FP8) {
+    #pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+    #pragma unroll
+                        for (int j = 0; j < XW; ++j) quantizeX<T>(xs[u % 2][nt][j], inverseScale);
+                    }
+                    mmaStepFp8<NT>(wa[u], wb[u], xs[u % 2], acc);
+                } else if constexpr (!MASKED) {
+                    mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs[u % 2], sa[u], sb[u], za[u], zb[u], 0, 0, acc);
                 } else {
                     int const groupsPerStep = 4 >> p.groupShift;
                     for (int q = 0; q < groupsPerStep; ++q) {
-                        mmaStep<T, S, BITS, NT, true>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], q, p.groupShift,
-                                                      acc);
+                        mmaStep<T, S, BITS, NT, true>(wa[u], wb[u], xs[u % 2], sa[u], sb[u], za[u], zb[u], q,
+                                                      p.groupShift, acc);
                     }
                 }
             }
-            continue;
         }
-        uint4 xs[2][NT][XW];
-        loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step0, numPacks, xs[0]);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            int const step = step0 + u * kMmaWarps;
-            if (step >= kSteps) break;  // the same for the whole warp
-            if (u + 1 < U) loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
-            if constexpr (FP8) {
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                    for (int j = 0; j < XW; ++j) quantizeX<T>(xs[u % 2][nt][j], inverseScale);
-                }
-                mmaStepFp8<NT>(wa[u], wb[u], xs[u % 2], acc);
-            } else if constexpr (!MASKED) {
-                mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs[u % 2], sa[u], sb[u], za[u], zb[u], 0, 0, acc);
-            } else {
-                int const groupsPerStep = 4 >> p.groupShift;
-                for (int q = 0; q < groupsPerStep; ++q) {
-                    mmaStep<T, S, BITS, NT, true>(wa[u], wb[u], xs[u % 2], sa[u], sb[u], za[u], zb[u], q,
-                                                  p.groupShift, acc);
-                }
-            }
-        }
-    }
 
-    if (xPending) {  // a warp with no k-step still meets the block once (SHARED_X)
-        copyAsyncWaitAll();
+        if (xPending) {  // a warp with no k-step still meets the block (SHARED_X, PRO)
+            if constexpr (STAGED) {
+                stageFp8Input<T, PRO, ONE_WAVE ? 1 : 2>(p, reinterpret_cast<__half*>(sharedX), inverseScale);
+            } else {
+                copyAsyncWaitAll();
+            }
+            __syncthreads();
+        }
+    #pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            red[warp][nt * 8 + 2 * t][g] = acc[nt][0];
+            red[warp][nt * 8 + 2 * t + 1][g] = acc[nt][1];
+            red[warp][nt * 8 + 2 * t][g + 8] = acc[nt][2];
+            red[warp][nt * 8 + 2 * t + 1][g + 8] = acc[nt][3];
+        }
         __syncthreads();
+        int const r = threadIdx.x % kMmaRows;
+        int64_t const n = n0 + r;
+        for (int m = threadIdx.x / kMmaRows; m < p.m && m < NT * 8 && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
+            float sum = 0.f;
+    #pragma unroll
+            for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
+            if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
+            if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
+            static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
+        }
+        if (STAGED && n0 + tileStride < p.n) __syncthreads();  // red is read before the next tile writes it
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        red[warp][nt * 8 + 2 * t][g] = acc[nt][0];
-        red[warp][nt * 8 + 2 * t + 1][g] = acc[nt][1];
-        red[warp][nt * 8 + 2 * t][g + 8] = acc[nt][2];
-        red[warp][nt * 8 + 2 * t + 1][g + 8] = acc[nt][3];
+}
+
+// FP8 with a prologue: x's codes staged as float16 [m][k], within the 48 KB of dynamic shared
+// memory a launch gets without opting in.
+static_assert(kFp8PrologueMaxElements * sizeof(__half) <= 48 * 1024, "staged FP8 prologue codes beyond 48 KB");
+size_t fp8StagedBytes(int64_t m, int64_t k) { return static_cast<size_t>(m) * static_cast<size_t>(k) * sizeof(__half); }
+
+template <typename T, bool ONE_WAVE>
+auto fp8PrologueKernel(GemvPrologue prologue) {
+    if (prologue == GemvPrologue::kRmsNorm) {
+        return weightOnlyGemvMmaKernel<T, float, 8, 1, false, true, ONE_WAVE, false, GemvPrologue::kRmsNorm>;
     }
-    __syncthreads();
-    int const r = threadIdx.x % kMmaRows;
-    int64_t const n = n0 + r;
-    for (int m = threadIdx.x / kMmaRows; m < p.m && m < NT * 8 && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
-        if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
-        if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
-        static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
-    }
+    return weightOnlyGemvMmaKernel<T, float, 8, 1, false, true, ONE_WAVE, false, GemvPrologue::kSiluAndMul>;
 }
 
 // Tiles of rows of x, each one pass over the weight: up to 32 rows (4 mma n-tiles) for byte
@@ -660,7 +802,17 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     size_t smem = 0;
     if constexpr (FP8) {
         int64_t const sms = multiprocessors();
-        if (q.m <= 8 && blocks > 2 * sms && blocks <= 3 * sms) {
+        bool const oneWave = q.m <= 8 && blocks > 2 * sms && blocks <= 3 * sms;
+        if (q.prologue != GemvPrologue::kNone) {
+            kernel = oneWave ? fp8PrologueKernel<T, true>(q.prologue) : fp8PrologueKernel<T, false>(q.prologue);
+            smem = fp8StagedBytes(q.m, q.k);
+            // Every block computes x's whole prologue: as many blocks as run at once, looping over tiles,
+            // pay it once each (a block per tile paid it per tile: gate_up's 1,792 tiles, 7 waves, made the
+            // fused kernel slower than the RMSNorm kernel and the GEMV apart).
+            int perSm = 0;
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
+            blocks = static_cast<unsigned>(std::min<int64_t>(blocks, std::max(1, perSm) * sms));
+        } else if (oneWave) {
             kernel = weightOnlyGemvMmaKernel<T, S, 8, 1, false, true, true>;
         }
     }
@@ -804,13 +956,24 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
 // FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMV above with FP8 codes.
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                   bool perChannel, DType dtype, void* stream) {
+                   bool perChannel, Fp8GemvPrologue const& prologue, DType dtype, void* stream) {
     if (m == 0 || n == 0) return;
+    if (prologue.kind != GemvPrologue::kNone && !fp8GemvPrologueSupports(prologue.kind, m, k)) {
+        throw std::invalid_argument("fp8_gemv: a prologue takes 1.." + std::to_string(kFp8PrologueMaxRows)
+                                    + " rows of x of at most " + std::to_string(kFp8PrologueMaxElements)
+                                    + " elements in all, k a multiple of 16");
+    }
     Params p = gemvParams(out, x, qweight, weightScale, bias, m, n, k, xRowStride, outRowStride);
     p.groups = 1;
     p.groupShift = 31;
     p.inputScale = static_cast<float const*>(inputScale);
     p.scaleStride = perChannel ? 1 : 0;
+    p.prologue = prologue.kind;
+    p.normWeight = prologue.normWeight;
+    p.residual = prologue.residual;
+    p.residualOut = prologue.residualOut;
+    p.residualRowStride = prologue.residualRowStride;
+    p.eps = prologue.eps;
     auto const st = static_cast<cudaStream_t>(stream);
     if (dtype == DType::kFloat16) {
         launchGemvMma<__half, float, 8, true>(p, st);

@@ -14,6 +14,10 @@
 x is float32 / float16 / bfloat16 [..., K]; the output has x's dtype and shape [..., N]. The
 activation's quantization (times its scale's reciprocal, clamp to +-448, round to E4M3) is part of the op.
 
+rms_norm_fp8_linear, add_rms_norm_fp8_linear and silu_and_mul_fp8_linear are the op with the
+RMSNorm (after a residual add) or SiLU-and-mul that produces its x fused in front, as
+linear.py's rms_norm_linear family is for a float linear (made by the same fusion passes).
+
 Implementations:
 - reference: quantize x as the format says, dequantize both operands to float32, matmul in
   float32, back to x's dtype (formats.quantized_linear_reference): the meaning, on every
@@ -53,9 +57,17 @@ import torch
 
 from ..network import Tensor
 from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
-from .launch import cuda_kernels_available, launch, rows
-from .linear import linear_shape
-from .op import CUDA, REFERENCE, add_layer, define
+from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
+from .launch import cuda_kernels_available, get_bindings, launch, rows
+from .linear import GEMV_PROLOGUES, linear_shape
+from .norm import (
+    fused_add_rms_norm_cuda,
+    fused_add_rms_norm_reference,
+    residual_sum_shape,
+    rms_norm_cuda,
+    rms_norm_reference,
+)
+from .op import CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
@@ -72,9 +84,15 @@ def fp8_linear(x: Tensor, qweight: Tensor, weight_scale: Tensor, input_scale: Op
                bias: Optional[Tensor] = None) -> Tensor:
     """x @ W^T + bias with W the FP8 weight of qweight (E4M3 bytes) and weight_scale, x
     quantized to FP8 with input_scale (static) or per token (input_scale None)."""
-    op = "fp8_linear"
-    if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{op}: x must be {' / '.join(FLOAT_DTYPES)}, got {x.dtype}")
+    shape = _fp8_linear_shape("fp8_linear", x.shape, x.dtype, qweight, weight_scale, input_scale, bias)
+    return add_layer("fp8_linear", [x, qweight, weight_scale, input_scale, bias], [(x.dtype, shape)])
+
+
+def _fp8_linear_shape(op: str, x_shape, x_dtype: str, qweight: Tensor, weight_scale: Tensor,
+                      input_scale: Optional[Tensor], bias: Optional[Tensor], what: str = "input"):
+    """fp8_linear's operand rules for an input (`what`) of x_shape and x_dtype; its output shape."""
+    if x_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: x must be {' / '.join(FLOAT_DTYPES)}, got {x_dtype}")
     if qweight.dtype != "uint8" or qweight.ndim != 2 or any(d < 1 for d in qweight.shape):
         raise ValueError(f"{op}: qweight must be the E4M3 codes' bytes, a static uint8 [out, in] matrix, "
                          f"got {qweight.dtype} {list(qweight.shape)}")
@@ -85,8 +103,7 @@ def fp8_linear(x: Tensor, qweight: Tensor, weight_scale: Tensor, input_scale: Op
     if input_scale is not None and (input_scale.dtype != "float32" or tuple(input_scale.shape) != (1,)):
         raise ValueError(f"{op}: input_scale must be float32 [1] (static) or absent (per token), "
                          f"got {input_scale.dtype} {list(input_scale.shape)}")
-    shape = linear_shape(op, x.shape, (n, k), bias, dtype=x.dtype)
-    return add_layer(op, [x, qweight, weight_scale, input_scale, bias], [(x.dtype, shape)])
+    return linear_shape(op, x_shape, (n, k), bias, what=what, dtype=x_dtype)
 
 
 def _weight(qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: Optional[torch.Tensor]) -> Fp8Weight:
@@ -130,14 +147,33 @@ def fp8_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Option
             and (x2.stride(0) * x2.element_size()) % 16 == 0)
 
 
+def fp8_gemv_prologue_serves(prologue: str, x2: torch.Tensor, qweight: torch.Tensor,
+                             input_scale: Optional[torch.Tensor], norm_weight: Optional[torch.Tensor] = None,
+                             residual: Optional[torch.Tensor] = None) -> bool:
+    """Whether the FP8 GEMV serves x2 with `prologue` in front (fp8_gemv_serves, an x small enough
+    that every block computing all of it costs less than a kernel of its own: the bindings'
+    fp8_gemv_prologue_supports, the prologue's operands on 16-byte packs)."""
+    def packed(t):
+        return t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+                             and (t.dim() == 1 or (t.stride(0) * t.element_size()) % 16 == 0))
+    return (fp8_gemv_serves(x2, qweight, input_scale) and packed(norm_weight) and packed(residual)
+            and get_bindings().fp8_gemv_prologue_supports(GEMV_PROLOGUES[prologue], x2.shape[0], qweight.shape[1]))
+
+
 def fp8_gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
-             bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The FP8 GEMV on x2 [M, K] (a call fp8_gemv_serves): [M, N] in x2's dtype."""
+             bias: Optional[torch.Tensor] = None, prologue: str = "none", residual: Optional[torch.Tensor] = None,
+             norm_weight: Optional[torch.Tensor] = None,
+             eps: float = 0.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out [M, N] in x2's dtype, x2 + residual or None): the FP8 GEMV on x2 [M, K] (a call
+    fp8_gemv_serves), with linear.gemv's prologues in front ("rms_norm" of x2 + residual when
+    given, "silu_and_mul" of x2 [M, 2K]; a call fp8_gemv_prologue_serves)."""
     out = torch.empty(x2.shape[0], qweight.shape[0], dtype=x2.dtype, device=x2.device)
+    total = torch.empty_like(residual, memory_format=torch.contiguous_format) if residual is not None else None
     if x2.shape[0]:
         launch("fp8_gemv", out, x2, qweight.view(torch.int32), weight_scale.contiguous(),
-               input_scale.float().reshape(1).contiguous(), None if bias is None else bias.contiguous())
-    return out
+               input_scale.float().reshape(1).contiguous(), None if bias is None else bias.contiguous(),
+               GEMV_PROLOGUES[prologue], residual, total, norm_weight, float(eps))
+    return out, total
 
 
 @fp8_linear.implementation(CUDA)
@@ -145,7 +181,7 @@ def fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
     n, k = qweight.shape
     x2 = rows(x)
     if fp8_gemv_serves(x2, qweight, input_scale):
-        return fp8_gemv(x2, qweight, weight_scale, input_scale, bias).reshape(*x.shape[:-1], n)
+        return fp8_gemv(x2, qweight, weight_scale, input_scale, bias)[0].reshape(*x.shape[:-1], n)
     return fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale, bias)
 
 
@@ -173,3 +209,94 @@ def fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale=None, bias=None):
     if bias is not None:
         y = y + bias
     return y.reshape(*lead, n)
+
+
+# ---- a norm or gated activation fused in front (the fuse_norm_linear / fuse_act_linear passes) ----
+# As linear.py's rms_norm_linear family: the references compose the unfused references (the fused
+# graph gives the unfused graph's numbers bit for bit); on a GPU, a few rows with a static input
+# scale run as one FP8 GEMV that computes its input in front (cpp/kernels/weight_only_gemv.cu,
+# stageFp8Input: rounded as the rms_norm / silu_and_mul kernels round), else the unfused CUDA ops.
+
+
+@define
+def rms_norm_fp8_linear(x: Tensor, norm_weight: Tensor, qweight: Tensor, weight_scale: Tensor,
+                        input_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None, *,
+                        eps: float) -> Tensor:
+    """fp8_linear(rms_norm(x, norm_weight, eps), qweight, weight_scale, input_scale, bias)."""
+    op = "rms_norm_fp8_linear"
+    check_same_dtype(op, x, norm_weight)
+    check_shape(op, norm_weight, x.shape[-1:], "norm_weight")
+    shape = _fp8_linear_shape(op, x.shape, x.dtype, qweight, weight_scale, input_scale, bias)
+    return add_layer(op, [x, norm_weight, qweight, weight_scale, input_scale, bias], [(x.dtype, shape)],
+                     eps=float(eps))
+
+
+@rms_norm_fp8_linear.implementation(REFERENCE)
+def rms_norm_fp8_linear_reference(x, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *, eps):
+    return fp8_linear_reference(rms_norm_reference(x, norm_weight, eps=eps), qweight, weight_scale, input_scale, bias)
+
+
+@rms_norm_fp8_linear.implementation(CUDA)
+def rms_norm_fp8_linear_cuda(x, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *, eps):
+    x2 = rows(x)
+    if fp8_gemv_prologue_serves("rms_norm", x2, qweight, input_scale, norm_weight):
+        out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", norm_weight=norm_weight, eps=eps)
+        return out.reshape(*x.shape[:-1], qweight.shape[0])
+    return fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=eps), qweight, weight_scale, input_scale, bias)
+
+
+@define
+def add_rms_norm_fp8_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, qweight: Tensor, weight_scale: Tensor,
+                            input_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None, *,
+                            eps: float) -> tuple[Tensor, Tensor]:
+    """(fp8_linear(rms_norm(x + residual, norm_weight, eps), qweight, ...), x + residual)."""
+    op = "add_rms_norm_fp8_linear"
+    check_same_dtype(op, x, residual, norm_weight)
+    total = residual_sum_shape(op, x, residual)
+    check_shape(op, norm_weight, total[-1:], "norm_weight")
+    shape = _fp8_linear_shape(op, total, x.dtype, qweight, weight_scale, input_scale, bias)
+    return add_layer(op, [x, residual, norm_weight, qweight, weight_scale, input_scale, bias],
+                     [(x.dtype, shape), (x.dtype, total)], eps=float(eps))
+
+
+@add_rms_norm_fp8_linear.implementation(REFERENCE)
+def add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qweight, weight_scale, input_scale=None, bias=None,
+                                      *, eps):
+    normed, total = fused_add_rms_norm_reference(x, residual, norm_weight, eps=eps)
+    return fp8_linear_reference(normed, qweight, weight_scale, input_scale, bias), total
+
+
+@add_rms_norm_fp8_linear.implementation(CUDA)
+def add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *,
+                                 eps):
+    x2, r2 = rows(x), rows(residual)
+    if x.shape == residual.shape and fp8_gemv_prologue_serves("rms_norm", x2, qweight, input_scale, norm_weight, r2):
+        out, total = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", r2, norm_weight, eps)
+        return out.reshape(*x.shape[:-1], qweight.shape[0]), total.reshape(x.shape)
+    normed, total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=eps)
+    return fp8_linear_cuda(normed, qweight, weight_scale, input_scale, bias), total
+
+
+@define
+def silu_and_mul_fp8_linear(x: Tensor, qweight: Tensor, weight_scale: Tensor, input_scale: Optional[Tensor] = None,
+                            bias: Optional[Tensor] = None) -> Tensor:
+    """fp8_linear(silu_and_mul(x), qweight, ...) for x [..., 2K], qweight [N, K]."""
+    op = "silu_and_mul_fp8_linear"
+    gated = gated_shape(op, x.shape)
+    shape = _fp8_linear_shape(op, gated, x.dtype, qweight, weight_scale, input_scale, bias,
+                              what=f"input {list(x.shape)} gated to")
+    return add_layer(op, [x, qweight, weight_scale, input_scale, bias], [(x.dtype, shape)])
+
+
+@silu_and_mul_fp8_linear.implementation(REFERENCE)
+def silu_and_mul_fp8_linear_reference(x, qweight, weight_scale, input_scale=None, bias=None):
+    return fp8_linear_reference(silu_and_mul_reference(x), qweight, weight_scale, input_scale, bias)
+
+
+@silu_and_mul_fp8_linear.implementation(CUDA)
+def silu_and_mul_fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
+    x2 = rows(x)
+    if fp8_gemv_prologue_serves("silu_and_mul", x2, qweight, input_scale):
+        out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "silu_and_mul")
+        return out.reshape(*x.shape[:-1], qweight.shape[0])
+    return fp8_linear_cuda(silu_and_mul_cuda(x), qweight, weight_scale, input_scale, bias)

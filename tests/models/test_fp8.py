@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorrt_llm.builder import BuildConfig, build, check_quantization_target, target_capability
+from tensorrt_llm.builder import BuildConfig, Engine, build, check_quantization_target, target_capability
 from tensorrt_llm.errors import ConfigError
 from tensorrt_llm.models.calibrate import calibrate_input_amax, our_linear_name
 from tensorrt_llm.models.llama.convert import (
@@ -29,6 +29,7 @@ BC = dict(max_batch_size=2, max_input_len=64, max_seq_len=128, tokens_per_block=
 LINEARS = ["attention.qkv", "attention.dense", "mlp.gate", "mlp.fc", "mlp.proj"]
 MODES = [(False, False), (True, False), (False, True), (True, True)]  # (per_channel, dynamic)
 PROMPTS = [list(range(3, 40)), list(range(100, 160, 2))]
+UNFUSED_NORM_ACT = [p for p in BuildConfig().optimizations if p not in ("fuse_norm_linear", "fuse_act_linear")]
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,8 @@ def _fake_quantized(hf, config, weights):
 @pytest.mark.parametrize("per_channel,dynamic", MODES)
 def test_engine_is_transformers_with_fp8_fake_quantization(hf, float_weights, per_channel, dynamic, tmp_path):
     config, weights = _fp8(hf, float_weights, per_channel, dynamic)
-    engine = _engine(config, weights, tmp_path / "fp8")
+    # without the norm / activation fusions, which keep the logits bit for bit (tested below)
+    engine = _engine(config, weights, tmp_path / "fp8", optimizations=UNFUSED_NORM_ACT)
     ops = [layer.op for layer in engine.network.layers]
     # gate and fc run as one fp8_linear (graph_rewriting.FuseGateUp)
     assert ops.count("fp8_linear") == 2 * (len(LINEARS) - 1) and "weight_only_linear" not in ops
@@ -167,9 +169,9 @@ def test_engine_is_transformers_with_fp8_fake_quantization(hf, float_weights, pe
 def test_fused_gate_up_engine_generates_what_the_unfused_one_does(hf, float_weights, per_channel, dynamic,
                                                                   tmp_path):
     config, weights = _fp8(hf, float_weights, per_channel, dynamic)
-    fused = _engine(config, weights, tmp_path / "fused")
+    fused = _engine(config, weights, tmp_path / "fused", optimizations=UNFUSED_NORM_ACT)
     unfused = _engine(config, weights, tmp_path / "unfused",
-                      optimizations=[p for p in BuildConfig().optimizations if p != "fuse_gate_up"])
+                      optimizations=[p for p in UNFUSED_NORM_ACT if p != "fuse_gate_up"])
     assert fused.config["build_summary"]["rewrites"]["rewrites"]["fuse_gate_up"] == 2
     assert [layer.op for layer in unfused.network.layers].count("fp8_linear") == 2 * len(LINEARS)
     ours, ref = (runner(tmp_path / name).generate(PROMPTS, max_new_tokens=6, return_context_logits=True)
@@ -178,6 +180,28 @@ def test_fused_gate_up_engine_generates_what_the_unfused_one_does(hf, float_weig
     # the same float32 products, summed in another order by the wider GEMM
     for a, b in zip(ours["context_logits"], ref["context_logits"]):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+@pytest.mark.parametrize("per_channel,dynamic", [(False, False), (True, True)])
+def test_norm_and_activation_fusions_keep_fp8_logits_bit_for_bit(hf, float_weights, per_channel, dynamic,
+                                                                  tmp_path):
+    """fuse_norm_linear / fuse_act_linear put the norms and the SiLU in front of the fp8_linear
+    layers that read them (the *_fp8_linear ops, whose references compose the unfused ones)."""
+    config, weights = _fp8(hf, float_weights, per_channel, dynamic)
+    _engine(config, weights, tmp_path / "fused")
+    _engine(config, weights, tmp_path / "unfused", optimizations=UNFUSED_NORM_ACT)
+    ops = {name: [layer.op for layer in Engine.from_dir(tmp_path / name).network.layers]
+           for name in ("fused", "unfused")}
+    # two layers: layer 0's input norm (rms_norm) and three residual-add norms read FP8 linears;
+    # ln_f reads the float LM head
+    assert [ops["fused"].count(op) for op in ("rms_norm_fp8_linear", "add_rms_norm_fp8_linear",
+                                              "silu_and_mul_fp8_linear", "rms_norm_linear")] == [1, 3, 2, 1]
+    assert not {"rms_norm", "fused_add_rms_norm", "silu_and_mul"} & set(ops["fused"])
+    ours, ref = (runner(tmp_path / name).generate(PROMPTS, max_new_tokens=6, return_context_logits=True)
+                 for name in ("fused", "unfused"))
+    assert torch.equal(ours["output_ids"], ref["output_ids"])
+    for a, b in zip(ours["context_logits"], ref["context_logits"]):
+        assert torch.equal(a, b)
 
 
 # Each FP8 linear moves its output by ~3.7% RMS (tests/ops/test_fp8_linear.py); ten of them in

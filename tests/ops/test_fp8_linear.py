@@ -9,14 +9,23 @@ from tensorrt_llm import functional as F
 from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import OPS, REFERENCE, implementations
 from tensorrt_llm.ops.launch import cuda_kernels_available
+from tensorrt_llm.ops.activation import silu_and_mul_cuda, silu_and_mul_reference
 from tensorrt_llm.ops.fp8_linear import (
     FP8_GEMV_MAX_ROWS,
     _quantize_activation_cuda,
+    add_rms_norm_fp8_linear_cuda,
+    add_rms_norm_fp8_linear_reference,
     fp8_gemv,
+    fp8_gemv_prologue_serves,
     fp8_gemv_serves,
     fp8_linear_cuda,
     fp8_linear_reference,
+    rms_norm_fp8_linear_cuda,
+    rms_norm_fp8_linear_reference,
+    silu_and_mul_fp8_linear_cuda,
+    silu_and_mul_fp8_linear_reference,
 )
+from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda, rms_norm_reference
 from tensorrt_llm.quantization.formats import (
     FP8_DTYPE,
     FP8_MAX,
@@ -257,7 +266,7 @@ def test_fp8_gemv_tile_loop(m, per_channel):
     same): tiles of 32 rows per pass over the weight, the last one partial."""
     x, qw, ws, xs = _gpu_case(m, 1024, 272, per_channel, True, torch.bfloat16, seed=m)
     bias = torch.randn(272, device="cuda").to(torch.bfloat16)
-    _assert_within_summation_order(fp8_gemv(x, qw, ws, xs, bias), fp8_linear_reference(x, qw, ws, xs, bias))
+    _assert_within_summation_order(fp8_gemv(x, qw, ws, xs, bias)[0], fp8_linear_reference(x, qw, ws, xs, bias))
 
 
 @pytest.mark.gpu
@@ -288,3 +297,145 @@ def test_fp8_gemv_dispatch():
     assert not fp8_gemv_serves(x.float(), qw, xs)  # float32 x: _scaled_mm
     x40, qw40, ws40, xs40 = _gpu_case(3, 40, 24, False, True, torch.bfloat16)
     assert not fp8_gemv_serves(x40, qw40, xs40)  # K not a multiple of 16: the reference
+
+
+# ---- the fused ops: RMSNorm / SiLU-and-mul in front of fp8_linear --------------------------------
+
+
+def test_fused_ops_shape_rules():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, 64], [("num_tokens", (1, 4, 8))])
+        qw = F.constant(torch.zeros(48, 64, dtype=torch.uint8))
+        ws = F.constant(torch.ones(1))
+        xs = F.constant(torch.ones(1))
+        g = F.constant(torch.ones(64))
+        assert F.rms_norm_fp8_linear(x, g, qw, ws, xs, eps=1e-6).shape == (-1, 48)
+        y, total = F.add_rms_norm_fp8_linear(x, x, g, qw, ws, None, eps=1e-6)
+        assert (y.shape, total.shape) == ((-1, 48), (-1, 64))
+        wide = net.add_input("wide", "float32", [-1, 128], [("num_tokens", (1, 4, 8))])
+        assert F.silu_and_mul_fp8_linear(wide, qw, ws, xs).shape == (-1, 48)
+        with pytest.raises(ValueError, match=r"rms_norm_fp8_linear: norm_weight has shape \[32\], expected \[64\]"):
+            F.rms_norm_fp8_linear(x, F.constant(torch.ones(32)), qw, ws, xs, eps=1e-6)
+        with pytest.raises(ValueError, match="add_rms_norm_fp8_linear: dtype mismatch"):
+            F.add_rms_norm_fp8_linear(x, x, F.constant(torch.ones(64, dtype=torch.bfloat16)), qw, ws, xs, eps=1e-6)
+        with pytest.raises(ValueError, match=r"silu_and_mul_fp8_linear: input \[-1, 64\] gated to \[-1, 32\] "
+                                             r"does not match in_features 64"):
+            F.silu_and_mul_fp8_linear(x, qw, ws, xs)
+        with pytest.raises(ValueError, match="rms_norm_fp8_linear: qweight must be the E4M3 codes' bytes"):
+            F.rms_norm_fp8_linear(x, g, F.constant(torch.zeros(48, 64)), ws, xs, eps=1e-6)
+
+
+def test_fused_references_are_the_unfused_references():
+    g = torch.Generator().manual_seed(3)
+    x, r = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    norm_weight = torch.rand(64, generator=g) + 0.5
+    _, _, (qw, ws, xs) = _layer(48, 64, False, True, rms_norm_reference(x, norm_weight, eps=1e-6))
+    assert torch.equal(rms_norm_fp8_linear_reference(x, norm_weight, qw, ws, xs, eps=1e-6),
+                       fp8_linear_reference(rms_norm_reference(x, norm_weight, eps=1e-6), qw, ws, xs))
+    y, total = add_rms_norm_fp8_linear_reference(x, r, norm_weight, qw, ws, None, eps=1e-6)
+    assert torch.equal(total, x + r)
+    assert torch.equal(y, fp8_linear_reference(rms_norm_reference(x + r, norm_weight, eps=1e-6), qw, ws, None))
+    wide = torch.randn(3, 128, generator=g)
+    assert torch.equal(silu_and_mul_fp8_linear_reference(wide, qw, ws, xs),
+                       fp8_linear_reference(silu_and_mul_reference(wide), qw, ws, xs))
+
+
+# ---- GPU: the FP8 GEMV with its input's op in front ----------------------------------------------
+
+
+def _prologue_case(m, k, n, dtype, seed, prologue):
+    """x (and residual, norm weight) for a prologue, and a layer calibrated on the prologue's output."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    width = 2 * k if prologue == "silu_and_mul" else k
+    x = torch.randn(m, width, generator=g, device="cuda").to(dtype)
+    residual = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    norm_weight = (torch.rand(k, generator=g, device="cuda") + 0.5).to(dtype)
+    layer_input = silu_and_mul_reference(x) if prologue == "silu_and_mul" else rms_norm_reference(
+        x + residual, norm_weight, eps=1e-5)
+    _, _, (qw, ws, xs) = _layer(n, k, seed % 2 == 1, True, layer_input, seed=seed, device="cuda")
+    bias = torch.randn(n, device="cuda").to(dtype) if seed % 3 == 0 else None
+    return x, residual, norm_weight, qw, ws, xs, bias
+
+
+# LLaMA-3-8B's: qkv (a 3-blocks-an-SM grid on an H100), gate_up, down; small and odd shapes.
+PROLOGUE_SHAPES = [(4096, 6144), (4096, 28672), (4096, 4096), (64, 48), (272, 17), (1040, 1000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n", PROLOGUE_SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_rms_norm_prologue_is_the_rms_norm_kernel_then_the_gemv(m, k, n, dtype):
+    """The fused op rounds as the rms_norm kernel does, so it gives that kernel then fp8_gemv's
+    numbers up to the order of the sum of squares (another block size): an x rounding that flips,
+    and with it an E4M3 code, is the only way they can differ (none seen)."""
+    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(m, k, n, dtype, m + k + n, "rms_norm")
+    assert fp8_gemv_prologue_serves("rms_norm", x, qw, xs, norm_weight, residual) == (m * k <= 8192)
+    got = rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    want = fp8_gemv(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, xs, bias)[0]
+    _assert_within_summation_order(got, want)
+    y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
+    assert torch.equal(total, want_total) and torch.equal(total, x + residual)
+    _assert_within_summation_order(y, fp8_gemv(normed, qw, ws, xs, bias)[0])
+    # the reference normalises in float32, rounds, then scales (two roundings): x differs by a
+    # unit of its dtype's last place in places, moving some E4M3 codes by one step
+    want_ref, _ = add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    assert (y.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n", [(14336, 4096), (4096, 6144), (64, 48), (1040, 1000)])
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_silu_and_mul_prologue_is_the_activation_kernel_then_the_gemv(m, k, n, dtype):
+    """The same arithmetic as the silu_and_mul kernel then fp8_gemv: bit for bit (where x is small
+    enough to fuse; other calls are that composition)."""
+    x, _, _, qw, ws, xs, bias = _prologue_case(m, k, n, dtype, m + k + n, "silu_and_mul")
+    got = silu_and_mul_fp8_linear_cuda(x, qw, ws, xs, bias)
+    assert fp8_gemv_prologue_serves("silu_and_mul", x, qw, xs) == (m * 2 * k <= 8192)
+    torch.testing.assert_close(got, fp8_gemv(silu_and_mul_cuda(x), qw, ws, xs, bias)[0], rtol=0, atol=0)
+    want_ref = silu_and_mul_fp8_linear_reference(x, qw, ws, xs, bias)
+    assert (got.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
+
+
+@pytest.mark.gpu
+def test_prologue_dispatch_and_fallbacks():
+    """Calls the fused kernel does not serve run the unfused CUDA ops, with their numbers."""
+    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(9, 512, 64, torch.bfloat16, 0, "rms_norm")
+    assert not fp8_gemv_prologue_serves("rms_norm", x, qw, xs, norm_weight)  # 9 rows
+    assert not fp8_gemv_prologue_serves("rms_norm", x[:2], qw, None, norm_weight)  # dynamic scales
+    assert not fp8_gemv_prologue_serves("rms_norm", x[:2], qw, xs, norm_weight[1:])  # off a 16-byte boundary
+    assert fp8_gemv_prologue_serves("rms_norm", x[:8], qw, xs, norm_weight)
+    wide = torch.randn(8, 2 * 512, device="cuda", dtype=torch.bfloat16)
+    assert fp8_gemv_prologue_serves("silu_and_mul", wide, qw, xs)  # 8 x 1,024 elements of x: the bound
+    _, _, (qw_wide, ws_wide, xs_wide) = _layer(64, 1024, False, True, x, device="cuda")
+    assert fp8_gemv_prologue_serves("rms_norm", wide, qw_wide, xs_wide)  # 8 x 1,024 again
+    gate_up = torch.randn(5, 2 * 1024, device="cuda", dtype=torch.bfloat16)
+    assert not fp8_gemv_prologue_serves("silu_and_mul", gate_up, qw_wide, xs_wide)  # 5 x 2,048
+    torch.testing.assert_close(rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, xs, bias, eps=1e-5),
+                               fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, xs, bias),
+                               rtol=0, atol=0)
+    y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, None, bias, eps=1e-5)
+    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
+    assert torch.equal(total, want_total)
+    torch.testing.assert_close(y, fp8_linear_cuda(normed, qw, ws, None, bias), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="prologue over 9 rows"):
+        fp8_gemv(x, qw, ws, xs, bias, "rms_norm", norm_weight=norm_weight, eps=1e-5)
+
+
+@pytest.mark.gpu
+def test_prologue_replays_in_a_cuda_graph():
+    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(4, 4096, 6144, torch.bfloat16, 1, "rms_norm")
+    add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
+    assert torch.equal(total, want_total)
+    _assert_within_summation_order(y, fp8_gemv(normed, qw, ws, xs, bias)[0])
