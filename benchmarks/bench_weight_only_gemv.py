@@ -15,8 +15,14 @@ Each timing replays a CUDA graph of consecutive calls that cycle through enough 
 weights to overflow the L2 cache, as a decode step's layers do (launch gaps as in the decode
 graph); CUDA events around the replays, after a warm-up, median of the repeats.
 
+With --prologues (FP8 formats), each layer read after a norm or an activation in a LLaMA decoder
+layer is also timed with it: `fused us`, the fused op (rms_norm_fp8_linear before qkv,
+add_rms_norm_fp8_linear before gate_up, silu_and_mul_fp8_linear before down: one kernel where
+fp8_gemv_prologue_serves, else the next column's path), and `unfused us`, the norm's or
+activation's kernel then fp8_linear.
+
     python benchmarks/bench_weight_only_gemv.py [--rows 1,8,32] [--formats int4:128,int8:0]
-        [--scale-dtype float32] [--json out.json]
+        [--scale-dtype float32] [--prologues] [--json out.json]
 """
 from __future__ import annotations
 
@@ -27,7 +33,15 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from tensorrt_llm.ops.fp8_linear import fp8_linear_cuda, fp8_linear_scaled_mm
+from tensorrt_llm.ops.activation import silu_and_mul_cuda
+from tensorrt_llm.ops.fp8_linear import (
+    add_rms_norm_fp8_linear_cuda,
+    fp8_linear_cuda,
+    fp8_linear_scaled_mm,
+    rms_norm_fp8_linear_cuda,
+    silu_and_mul_fp8_linear_cuda,
+)
+from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda
 from tensorrt_llm.ops.quantized_linear import cuda_serves, weight_only_linear_cuda
 from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8
 
@@ -35,6 +49,8 @@ from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8
 LAYERS = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
           ("lm_head", 128256, 4096)]
 L2_OVERFLOW = 512 << 20  # bytes of weight copies per graph: well over any L2 cache
+# What a LLaMA decoder layer computes in front of each layer (--prologues).
+PROLOGUES = {"qkv": "rms_norm", "gate_up": "add_rms_norm", "down": "silu_and_mul"}
 
 
 def copy_bandwidth(repeats: int = 10) -> float:
@@ -89,16 +105,35 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: torch.dtype, bandwidth: float) -> dict:
+def prologue_calls(kind: str, rows: int, k: int, copies: list) -> tuple[list, list]:
+    """The fused op and the unfused pair (the norm's or activation's kernel, then fp8_linear) of
+    `kind` on rows of x, one call per weight copy."""
+    x = torch.randn(rows, 2 * k if kind == "silu_and_mul" else k, device="cuda", dtype=torch.bfloat16)
+    if kind == "silu_and_mul":
+        return ([lambda q=q: silu_and_mul_fp8_linear_cuda(x, *q) for q in copies],
+                [lambda q=q: fp8_linear_cuda(silu_and_mul_cuda(x), *q) for q in copies])
+    g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+    if kind == "rms_norm":
+        return ([lambda q=q: rms_norm_fp8_linear_cuda(x, g, *q, eps=1e-5) for q in copies],
+                [lambda q=q: fp8_linear_cuda(rms_norm_cuda(x, g, eps=1e-5), *q) for q in copies])
+    r = torch.randn_like(x)
+    return ([lambda q=q: add_rms_norm_fp8_linear_cuda(x, r, g, *q, eps=1e-5) for q in copies],
+            [lambda q=q: fp8_linear_cuda(fused_add_rms_norm_cuda(x, r, g, eps=1e-5)[0], *q) for q in copies])
+
+
+def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: torch.dtype, bandwidth: float,
+                prologue: str = None) -> dict:
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     first = quantized(fmt, group, n, k, scale_dtype)
     weight_bytes = nbytes(*first)
     copies = [first] + [quantized(fmt, group, n, k, scale_dtype)
                         for _ in range(max(1, -(-L2_OVERFLOW // weight_bytes)) - 1)]
-    scaled_mm = None
+    scaled_mm = fused = unfused = None
     if fmt == "fp8":
         ours = time_calls([lambda q=q: fp8_linear_cuda(x, *q) for q in copies])
         scaled_mm = time_calls([lambda q=q: fp8_linear_scaled_mm(x, *q) for q in copies])
+        if prologue:
+            fused, unfused = (time_calls(calls) for calls in prologue_calls(prologue, rows, k, copies))
     else:
         assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
         ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group)
@@ -112,10 +147,13 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
     torch.cuda.empty_cache()
     return {"format": fmt, "group_size": group, "rows": rows, "n": n, "k": k,
             "scale_dtype": str(scale_dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
-            "us": ours * 1e6, "gb_per_s": weight_bytes / ours / 1e9, "of_copy_bandwidth": weight_bytes / ours / bandwidth,
+            "us": ours * 1e6, "gb_per_s": weight_bytes / ours / 1e9,
+            "of_copy_bandwidth": weight_bytes / ours / bandwidth,
             "bf16_matmul_us": torch_bf16 * 1e6, "bf16_matmul_bytes": dense_bytes,
             "speedup_vs_bf16": torch_bf16 / ours,
-            "scaled_mm_us": None if scaled_mm is None else scaled_mm * 1e6}
+            "scaled_mm_us": None if scaled_mm is None else scaled_mm * 1e6, "prologue": prologue,
+            "fused_us": None if fused is None else fused * 1e6,
+            "unfused_us": None if unfused is None else unfused * 1e6}
 
 
 def main():
@@ -125,6 +163,8 @@ def main():
                         help="format:group_size, comma-separated; fp8:tensor / fp8:channel (static input scale)")
     parser.add_argument("--scale-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="dtype of the scales and zeros (engines hold float32)")
+    parser.add_argument("--prologues", action="store_true",
+                        help="FP8: also time qkv, gate_up and down with the norm / activation in front, fused and not")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     scale_dtype = getattr(torch, args.scale_dtype)
@@ -139,13 +179,16 @@ def main():
         group = {"tensor": 0, "channel": 1}[group] if fmt == "fp8" else int(group)
         for rows in (int(r) for r in args.rows.split(",")):
             for layer, n, k in LAYERS:
-                r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth)
+                prologue = PROLOGUES.get(layer) if args.prologues and fmt == "fp8" else None
+                r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth, prologue)
                 r["layer"] = layer
                 results.append(r)
                 print(f"{spec:<9} {layer:<8} {rows:>4} {r['us']:>9.2f} {r['weight_bytes'] / 1e6:>8.1f} "
                       f"{r['gb_per_s']:>7.0f} {r['of_copy_bandwidth']:>8.1%} {r['bf16_matmul_us']:>9.2f} "
                       f"{r['speedup_vs_bf16']:>7.2f}x"
-                      + (f"  scaled_mm us {r['scaled_mm_us']:.2f}" if r["scaled_mm_us"] else ""), flush=True)
+                      + (f"  scaled_mm us {r['scaled_mm_us']:.2f}" if r["scaled_mm_us"] else "")
+                      + (f"  {prologue}: fused us {r['fused_us']:.2f}, unfused us {r['unfused_us']:.2f}"
+                         if prologue else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth": bandwidth,
