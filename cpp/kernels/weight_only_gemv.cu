@@ -616,7 +616,7 @@ __device__ __forceinline__ void stageFp8Input(Params const& p, __half* xs, float
 // computes the prologue once (a block per tile paid it per tile: 7 times an SM for gate_up).
 // H100, LLaMA-8B at 1 row, the fused kernel minus the GEMV alone (the prologue's kernel then the
 // GEMV minus the GEMV alone): qkv +0.55 us (+1.88), gate_up -1.03 (+3.35); the FP8 engine's step
-// 4.165 -> 3.858 ms (two machines; 0.745 -> 0.827 of its floor with the KV cache).
+// 4.08-4.17 -> 3.86-3.90 ms over this and later runs (0.745-0.770 -> 0.78-0.83 of its floor).
 template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false,
           bool SHARED_X = false, GemvPrologue PRO = GemvPrologue::kNone>
 __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
