@@ -573,6 +573,11 @@ _FUSABLE_LINEAR_PARAMS = {"linear": ("weight", "bias"),
                           "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias")}
 
 
+def _linear_params(linear: FLayerInfo) -> list:
+    """The parameters of a linear or fp8_linear (_FUSABLE_LINEAR_PARAMS), in its order."""
+    return [linear.get_input(name) for name in _FUSABLE_LINEAR_PARAMS[linear.layer_type]]
+
+
 def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
     """The FLayerInfo of the linear (or fp8_linear) that reads `tensor` as its input x, with
     constant parameters, when it is the tensor's only reader and the tensor is no network result;
@@ -582,7 +587,7 @@ def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
     if len(users) != 1 or users[0].op not in _FUSABLE_LINEAR_PARAMS or _has_timed_choice(users[0]):
         return None
     linear = _info(users[0])
-    params = [linear.get_input(name) for name in _FUSABLE_LINEAR_PARAMS[users[0].op]]
+    params = _linear_params(linear)
     if linear.get_input("x") != tensor or tensor in params:
         return None
     if not all(_is_constant(t) for t in params if t is not None):
@@ -623,11 +628,6 @@ class FuseNormLinear(Fusion):
                              eps=eps)
             norm.outputs[1].replace_all_uses_with(total)
         linear.replace_output_uses_with(linear.network, [y])
-
-
-def _linear_params(linear: FLayerInfo) -> list:
-    """The parameters of a linear or fp8_linear found by _sole_linear_reader, in its order."""
-    return [linear.get_input(name) for name in _FUSABLE_LINEAR_PARAMS[linear.layer_type]]
 
 
 class FuseActLinear(Fusion):

@@ -41,7 +41,8 @@ Implementations:
   Otherwise the scales are row-wise ([M, 1] and [1, N]): cuBLASLt's row-wise FP8 GEMM writes
   bfloat16 only, so a bfloat16 x uses it, and float16 / float32 x take the unscaled product in
   float32 and scale it there. x is quantized with the reference's arithmetic (bit-identical
-  codes) in one kernel (fp8_quantize, cpp/kernels/fp8_quantize.cu). No fast accumulation; on an H100 the result is within one unit of
+  codes) in one kernel (fp8_quantize, cpp/kernels/fp8_quantize.cu). No fast accumulation; on
+  an H100 the result is within one unit of
   the output dtype's last place plus 2^-10 of the largest output of the reference
   (tests/ops/test_fp8_linear.py; Hopper's FP8 accumulator is narrower than float32).
   Speed on an H100 (CUDA graph, bfloat16 x, LLaMA-8B's shapes, 1 to 64 tokens): per-tensor
@@ -59,7 +60,7 @@ from ..network import Tensor
 from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
 from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import cuda_kernels_available, get_bindings, launch, rows
-from .linear import GEMV_PROLOGUES, linear_shape
+from .linear import GEMV_PROLOGUES, linear_shape, on_16_byte_packs
 from .norm import (
     fused_add_rms_norm_cuda,
     fused_add_rms_norm_reference,
@@ -153,10 +154,7 @@ def fp8_gemv_prologue_serves(prologue: str, x2: torch.Tensor, qweight: torch.Ten
     """Whether the FP8 GEMV serves x2 with `prologue` in front (fp8_gemv_serves, an x small enough
     that every block computing all of it costs less than a kernel of its own: the bindings'
     fp8_gemv_prologue_supports, the prologue's operands on 16-byte packs)."""
-    def packed(t):
-        return t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1
-                             and (t.dim() == 1 or (t.stride(0) * t.element_size()) % 16 == 0))
-    return (fp8_gemv_serves(x2, qweight, input_scale) and packed(norm_weight) and packed(residual)
+    return (fp8_gemv_serves(x2, qweight, input_scale) and on_16_byte_packs(norm_weight) and on_16_byte_packs(residual)
             and get_bindings().fp8_gemv_prologue_supports(GEMV_PROLOGUES[prologue], x2.shape[0], qweight.shape[1]))
 
 

@@ -71,13 +71,18 @@ def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and get_bindings().gemv_supports(x.shape[0], weight.shape[1], code))
 
 
+def on_16_byte_packs(t: Optional[torch.Tensor]) -> bool:
+    """An optional operand of the compiled GEMVs' prologues (bias, norm weight, residual) that they
+    can read 16 bytes at a time: absent, or starting on a 16-byte boundary with a unit last stride
+    and, for rows, whole 16-byte packs between rows."""
+    return t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+                         and (t.dim() == 1 or (t.stride(0) * t.element_size()) % 16 == 0))
+
+
 def gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
               norm_weight: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None) -> bool:
     """gemv_supported, and the other operands on 16-byte packs (a residual's rows too)."""
-    per_pack = 16 // x.element_size()
-    return (gemv_supported(x, weight)
-            and all(t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1) for t in (bias, norm_weight, residual))
-            and (residual is None or residual.stride(0) % per_pack == 0))
+    return gemv_supported(x, weight) and all(on_16_byte_packs(t) for t in (bias, norm_weight, residual))
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

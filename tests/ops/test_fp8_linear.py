@@ -8,7 +8,6 @@ import torch
 from tensorrt_llm import functional as F
 from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import OPS, REFERENCE, implementations
-from tensorrt_llm.ops.launch import cuda_kernels_available
 from tensorrt_llm.ops.activation import silu_and_mul_cuda, silu_and_mul_reference
 from tensorrt_llm.ops.fp8_linear import (
     FP8_GEMV_MAX_ROWS,
@@ -25,6 +24,7 @@ from tensorrt_llm.ops.fp8_linear import (
     silu_and_mul_fp8_linear_cuda,
     silu_and_mul_fp8_linear_reference,
 )
+from tensorrt_llm.ops.launch import cuda_kernels_available
 from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda, rms_norm_reference
 from tensorrt_llm.quantization.formats import (
     FP8_DTYPE,
