@@ -667,16 +667,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
         uint4 const* wB = p.qweight + rowB * numPacks;
 
         float acc[NT][4];
-    #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-    #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
         }
 
         for (int step0 = warp; step0 < kSteps; step0 += kMmaWarps * U) {
             uint4 wa[U], wb[U];
             float sa[U], sb[U], za[U], zb[U];
-    #pragma unroll
+#pragma unroll
             for (int u = 0; u < U; ++u) {
                 int const pack = 4 * (step0 + u * kMmaWarps) + t;
                 bool const in = pack < numPacks;
@@ -707,7 +707,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
                     __syncthreads();
                     xPending = false;
                 }
-    #pragma unroll
+#pragma unroll
                 for (int u = 0; u < U; ++u) {
                     int const step = step0 + u * kMmaWarps;
                     if (step >= kSteps) break;  // the same for the whole warp
@@ -729,15 +729,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
             }
             uint4 xs[2][NT][XW];
             loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step0, numPacks, xs[0]);
-    #pragma unroll
+#pragma unroll
             for (int u = 0; u < U; ++u) {
                 int const step = step0 + u * kMmaWarps;
                 if (step >= kSteps) break;  // the same for the whole warp
-                if (u + 1 < U) loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
+                if (u + 1 < U) {
+                    loadX<T, BITS, NT>(p, static_cast<T const*>(p.x), step + kMmaWarps, numPacks, xs[(u + 1) % 2]);
+                }
                 if constexpr (FP8) {
-    #pragma unroll
+#pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-    #pragma unroll
+#pragma unroll
                         for (int j = 0; j < XW; ++j) quantizeX<T>(xs[u % 2][nt][j], inverseScale);
                     }
                     mmaStepFp8<NT>(wa[u], wb[u], xs[u % 2], acc);
@@ -761,7 +763,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
             }
             __syncthreads();
         }
-    #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             red[warp][nt * 8 + 2 * t][g] = acc[nt][0];
             red[warp][nt * 8 + 2 * t + 1][g] = acc[nt][1];
@@ -773,7 +775,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
         int64_t const n = n0 + r;
         for (int m = threadIdx.x / kMmaRows; m < p.m && m < NT * 8 && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
             float sum = 0.f;
-    #pragma unroll
+#pragma unroll
             for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
             if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
             if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
