@@ -52,7 +52,7 @@ void launchRmsNormEntry(Call const& c) {
     TensorArg const& x = c["x"];
     bool const residual = c.has("residual");
     RmsNormParams p{};
-    p.out = c["out"].data();
+    p.out = c.has("out") ? c["out"].data() : nullptr;
     p.x = x.data();
     p.weight = c["weight"].data();
     p.residual = c.ptr("residual");
@@ -60,12 +60,30 @@ void launchRmsNormEntry(Call const& c) {
     p.rows = x.size(0);
     p.hidden = x.size(1);
     p.xRowStride = x.stride(0);
-    p.outRowStride = c["out"].stride(0);
+    p.outRowStride = c.has("out") ? c["out"].stride(0) : 0;
     p.residualRowStride = residual ? c["residual"].stride(0) : 0;
     p.residualOutRowStride = residual ? c["residual_out"].stride(0) : 0;
     p.eps = static_cast<float>(c.real("eps"));
     p.dtype = x.dtype;
+    if (c.has("input_scale")) {  // rms_norm_fp8: the codes' bytes, as int32 words
+        p.out = c["codes"].data();
+        p.outRowStride = c["codes"].stride(0) * 4;
+        p.codeScale = static_cast<float const*>(c["input_scale"].data());
+    }
     if constexpr (kCudaKernels) launchRmsNorm(p, c.stream());
+}
+
+// ---- rms_norm_fp8 / silu_and_mul_fp8: the same kernels writing an FP8 linear's input codes ----
+
+void checkCodesOf(Call& c, int64_t width) {
+    c.shape("input_scale", {1});
+    if (width % 4 != 0) throw std::invalid_argument("the output width " + std::to_string(width) + " must be a multiple of 4");
+    c.shape("codes", {c["x"].size(0), width / 4});
+}
+
+void checkRmsNormFp8(Call& c) {
+    checkRmsNorm(c);
+    checkCodesOf(c, c["x"].size(1));
 }
 
 // ---- rotary_embedding ----
@@ -119,15 +137,27 @@ void checkActAndMul(Call& c) {
     c.shape("out", {x.size(0), x.size(1) / 2});
 }
 
+void checkSiluAndMulFp8(Call& c) {
+    TensorArg const& x = c["x"];
+    if (x.size(1) % 2 != 0) throw std::invalid_argument("the last dimension of x " + x.shapeStr() + " must be even");
+    checkCodesOf(c, x.size(1) / 2);
+}
+
 void launchActAndMulEntry(Call const& c, Activation act) {
     TensorArg const& x = c["x"];
     ActAndMulParams p{};
-    p.out = c["out"].data();
     p.x = x.data();
     p.rows = x.size(0);
     p.inter = x.size(1) / 2;
     p.xRowStride = x.stride(0);
-    p.outRowStride = c["out"].stride(0);
+    if (c.has("input_scale")) {  // silu_and_mul_fp8: the codes' bytes, as int32 words
+        p.out = c["codes"].data();
+        p.outRowStride = c["codes"].stride(0) * 4;
+        p.codeScale = static_cast<float const*>(c["input_scale"].data());
+    } else {
+        p.out = c["out"].data();
+        p.outRowStride = c["out"].stride(0);
+    }
     p.act = act;
     p.dtype = x.dtype;
     if (p.inter == 0) return;
@@ -604,6 +634,16 @@ std::vector<Entry> entries() {
           stream(), optionalTensor("residual").dtypeOf("x").shapeOf("x").lastDimContiguous(),
           optionalTensor("residual_out").dtypeOf("x").shapeOf("x").lastDimContiguous().written()},
          checkRmsNorm, launchRmsNormEntry},
+        {"rms_norm_fp8",
+         "codes = the E4M3 bytes of rms_norm's out (rounded to x's dtype, then times input_scale's float32 "
+         "reciprocal, clamp to +-448, round to nearest) as int32 words [rows, hidden / 4]: rms_norm then "
+         "fp8_quantize in one pass; residual / residual_out as rms_norm's.",
+         {tensor("codes").rank(2).dtypes({kInt32}).contiguous().written(),
+          tensor("x").rank(2).floats().lastDimContiguous(), tensor("weight").dtypeOf("x").contiguous(),
+          tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(), real("eps"), stream(),
+          optionalTensor("residual").dtypeOf("x").shapeOf("x").lastDimContiguous(),
+          optionalTensor("residual_out").dtypeOf("x").shapeOf("x").lastDimContiguous().written()},
+         checkRmsNormFp8, launchRmsNormEntry},
         {"rotary_embedding",
          "Rotary embedding in place on q [T, Hq, D] and k [T, KV, D]. Out-of-range positions leave the token "
          "unchanged.",
@@ -616,6 +656,13 @@ std::vector<Entry> entries() {
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(), stream()},
          checkActAndMul, [](Call const& c) { launchActAndMulEntry(c, Activation::kSilu); }},
+        {"silu_and_mul_fp8",
+         "codes = the E4M3 bytes of silu_and_mul's out (rounded to x's dtype, then as fp8_quantize with the "
+         "static input_scale) as int32 words [rows, I / 4]: silu_and_mul then fp8_quantize in one pass.",
+         {tensor("codes").rank(2).dtypes({kInt32}).contiguous().written(),
+          tensor("x").rank(2).floats().lastDimContiguous(),
+          tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(), stream()},
+         checkSiluAndMulFp8, [](Call const& c) { launchActAndMulEntry(c, Activation::kSilu); }},
         {"gelu_and_mul", "out = gelu(x[:, :I]) * x[:, I:], approximate 'none' (erf) or 'tanh'",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(), text("approximate"), stream()},

@@ -5,11 +5,14 @@
 #include "activation.cuh"
 #include "common.cuh"
 
+#include <type_traits>
+
 namespace tensorrt_llm {
 
-template <typename T, int VEC, Activation A>
-__global__ void actAndMulKernel(T* __restrict__ out, T const* __restrict__ x, int64_t inter, int64_t xRowStride,
-                                int64_t outRowStride, int64_t chunksPerRow) {
+// O: T, or uint8_t for E4M3 codes (codeScale given).
+template <typename T, typename O, int VEC, Activation A>
+__global__ void actAndMulKernel(O* __restrict__ out, T const* __restrict__ x, int64_t inter, int64_t xRowStride,
+                                int64_t outRowStride, int64_t chunksPerRow, float const* __restrict__ codeScale) {
     waitForPreviousKernel();  // see launchKernel
     allowNextKernel();
     using P = Pack<T, VEC>;
@@ -20,30 +23,49 @@ __global__ void actAndMulKernel(T* __restrict__ out, T const* __restrict__ x, in
     T const* xRow = x + row * xRowStride;
     P const a = reinterpret_cast<P const*>(xRow)[i];
     P const b = reinterpret_cast<P const*>(xRow + inter)[i];
-    P o;
+    using OutPack = Pack<O, VEC>;
+    OutPack o;
+    float const inverse = std::is_same_v<O, T> ? 1.f : __frcp_rn(*codeScale);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = fromFloat<T>(activate<A>(toFloat(a.v[j])) * toFloat(b.v[j]));
-    reinterpret_cast<P*>(out + row * outRowStride)[i] = o;
+    for (int j = 0; j < VEC; ++j) {
+        T const v = fromFloat<T>(activate<A>(toFloat(a.v[j])) * toFloat(b.v[j]));
+        if constexpr (std::is_same_v<O, T>) {
+            o.v[j] = v;
+        } else {
+            o.v[j] = fp8Code(toFloat(v), inverse);
+        }
+    }
+    reinterpret_cast<OutPack*>(out + row * outRowStride)[i] = o;
 }
 
-template <typename T, int VEC, Activation A>
+template <typename T, typename O, int VEC, Activation A>
 static void launch(ActAndMulParams const& p, cudaStream_t stream) {
     int64_t const numVec = p.inter / VEC;
     int const threads = std::min(256, std::max(32, roundUp(numVec, 32)));
     int64_t const chunks = (numVec + threads - 1) / threads;
     int64_t const blocks = p.rows * chunks;
     if (blocks > 0x7fffffffLL) throw std::invalid_argument("act_and_mul: too many rows for one launch");
-    launchKernel("act_and_mul", actAndMulKernel<T, VEC, A>, static_cast<unsigned>(blocks), threads, 0, stream,
-                 static_cast<T*>(p.out), static_cast<T const*>(p.x), p.inter, p.xRowStride, p.outRowStride, chunks);
+    launchKernel("act_and_mul", actAndMulKernel<T, O, VEC, A>, static_cast<unsigned>(blocks), threads, 0, stream,
+                 static_cast<O*>(p.out), static_cast<T const*>(p.x), p.inter, p.xRowStride, p.outRowStride, chunks,
+                 p.codeScale);
+}
+
+template <typename T, typename O, int VEC>
+static void launchAct(ActAndMulParams const& p, cudaStream_t stream) {
+    switch (p.act) {
+        case Activation::kSilu: launch<T, O, VEC, Activation::kSilu>(p, stream); break;
+        case Activation::kGelu: launch<T, O, VEC, Activation::kGelu>(p, stream); break;
+        case Activation::kGeluTanh: launch<T, O, VEC, Activation::kGeluTanh>(p, stream); break;
+        default: throw std::invalid_argument("act_and_mul: unknown activation");
+    }
 }
 
 template <typename T, int VEC>
-static void launchAct(ActAndMulParams const& p, cudaStream_t stream) {
-    switch (p.act) {
-        case Activation::kSilu: launch<T, VEC, Activation::kSilu>(p, stream); break;
-        case Activation::kGelu: launch<T, VEC, Activation::kGelu>(p, stream); break;
-        case Activation::kGeluTanh: launch<T, VEC, Activation::kGeluTanh>(p, stream); break;
-        default: throw std::invalid_argument("act_and_mul: unknown activation");
+static void launchOut(ActAndMulParams const& p, cudaStream_t stream) {
+    if (p.codeScale) {
+        launchAct<T, uint8_t, VEC>(p, stream);
+    } else {
+        launchAct<T, T, VEC>(p, stream);
     }
 }
 
@@ -56,9 +78,9 @@ void launchActAndMul(ActAndMulParams const& p, void* stream) {
         bool const vec = p.inter % V == 0 && aligned16(p.x) && aligned16(p.out) && p.xRowStride % V == 0
                          && p.outRowStride % V == 0;
         if (vec) {
-            launchAct<T, V>(p, s);
+            launchOut<T, V>(p, s);
         } else {
-            launchAct<T, 1>(p, s);
+            launchOut<T, 1>(p, s);
         }
     });
 }

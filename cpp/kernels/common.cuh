@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +39,14 @@ template <>
 __device__ __forceinline__ __half fromFloat<__half>(float v) { return __float2half_rn(v); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// An activation's FP8 E4M3 code as formats.quantize_fp8_activation makes it: x times the scale's
+// correctly rounded float32 reciprocal (`inverse`, __frcp_rn), then cvt's satfinite rounding to
+// nearest (ties to even) with the clamp to +-448. The quantize kernel and the norm / activation
+// kernels that write codes all round through this.
+__device__ __forceinline__ uint8_t fp8Code(float x, float inverse) {
+    return __nv_cvt_float_to_fp8(__fmul_rn(x, inverse), __NV_SATFINITE, __NV_E4M3);
+}
 
 // N elements of T loaded or stored as one access (16 bytes when N = 16 / sizeof(T)).
 template <typename T, int N>

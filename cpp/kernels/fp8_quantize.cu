@@ -7,8 +7,6 @@
 // dynamic row is read twice (its second read hits L1 / L2).
 #include "common.cuh"
 
-#include <cuda_fp8.h>
-
 namespace tensorrt_llm {
 namespace {
 
@@ -46,7 +44,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
         CodePack c;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            c.v[j] = __nv_cvt_float_to_fp8(__fmul_rn(toFloat(p.v[j]), inverse), __NV_SATFINITE, __NV_E4M3);
+            c.v[j] = fp8Code(toFloat(p.v[j]), inverse);
         }
         cr[i] = c;
     }

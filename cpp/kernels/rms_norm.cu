@@ -5,15 +5,21 @@
 //
 // One block per row; float32 accumulation; a warp-shuffle block reduction. Rows are read
 // twice (the second read hits L1/L2); 16-byte accesses when sizes, strides and pointers allow.
+// With codeScale (an FP8 linear's static input scale), out holds the E4M3 codes of `out` as
+// rounded to the storage dtype (fp8Code): the rms_norm kernel then fp8_quantize, bit for bit, in
+// one pass that writes a byte an element instead of two.
 #include "common.cuh"
+
+#include <type_traits>
 
 namespace tensorrt_llm {
 
-template <typename T, int VEC>
-__global__ void rmsNormKernel(T* __restrict__ out, T const* __restrict__ x, T const* __restrict__ weight,
+// O: T, or uint8_t for E4M3 codes (codeScale given).
+template <typename T, typename O, int VEC>
+__global__ void rmsNormKernel(O* __restrict__ out, T const* __restrict__ x, T const* __restrict__ weight,
                               T const* __restrict__ residual, T* __restrict__ residualOut, int64_t hidden,
                               int64_t xRowStride, int64_t outRowStride, int64_t resRowStride, int64_t resOutRowStride,
-                              float eps) {
+                              float eps, float const* __restrict__ codeScale) {
     waitForPreviousKernel();  // see launchKernel
     allowNextKernel();
     using P = Pack<T, VEC>;
@@ -44,25 +50,43 @@ __global__ void rmsNormKernel(T* __restrict__ out, T const* __restrict__ x, T co
     // Pass 2: normalise and scale. Each thread re-reads exactly the elements it wrote above.
     P const* src = resOutRow ? resOutRow : xRow;
     P const* w = reinterpret_cast<P const*>(weight);
-    P* outRow = reinterpret_cast<P*>(out + row * outRowStride);
+    using OutPack = Pack<O, VEC>;
+    OutPack* outRow = reinterpret_cast<OutPack*>(out + row * outRowStride);
+    float const inverse = std::is_same_v<O, T> ? 1.f : __frcp_rn(*codeScale);
     for (int64_t i = threadIdx.x; i < numVec; i += blockDim.x) {
         P const a = src[i];
         P const g = w[i];
-        P o;
+        OutPack o;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = fromFloat<T>(toFloat(a.v[j]) * inv * toFloat(g.v[j]));
+        for (int j = 0; j < VEC; ++j) {
+            T const v = fromFloat<T>(toFloat(a.v[j]) * inv * toFloat(g.v[j]));
+            if constexpr (std::is_same_v<O, T>) {
+                o.v[j] = v;
+            } else {
+                o.v[j] = fp8Code(toFloat(v), inverse);
+            }
+        }
         outRow[i] = o;
     }
 }
 
-template <typename T, int VEC>
-static void launch(RmsNormParams const& p, cudaStream_t stream) {
+template <typename T, typename O, int VEC>
+static void launchAs(RmsNormParams const& p, cudaStream_t stream) {
     int64_t const numVec = p.hidden / VEC;
     int const threads = std::min(1024, std::max(32, roundUp(numVec, 32)));
-    launchKernel("rms_norm", rmsNormKernel<T, VEC>, static_cast<unsigned>(p.rows), threads, 0, stream,
-        static_cast<T*>(p.out), static_cast<T const*>(p.x), static_cast<T const*>(p.weight),
+    launchKernel("rms_norm", rmsNormKernel<T, O, VEC>, static_cast<unsigned>(p.rows), threads, 0, stream,
+        static_cast<O*>(p.out), static_cast<T const*>(p.x), static_cast<T const*>(p.weight),
         static_cast<T const*>(p.residual), static_cast<T*>(p.residualOut), p.hidden, p.xRowStride, p.outRowStride,
-        p.residualRowStride, p.residualOutRowStride, p.eps);
+        p.residualRowStride, p.residualOutRowStride, p.eps, p.codeScale);
+}
+
+template <typename T, int VEC>
+static void launch(RmsNormParams const& p, cudaStream_t stream) {
+    if (p.codeScale) {
+        launchAs<T, uint8_t, VEC>(p, stream);
+    } else {
+        launchAs<T, T, VEC>(p, stream);
+    }
 }
 
 void launchRmsNorm(RmsNormParams const& p, void* stream) {
@@ -71,6 +95,7 @@ void launchRmsNorm(RmsNormParams const& p, void* stream) {
     dispatchFloat(p.dtype, "rms_norm", [&](auto tag) {
         using T = decltype(tag);
         constexpr int V = kVec16<T>;
+        // (codes: V bytes a pack, so out needs V-byte alignment; 16-byte alignment covers it)
         bool vec = p.hidden % V == 0 && aligned16(p.out) && aligned16(p.x) && aligned16(p.weight)
                    && p.xRowStride % V == 0 && p.outRowStride % V == 0;
         if (p.residual) {

@@ -183,30 +183,41 @@ def fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
     return fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale, bias)
 
 
+def scaled_mm_serves(qweight: torch.Tensor) -> bool:
+    """Whether cuBLASLt's FP8 GEMM takes the weight's shape (K and N multiples of 16)."""
+    n, k = qweight.shape
+    return k % SCALED_MM_ALIGNMENT == 0 and n % SCALED_MM_ALIGNMENT == 0
+
+
 def fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale=None, bias=None):
     """The _scaled_mm path (any M), or the reference for shapes cuBLASLt refuses."""
-    n, k = qweight.shape
-    if k % SCALED_MM_ALIGNMENT or n % SCALED_MM_ALIGNMENT:
+    if not scaled_mm_serves(qweight):
         return fp8_linear_reference(x, qweight, weight_scale, input_scale, bias)
-    lead = x.shape[:-1]
     qx, x_scale = _quantize_activation_cuda(rows(x), input_scale)
+    return scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype):
+    """[M, N] in out_dtype: x @ W^T from x's E4M3 codes qx [M, K] and their scale ([1] static or
+    [M, 1] per row) by cuBLASLt's FP8 GEMM (a weight scaled_mm_serves)."""
+    n = qweight.shape[0]
     m = qx.shape[0]
     w_t = qweight.view(FP8_DTYPE).t()  # [K, N], column-major
     if x_scale.numel() == 1 and weight_scale.numel() == 1:
         y = torch._scaled_mm(qx, w_t, scale_a=x_scale.reshape(()), scale_b=weight_scale.reshape(()),
-                             out_dtype=x.dtype)
+                             out_dtype=out_dtype)
     else:
         x_rows = x_scale.expand(m, 1).contiguous()  # a static scale repeated per token
         w_cols = weight_scale.reshape(1, -1).expand(1, n).contiguous()  # a per-tensor scale per channel
-        if x.dtype == torch.bfloat16:
+        if out_dtype == torch.bfloat16:
             y = torch._scaled_mm(qx, w_t, scale_a=x_rows, scale_b=w_cols, out_dtype=torch.bfloat16)
         else:
-            one = torch.ones((), dtype=torch.float32, device=x.device)
+            one = torch.ones((), dtype=torch.float32, device=qx.device)
             y = torch._scaled_mm(qx, w_t, scale_a=one, scale_b=one, out_dtype=torch.float32)
-            y = (y * x_rows * w_cols).to(x.dtype)
+            y = (y * x_rows * w_cols).to(out_dtype)
     if bias is not None:
         y = y + bias
-    return y.reshape(*lead, n)
+    return y
 
 
 # ---- a norm or gated activation fused in front (the fuse_norm_linear / fuse_act_linear passes) ----
@@ -234,12 +245,35 @@ def rms_norm_fp8_linear_reference(x, norm_weight, qweight, weight_scale, input_s
     return fp8_linear_reference(rms_norm_reference(x, norm_weight, eps=eps), qweight, weight_scale, input_scale, bias)
 
 
+def _codes_prologue_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor],
+                           width: int) -> bool:
+    """Whether the norm / activation kernel writes the codes of an FP8 linear's input of `width`
+    for the _scaled_mm path: many rows (not the GEMV's), a static input scale, a weight
+    scaled_mm_serves, the compiled kernels, a width of whole int32 words."""
+    return (input_scale is not None and x2.is_cuda and cuda_kernels_available() and width % 4 == 0
+            and scaled_mm_serves(qweight) and not fp8_gemv_serves(x2, qweight, input_scale))
+
+
+def _codes(m: int, width: int, device) -> torch.Tensor:
+    return torch.empty(m, width, dtype=torch.uint8, device=device)
+
+
+def _static_scale(input_scale: torch.Tensor) -> torch.Tensor:
+    return input_scale.float().reshape(1).contiguous()
+
+
 @rms_norm_fp8_linear.implementation(CUDA)
 def rms_norm_fp8_linear_cuda(x, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *, eps):
     x2 = rows(x)
+    n, k = qweight.shape
     if fp8_gemv_prologue_serves("rms_norm", x2, qweight, input_scale, norm_weight):
         out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", norm_weight=norm_weight, eps=eps)
-        return out.reshape(*x.shape[:-1], qweight.shape[0])
+        return out.reshape(*x.shape[:-1], n)
+    if _codes_prologue_serves(x2, qweight, input_scale, k):  # the norm kernel writes the GEMM's codes
+        codes, scale = _codes(x2.shape[0], k, x.device), _static_scale(input_scale)
+        launch("rms_norm_fp8", codes.view(torch.int32), x2, norm_weight, scale, float(eps))
+        y = scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x.dtype)
+        return y.reshape(*x.shape[:-1], n)
     return fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=eps), qweight, weight_scale, input_scale, bias)
 
 
@@ -268,9 +302,17 @@ def add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qweight, weight_
 def add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *,
                                  eps):
     x2, r2 = rows(x), rows(residual)
+    n, k = qweight.shape
     if x.shape == residual.shape and fp8_gemv_prologue_serves("rms_norm", x2, qweight, input_scale, norm_weight, r2):
         out, total = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", r2, norm_weight, eps)
-        return out.reshape(*x.shape[:-1], qweight.shape[0]), total.reshape(x.shape)
+        return out.reshape(*x.shape[:-1], n), total.reshape(x.shape)
+    if x.shape == residual.shape and _codes_prologue_serves(x2, qweight, input_scale, k):
+        codes, scale = _codes(x2.shape[0], k, x.device), _static_scale(input_scale)
+        total = torch.empty_like(residual, memory_format=torch.contiguous_format)
+        launch("rms_norm_fp8", codes.view(torch.int32), x2, norm_weight, scale, float(eps), residual=r2,
+               residual_out=total.view(-1, k))
+        y = scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x.dtype)
+        return y.reshape(*x.shape[:-1], n), total
     normed, total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=eps)
     return fp8_linear_cuda(normed, qweight, weight_scale, input_scale, bias), total
 
@@ -294,7 +336,13 @@ def silu_and_mul_fp8_linear_reference(x, qweight, weight_scale, input_scale=None
 @silu_and_mul_fp8_linear.implementation(CUDA)
 def silu_and_mul_fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
     x2 = rows(x)
+    n, k = qweight.shape
     if fp8_gemv_prologue_serves("silu_and_mul", x2, qweight, input_scale):
         out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "silu_and_mul")
-        return out.reshape(*x.shape[:-1], qweight.shape[0])
+        return out.reshape(*x.shape[:-1], n)
+    if _codes_prologue_serves(x2, qweight, input_scale, k):  # the activation kernel writes the GEMM's codes
+        codes, scale = _codes(x2.shape[0], k, x.device), _static_scale(input_scale)
+        launch("silu_and_mul_fp8", codes.view(torch.int32), x2, scale)
+        y = scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x.dtype)
+        return y.reshape(*x.shape[:-1], n)
     return fp8_linear_cuda(silu_and_mul_cuda(x), qweight, weight_scale, input_scale, bias)

@@ -58,6 +58,32 @@ def test_binding_rms_norm_errors(b):
         b.rms_norm((out.data_ptr(), 9, (5, 8), (8, 1), 0), on(0, x), on(0, w), 1e-6, 0)
 
 
+def test_binding_norm_and_activation_codes_errors(b):
+    """rms_norm_fp8 / silu_and_mul_fp8 (the kernels writing an FP8 linear's input codes): the
+    codes' words, the static scale, the width in whole words."""
+    x = torch.randn(5, 8, dtype=torch.bfloat16)
+    w = torch.randn(8, dtype=torch.bfloat16)
+    codes = torch.empty(5, 2, dtype=torch.int32)
+    scale = torch.ones(1)
+    with pytest.raises(ValueError, match=r"^rms_norm_fp8: codes must have shape \[5, 2\], got \[5, 1\]$"):
+        b.rms_norm_fp8(on(0, torch.empty(5, 1, dtype=torch.int32)), on(0, x), on(0, w), on(0, scale), 1e-6, 0)
+    with pytest.raises(ValueError, match=r"^rms_norm_fp8: input_scale must have shape \[1\], got \[2\]$"):
+        b.rms_norm_fp8(on(0, codes), on(0, x), on(0, w), on(0, torch.ones(2)), 1e-6, 0)
+    with pytest.raises(TypeError, match=r"^rms_norm_fp8: codes must be one of \{int32\}, got float32$"):
+        b.rms_norm_fp8(on(0, codes.float()), on(0, x), on(0, w), on(0, scale), 1e-6, 0)
+    with pytest.raises(ValueError, match=r"^rms_norm_fp8: the output width 6 must be a multiple of 4$"):
+        b.rms_norm_fp8(on(0, codes), on(0, x[:, :6]), on(0, w[:6]), on(0, scale), 1e-6, 0)
+    with pytest.raises(ValueError, match="residual and residual_out must be given together"):
+        b.rms_norm_fp8(on(0, codes), on(0, x), on(0, w), on(0, scale), 1e-6, 0, on(0, x))
+    gate_up = torch.randn(5, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^silu_and_mul_fp8: codes must have shape \[5, 2\], got \[5, 1\]$"):
+        b.silu_and_mul_fp8(on(0, torch.empty(5, 1, dtype=torch.int32)), on(0, gate_up), on(0, scale), 0)
+    with pytest.raises(ValueError, match=r"^silu_and_mul_fp8: the last dimension of x \[5, 15\] must be even$"):
+        b.silu_and_mul_fp8(on(0, codes), on(0, gate_up[:, :15]), on(0, scale), 0)
+    with pytest.raises(ValueError, match=r"^silu_and_mul_fp8: the output width 6 must be a multiple of 4$"):
+        b.silu_and_mul_fp8(on(0, codes), on(0, gate_up[:, :12]), on(0, scale), 0)
+
+
 def test_binding_other_kernels_errors(b):
     q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
     cache = torch.ones(10, 8)

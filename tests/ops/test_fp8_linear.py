@@ -24,7 +24,7 @@ from tensorrt_llm.ops.fp8_linear import (
     silu_and_mul_fp8_linear_cuda,
     silu_and_mul_fp8_linear_reference,
 )
-from tensorrt_llm.ops.launch import cuda_kernels_available
+from tensorrt_llm.ops.launch import cuda_kernels_available, launch
 from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda, rms_norm_reference
 from tensorrt_llm.quantization.formats import (
     FP8_DTYPE,
@@ -423,6 +423,62 @@ def test_prologue_dispatch_and_fallbacks():
     torch.testing.assert_close(y, fp8_linear_cuda(normed, qw, ws, None, bias), rtol=0, atol=0)
     with pytest.raises(ValueError, match="prologue over 9 rows"):
         fp8_gemv(x, qw, ws, xs, bias, "rms_norm", norm_weight=norm_weight, eps=1e-5)
+
+
+# ---- GPU: many rows, the norm / activation kernel writing the FP8 GEMM's codes -----------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m,k,offset", [(17, 4096, 0), (300, 1040, 0), (9, 100, 0), (6, 96, 4)])
+def test_kernels_writing_codes_are_the_kernel_then_the_quantize(dtype, m, k, offset):
+    """rms_norm_fp8 (with and without the residual) and silu_and_mul_fp8 write the codes that
+    fp8_quantize makes of the rms_norm / silu_and_mul kernels' outputs, bit for bit: 16-byte
+    packs or not (K not a multiple of the pack, rows off 16-byte boundaries), saturated values."""
+    g = torch.Generator(device="cuda").manual_seed(m + k)
+    x = (torch.randn(m, k + offset, generator=g, device="cuda") * 3).to(dtype)[:, offset:]
+    residual = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    norm_weight = (torch.rand(k, generator=g, device="cuda") * 40).to(dtype)  # some outputs beyond +-448 * scale
+    wide = (torch.randn(m, 2 * k, generator=g, device="cuda") * 8).to(dtype)
+    scale = torch.tensor([0.02], device="cuda")
+    codes = torch.empty(m, k, dtype=torch.uint8, device="cuda")
+    launch("rms_norm_fp8", codes.view(torch.int32), x, norm_weight, scale, 1e-5)
+    want, _ = _quantize_activation_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), scale)
+    assert torch.equal(codes, want.view(torch.uint8))
+    total = torch.empty(m, k, dtype=dtype, device="cuda")
+    launch("rms_norm_fp8", codes.view(torch.int32), x, norm_weight, scale, 1e-5, residual=residual, residual_out=total)
+    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
+    assert torch.equal(total, want_total)
+    assert torch.equal(codes, _quantize_activation_cuda(normed, scale)[0].view(torch.uint8))
+    launch("silu_and_mul_fp8", codes.view(torch.int32), wide, scale)
+    assert torch.equal(codes, _quantize_activation_cuda(silu_and_mul_cuda(wide), scale)[0].view(torch.uint8))
+    assert (codes.view(FP8_DTYPE).float().abs() == FP8_MAX).any()  # the clamp was exercised
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096), (64, 48)])
+@pytest.mark.parametrize("m", [FP8_GEMV_MAX_ROWS + 1, 64, 2048])
+def test_fused_ops_over_many_rows_are_the_unfused_cuda_ops(m, k, n, dtype):
+    """Over the GEMV's rows, the fused ops quantize x in the norm / activation kernel and run the
+    same cuBLASLt FP8 GEMM: the unfused CUDA ops' numbers bit for bit; dynamic scales and
+    widths that are not whole int32 words run the unfused ops themselves."""
+    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(m, k, n, dtype, m + k + n, "rms_norm")
+    assert not fp8_gemv_serves(x, qw, xs)
+    torch.testing.assert_close(rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, xs, bias, eps=1e-5),
+                               fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, xs, bias),
+                               rtol=0, atol=0)
+    y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
+    assert torch.equal(total, want_total)
+    torch.testing.assert_close(y, fp8_linear_cuda(normed, qw, ws, xs, bias), rtol=0, atol=0)
+    want_ref, _ = add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    assert (y.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
+    wide, _, _, qw2, ws2, xs2, bias2 = _prologue_case(m, k, n, dtype, m + k + n + 1, "silu_and_mul")
+    torch.testing.assert_close(silu_and_mul_fp8_linear_cuda(wide, qw2, ws2, xs2, bias2),
+                               fp8_linear_cuda(silu_and_mul_cuda(wide), qw2, ws2, xs2, bias2), rtol=0, atol=0)
+    y_dyn, _ = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, None, bias, eps=1e-5)
+    torch.testing.assert_close(y_dyn, fp8_linear_cuda(normed, qw, ws, None, bias), rtol=0, atol=0)
 
 
 @pytest.mark.gpu

@@ -43,7 +43,7 @@ int prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* s
 void restoreDevice(int previous) noexcept;
 
 struct RmsNormParams {
-    void* out;                 // [rows, hidden]
+    void* out;                 // [rows, hidden] of dtype, or of E4M3 bytes when codeScale is given
     void const* x;             // [rows, hidden]
     void const* weight;        // [hidden], contiguous
     void const* residual;      // [rows, hidden] or nullptr
@@ -56,6 +56,7 @@ struct RmsNormParams {
     int64_t residualOutRowStride;
     float eps;
     DType dtype;
+    float const* codeScale;    // [1], an FP8 linear's static input scale, or nullptr
 };
 void launchRmsNorm(RmsNormParams const& p, void* stream);
 
@@ -87,7 +88,7 @@ enum class Activation : int {
 };
 
 struct ActAndMulParams {
-    void* out;                 // [rows, inter]
+    void* out;                 // [rows, inter] of dtype, or of E4M3 bytes when codeScale is given
     void const* x;             // [rows, 2 * inter]
     int64_t rows;
     int64_t inter;
@@ -95,6 +96,7 @@ struct ActAndMulParams {
     int64_t outRowStride;
     Activation act;
     DType dtype;
+    float const* codeScale;    // [1], an FP8 linear's static input scale, or nullptr
 };
 void launchActAndMul(ActAndMulParams const& p, void* stream);
 

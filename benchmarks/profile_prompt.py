@@ -1,0 +1,130 @@
+"""Where a long prompt's first token goes: wall time of `generate(prompt, max_new_tokens=1)`,
+the GPU's own time for the same call (the call queued behind a long GPU sleep, so that the host
+has launched everything before the GPU starts: what is left is the GPU's critical path), the
+kernels' busy time, and the kernel table (torch.profiler). Wall minus GPU time is what the host
+costs: launches from Python that the GPU waits for.
+
+    python benchmarks/profile_prompt.py --model llama-8b --quant none,fp8 --prompt_len 2048
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generation import QUANTS, quantized_model, random_models  # noqa: E402
+
+from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.runtime import ModelRunner  # noqa: E402
+
+
+def wall_ms(call, repeats):
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def gpu_ms(call, repeats, sleep_ms=400.0):
+    """The call's wall time behind a GPU sleep of sleep_ms, minus the sleep: the GPU's time for
+    the call when the host is never what it waits for (true while the host enqueues the call in
+    less than sleep_ms and nothing in it waits for the GPU before the end)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles = int(1_000_000 * sleep_ms / start.elapsed_time(end))
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        t = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) * 1e3 - start.elapsed_time(end))
+    return best
+
+
+def kernel_table(call, top):
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        call()
+        torch.cuda.synchronize()
+    host = sorted((e for e in prof.key_averages() if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
+    print(f"  {'host ms':>7} {'calls':>5}  operator (self time on the host)")
+    for e in host[:top // 2]:
+        print(f"  {e.self_cpu_time_total / 1e3:>7.2f} {e.count:>5}  {e.key[:110]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                     if e.get("cat") == "kernel" and "dur" in e)
+    covered, end = 0.0, kernels[0][0]
+    totals = {}
+    for a, b, name in kernels:
+        covered += max(0.0, b - max(a, end))
+        end = max(end, b)
+        t, c = totals.get(name, (0.0, 0))
+        totals[name] = (t + b - a, c + 1)
+    span = kernels[-1][1] - kernels[0][0]
+    print(f"  {len(kernels)} kernels, first to last {span / 1e3:.2f} ms, busy {covered / 1e3:.2f} ms, "
+          f"idle between them {(span - covered) / 1e3:.2f} ms")
+    print(f"  {'ms':>7} {'count':>5}  kernel")
+    for name, (t, c) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {t / 1e3:>7.2f} {c:>5}  {name[:110]}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-8b")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quant", default="none,fp8", help="comma-separated: " + ", ".join(QUANTS))
+    p.add_argument("--group_size", type=int, default=128, help="INT4 weight-only group")
+    p.add_argument("--prompt_len", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--top", type=int, default=20, help="rows of the kernel table")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    quants = args.quant.split(",")
+    torch.manual_seed(0)
+    model, hf = random_models(args.model, args.dtype, dev, with_hf="fp8" in quants)
+    prompt = [torch.randint(100, 1000, (args.prompt_len,), dtype=torch.int32)]
+    bc = BuildConfig(max_batch_size=1, max_input_len=args.prompt_len, max_seq_len=args.prompt_len + 16,
+                     max_num_tokens=args.prompt_len)
+    for quant in quants:
+        q = model if quant == "none" else quantized_model(model, quant, args.group_size, False, hf, prompt)
+        with tempfile.TemporaryDirectory() as tmp:  # saved and loaded, as a user's engine is
+            build(q, bc).save(tmp)
+            del q
+            runner = ModelRunner.from_dir(tmp, device=dev)
+
+        def call():
+            runner.generate(prompt, max_new_tokens=1)
+        call()
+        call()
+        wall = wall_ms(call, args.repeats)
+        gpu = gpu_ms(call, args.repeats)
+        print(f"{args.model} {quant}, a {args.prompt_len}-token prompt's first token: wall {wall:.2f} ms, "
+              f"GPU {gpu:.2f} ms (host-bound {wall - gpu:.2f} ms)")
+        kernel_table(call, args.top)
+        del runner
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
