@@ -840,10 +840,10 @@ void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
 // kernel. With several waves of blocks (large decode batches of short sequences) one-warp blocks
 // of two tiles per iteration (224 registers, 8 blocks per multiprocessor): a block's fixed part
 // (staging, merging) then holds up one warp only, and the other blocks' loads overlap it; with
-// few blocks (long sequences, small batches: the caller's splits fill the GPU) four-warp blocks
-// share a chunk. Measured on an H100 (the 8B shape of benchmarks/bench_decode_attention.py, bf16,
-// fused write + RoPE, tokens per block 32; microseconds at b512 L192 / b512 L96 / b512 L512 /
-// b256 L192):
+// fewer blocks (long sequences, small batches: the caller's splits fill the GPU) four-warp blocks
+// share a chunk, eight-warp blocks where the pairs are few (below). Measured on an H100 (the 8B
+// shape of benchmarks/bench_decode_attention.py, bf16, fused write + RoPE, tokens per block 32;
+// microseconds at b512 L192 / b512 L96 / b512 L512 / b256 L192):
 //   1 warp x 2 tiles, 8 blocks per SM   160.5 / 100.2 / 372.3 / 83.9   (chosen)
 //   1 warp x 1 tile, 12 blocks          157.9 / 101.2 / 374.8 / 92.5
 //   2 warps x 2 tiles                   168.8 / 116.7 / 381.2 / 89.5
@@ -851,15 +851,28 @@ void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
 //   4 warps x 1 tile, 3 blocks          168.8 / 120.7 / 385.3 / 92.7
 // (before the O^T = V^T P^T layout and the one-round-trip staging, 2 warps x 2 tiles: 192.5 /
 // 137.7 / 403.5 / 105). CUDA cores: 265 us at b512 L192 (64 threads); b32 L192 20.2 (256).
+// With few (sequence, KV head) pairs (small batches; their splits then fill the GPU), eight
+// warps share a chunk: each walks fewer tiles, and nothing else waits for the multiprocessor.
+// H100, microseconds at b1 L160 / b1 L600 / b1 L2100 / b4 L200 / SmolLM2 b1 L150 (8 to 48 blocks
+// at work), 4 warps -> 8 warps x 2 tiles: 8.51 -> 6.52 / 16.00 -> 12.12
+// / 24.16 -> 16.22 / 9.10 -> 7.30 / 6.60 -> 5.08 (8 x 1 tile: 7.36 / 12.40 / 16.65 / 8.17 / 5.59;
+// 16 x 1: 7.48 / 12.79 / 14.77 / 8.14 / 5.52); at b32 L2080 (256 pairs) 8 warps were slower,
+// 99.7 -> 103.4, so more pairs keep four (eight: up to a quarter of the multiprocessors, b1-b4
+// of the 8B shape, measured above).
 template <typename T, int D>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     bool const manyWaves = p.batch * p.kvHeads * p.numSplits >= 8LL * multiprocessors();
+    // Few (sequence, KV head) pairs: at most a quarter of the multiprocessors, so even with
+    // every split at work the grid is about one wave (numSplits is about multiprocessors / pairs).
+    bool const fewPairs = 4 * p.batch * p.kvHeads <= multiprocessors();
     if constexpr (!std::is_same_v<T, float> && (D == 64 || D == 128)) {
         if (deviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8) {
             auto byCache = [&](auto codeTag) {
                 using C = decltype(codeTag);
                 if (manyWaves) {
                     launchMma<T, C, D, 1, 2, 8>(p, stream);
+                } else if (fewPairs) {
+                    launchMma<T, C, D, 8, 2, 1>(p, stream);
                 } else {
                     launchMma<T, C, D, 4, 2, 1>(p, stream);
                 }

@@ -291,7 +291,7 @@ def choose(logits: torch.Tensor, config: Configs, uniform: torch.Tensor | None =
     off the GPU): the same uniforms pick the same tokens."""
     configs = _as_list(config, logits.shape[0])
     if all(c.is_greedy for c in configs):
-        return logits.argmax(dim=-1).int()
+        return argmax_rows(logits)
     if uniform is None:
         raise ValueError("sampling rows need one uniform number each")
     device = logits.device
@@ -302,6 +302,41 @@ def choose(logits: torch.Tensor, config: Configs, uniform: torch.Tensor | None =
     top_k = _row_tensor([min(c.top_k, vocab) for c in configs], device, torch.int32)
     top_p = _row_tensor([c.top_p for c in configs], device, torch.float32)
     return kernels.top_k_top_p_sample(logits, temperature, top_k, top_p, uniform)
+
+
+def _argmax_chunk(vocab: int) -> int:
+    """The chunk width of argmax_rows: a divisor of the vocabulary in [512, 2048] when one
+    exists (no tail to treat apart), else 1024."""
+    return next((c for c in range(1024, 2049) if vocab % c == 0),
+                next((c for c in range(1023, 511, -1) if vocab % c == 0), 1024))
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """int32 [B]: each row's first largest logit, torch.argmax's answer, in two passes on a GPU:
+    the largest of every chunk of about a thousand logits (torch.max over [B, chunks, width],
+    the first index on ties), then the first best chunk. torch.argmax reduces a row in one long
+    pass: 28 us for a 128,256-token vocabulary on an H100, on the path of every greedy decode
+    step. NaN counts as the largest, as in torch.argmax."""
+    width = _argmax_chunk(logits.shape[1])
+    if not logits.is_cuda or logits.shape[1] < 2 * width:
+        return logits.argmax(dim=-1).int()
+    return argmax_by_chunks(logits, width)
+
+
+def argmax_by_chunks(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """argmax_rows' two passes over chunks of `width` logits (any device; at least one chunk)."""
+    b, v = logits.shape
+    n = v // width
+    head = n * width
+    values, within = logits[:, :head].reshape(b, n, width).max(dim=-1)
+    chunk = values.argmax(dim=-1, keepdim=True)
+    token = within.gather(1, chunk).add_(chunk, alpha=width)
+    if head < v:  # the logits after the last whole chunk: a later index wins only when larger
+        best = values.gather(1, chunk)
+        tail_value, tail_index = logits[:, head:].max(dim=-1, keepdim=True)
+        later = (tail_value > best) | (tail_value.isnan() & ~best.isnan())
+        token = torch.where(later, tail_index + head, token)
+    return token.squeeze(1).int()
 
 
 def sampling_distribution(logits: torch.Tensor, config: Configs, **history) -> torch.Tensor:

@@ -10,7 +10,15 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from tensorrt_llm.runtime.sampling import SamplingConfig, make_generator, process_logits, sample, sampling_distribution
+from tensorrt_llm.runtime.sampling import (
+    SamplingConfig,
+    argmax_by_chunks,
+    argmax_rows,
+    make_generator,
+    process_logits,
+    sample,
+    sampling_distribution,
+)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -96,6 +104,41 @@ def test_greedy_is_argmax(device, greedy, dtype):
     tokens = sample(logits, SamplingConfig(end_id=0, **greedy))
     assert tokens.dtype == torch.int32 and tokens.device.type == device
     assert torch.equal(tokens.long(), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab,width", [(128256, 1002), (4096, 1024), (5000, 1024), (3000, 512), (2048, 1024)])
+def test_argmax_by_chunks_is_argmax(device, vocab, width):
+    """The two-pass argmax (chunk maxima, then the best chunk) answers as torch.argmax does:
+    the first of tied maxima, within a chunk, across chunks and in the tail after the last whole
+    chunk; NaN as the largest."""
+    g = torch.Generator().manual_seed(vocab + width)
+    logits = torch.randint(-50, 5, (12, vocab), generator=g).float()  # few values: many ties
+    logits[1, :] = 7.0  # all tied: index 0
+    logits[2, vocab - 1] = 9.0  # the last logit (the tail, when there is one)
+    logits[3, [width - 1, width]] = 9.0  # tied across a chunk boundary: the first
+    logits[4, vocab - 2:] = 9.0  # tied in the tail
+    logits[5, [3, vocab - 1]] = 9.0  # tied between the first chunk and the tail: the first
+    logits[6, width + 1] = float("nan")
+    logits[7, vocab - 1] = float("nan")
+    logits[8, [5, vocab - 1]] = float("nan")  # two NaNs: the first
+    logits[9] = float("-inf")
+    logits = logits.to(device)
+    want = logits.argmax(dim=-1)
+    got = argmax_by_chunks(logits, width)
+    assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+    assert torch.equal(argmax_rows(logits).long(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [128256, 32000, 49152, 151937, 1500])
+def test_greedy_rows_on_a_gpu_are_argmax(vocab):
+    """On a GPU greedy rows take the two-pass argmax (a vocabulary with and without a divisor
+    for the chunks, one too small to chunk): torch.argmax's tokens."""
+    logits = random_logits(5, vocab, seed=vocab, device="cuda")
+    logits[0, -1] = logits.max() + 1
+    tokens = sample(logits, SamplingConfig(end_id=0, top_k=1))
+    assert tokens.dtype == torch.int32 and torch.equal(tokens.long(), logits.argmax(-1))
 
 
 # -- sampling distributions ------------------------------------------------------------
