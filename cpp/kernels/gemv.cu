@@ -8,8 +8,8 @@
 // each lane loads 16-byte packs, kUnroll packs in flight before any is used, and a warp
 // reduction ends each row. The grid gives every warp the same number of rows, as many warps
 // as fit on the GPU at once.
-#include "activation.cuh"
 #include "common.cuh"
+#include "gemv_prologue.cuh"
 
 namespace tensorrt_llm {
 
@@ -28,7 +28,8 @@ __device__ __forceinline__ Pack<T, V> loadStreaming(Pack<T, V> const* ptr) {
 }
 
 // a[r, :] for r < rows into shared memory (rows up to MAXM are zero-filled, so the main loop
-// needs no row test). Block 0 also writes x + residual to residualOut.
+// needs no row test): x's rows, or their prologue (gemv_prologue.cuh). Block 0 also writes
+// x + residual to residualOut.
 template <typename T, int MAXM, GemvPrologue PRO>
 __device__ __forceinline__ void computeInput(GemvParams const& p, T* a) {
     constexpr int V = kVec16<T>;
@@ -46,54 +47,11 @@ __device__ __forceinline__ void computeInput(GemvParams const& p, T* a) {
             for (int i = threadIdx.x; i < numVec; i += kThreads) aRow[i] = zero;
             continue;
         }
-        P const* xRow = reinterpret_cast<P const*>(static_cast<T const*>(p.x) + r * p.xRowStride);
         if constexpr (PRO == GemvPrologue::kNone) {
+            P const* xRow = reinterpret_cast<P const*>(static_cast<T const*>(p.x) + r * p.xRowStride);
             for (int i = threadIdx.x; i < numVec; i += kThreads) aRow[i] = xRow[i];
-        } else if constexpr (PRO == GemvPrologue::kSiluAndMul) {
-            for (int i = threadIdx.x; i < numVec; i += kThreads) {
-                P const g = xRow[i];
-                P const u = xRow[numVec + i];
-                P o;
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    o.v[e] = fromFloat<T>(activate<Activation::kSilu>(toFloat(g.v[e])) * toFloat(u.v[e]));
-                }
-                aRow[i] = o;
-            }
         } else {
-            // As rms_norm.cu: s rounded to T, mean of squares of the rounded s in float32,
-            // one rounding of s * inv * weight.
-            P const* resRow = p.residual
-                ? reinterpret_cast<P const*>(static_cast<T const*>(p.residual) + r * p.residualRowStride)
-                : nullptr;
-            P* resOut = (p.residualOut != nullptr && blockIdx.x == 0)
-                ? reinterpret_cast<P*>(static_cast<T*>(p.residualOut) + r * p.k)
-                : nullptr;
-            float sumSq = 0.f;
-            for (int i = threadIdx.x; i < numVec; i += kThreads) {
-                P s = xRow[i];
-                if (resRow) {
-                    P const b = resRow[i];
-#pragma unroll
-                    for (int e = 0; e < V; ++e) s.v[e] = fromFloat<T>(toFloat(s.v[e]) + toFloat(b.v[e]));
-                    if (resOut) resOut[i] = s;
-                }
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    float const f = toFloat(s.v[e]);
-                    sumSq += f * f;
-                }
-                aRow[i] = s;
-            }
-            float const inv = rsqrtf(blockReduceSum(sumSq) / static_cast<float>(k) + p.eps);
-            P const* w = reinterpret_cast<P const*>(p.normWeight);
-            for (int i = threadIdx.x; i < numVec; i += kThreads) {  // the elements this thread wrote
-                P s = aRow[i];
-                P const g = w[i];
-#pragma unroll
-                for (int e = 0; e < V; ++e) s.v[e] = fromFloat<T>(toFloat(s.v[e]) * inv * toFloat(g.v[e]));
-                aRow[i] = s;
-            }
+            prologueRow<T, PRO, kThreads, 1>(p, r, aRow, [&](int i, P const& o) { aRow[i] = o; });
         }
     }
 }

@@ -48,8 +48,8 @@
 // The dequantization (prompt steps, more rows than the GEMV serves): W in the activation dtype,
 // W = code * scale + zero in float32 exactly as formats.py (two roundings, no fused
 // multiply-add), rounded once to the dtype, for a tensor-core matmul by the caller.
-#include "activation.cuh"
 #include "common.cuh"
+#include "gemv_prologue.cuh"
 
 #include <cuda_fp8.h>
 
@@ -501,95 +501,23 @@ __device__ __forceinline__ void loadX(Params const& p, T const* x, int step, int
 }
 
 // FP8 with a prologue (PRO): x's rows through RMSNorm (of x + residual, which block 0 also writes
-// to residualOut) or SiLU-and-mul (x [m, 2k]), each value rounded to T as rms_norm.cu and
-// activation.cu round it (so the fused op equals those kernels then fp8_gemv), then quantized as
-// quantizeX does, into xs [m][k]: the E4M3 codes as float16, every k-step's B operands. The RMS
-// needs the whole row before any output, so every block computes it once, here, instead of each
-// k-step quantizing its own x. Every thread of the block calls it (block reductions).
-// B: packs a thread loads before using any (x comes from L2).
+// to residualOut) or SiLU-and-mul (x [m, 2k]) as gemv_prologue.cuh computes them (so the fused op
+// equals the rms_norm / silu_and_mul kernels then fp8_gemv), then quantized as quantizeX does,
+// into xs [m][k]: the E4M3 codes as float16, every k-step's B operands. The RMS needs the whole
+// row before any output, so every block computes it once, here, instead of each k-step
+// quantizing its own x. Every thread of the block calls it. B: packs a thread loads before using
+// any (x comes from L2).
 template <typename T, GemvPrologue PRO, int B>
 __device__ __forceinline__ void stageFp8Input(Params const& p, __half* xs, float inverseScale) {
-    constexpr int V = 8;  // values of T in a uint4
-    constexpr int kThreads = kMmaWarps * 32;
-    using P = Pack<T, V>;
-    static_assert(sizeof(P) == sizeof(uint4), "a pack of 8 values of T is 16 bytes");
-    int const k = static_cast<int>(p.k);
-    int const vecs = k / V;
-    auto load = [](void const* base, int64_t i) {
-        uint4 const raw = __ldg(static_cast<uint4 const*>(base) + i);
-        return *reinterpret_cast<P const*>(&raw);
-    };
+    using P = Pack<T, kVec16<T>>;
+    static_assert(sizeof(P) == sizeof(uint4) && sizeof(T) == sizeof(__half), "8 values of T: 16 bytes, 8 codes");
     for (int r = 0; r < p.m; ++r) {
-        P* row = reinterpret_cast<P*>(xs + static_cast<int64_t>(r) * k);
-        T const* x = static_cast<T const*>(p.x) + r * p.xRowStride;
-        float inv = 0.f;
-        if constexpr (PRO == GemvPrologue::kRmsNorm) {
-            // As rms_norm.cu: s rounded to T, the mean of the rounded s's squares in float32.
-            T const* res = p.residual ? static_cast<T const*>(p.residual) + r * p.residualRowStride : nullptr;
-            P* resOut = p.residualOut != nullptr && blockIdx.x == 0
-                ? reinterpret_cast<P*>(static_cast<T*>(p.residualOut) + static_cast<int64_t>(r) * k)
-                : nullptr;
-            float sumSq = 0.f;
-            for (int i0 = threadIdx.x; i0 < vecs; i0 += B * kThreads) {
-                P s[B], b[B];
-#pragma unroll
-                for (int j = 0; j < B; ++j) {
-                    int const i = i0 + j * kThreads;
-                    if (i < vecs) {
-                        s[j] = load(x, i);
-                        if (res) b[j] = load(res, i);
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < B; ++j) {
-                    int const i = i0 + j * kThreads;
-                    if (i >= vecs) break;
-                    if (res) {
-#pragma unroll
-                        for (int e = 0; e < V; ++e) s[j].v[e] = fromFloat<T>(toFloat(s[j].v[e]) + toFloat(b[j].v[e]));
-                        if (resOut) resOut[i] = s[j];
-                    }
-#pragma unroll
-                    for (int e = 0; e < V; ++e) sumSq += toFloat(s[j].v[e]) * toFloat(s[j].v[e]);
-                    row[i] = s[j];  // this thread's own elements, read back below
-                }
-            }
-            inv = rsqrtf(blockReduceSum(sumSq) / static_cast<float>(k) + p.eps);
-        }
-        for (int i0 = threadIdx.x; i0 < vecs; i0 += B * kThreads) {
-            P a[B], b[B];  // RMSNorm: the norm's weight; SiLU-and-mul: gate, up
-#pragma unroll
-            for (int j = 0; j < B; ++j) {
-                int const i = i0 + j * kThreads;
-                if (i < vecs) {
-                    if constexpr (PRO == GemvPrologue::kRmsNorm) {
-                        a[j] = load(p.normWeight, i);
-                    } else {
-                        a[j] = load(x, i);
-                        b[j] = load(x, vecs + i);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < B; ++j) {
-                int const i = i0 + j * kThreads;
-                if (i >= vecs) break;
-                P o;
-                if constexpr (PRO == GemvPrologue::kRmsNorm) {
-                    P const sv = row[i];
-#pragma unroll
-                    for (int e = 0; e < V; ++e) o.v[e] = fromFloat<T>(toFloat(sv.v[e]) * inv * toFloat(a[j].v[e]));
-                } else {
-#pragma unroll
-                    for (int e = 0; e < V; ++e) {
-                        o.v[e] = fromFloat<T>(activate<Activation::kSilu>(toFloat(a[j].v[e])) * toFloat(b[j].v[e]));
-                    }
-                }
-                uint4 codes = *reinterpret_cast<uint4 const*>(&o);
-                quantizeX<T>(codes, inverseScale);
-                *reinterpret_cast<uint4*>(row + i) = codes;
-            }
-        }
+        P* row = reinterpret_cast<P*>(xs + static_cast<int64_t>(r) * p.k);  // s, then the codes over it
+        prologueRow<T, PRO, kMmaWarps * 32, B>(p, r, row, [&](int i, P const& o) {
+            uint4 codes = *reinterpret_cast<uint4 const*>(&o);
+            quantizeX<T>(codes, inverseScale);
+            *reinterpret_cast<uint4*>(row + i) = codes;
+        });
     }
 }
 
