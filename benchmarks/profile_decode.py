@@ -130,6 +130,25 @@ def main():
         print(f"{v:>9.1f} {v / total:>6.1%}  {k[:110]}")
 
 
+def kernel_intervals(prof) -> list[tuple[float, float, str]]:
+    """The kernels a torch.profiler run saw: (start us, end us, name), in start order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    return sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                  if e.get("cat") == "kernel" and "dur" in e)
+
+
+def busy_us(kernels) -> float:
+    """The union of the kernels' intervals (start order): the time at least one of them ran."""
+    covered, end = 0.0, kernels[0][0]
+    for a, b, _ in kernels:
+        covered += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return covered
+
+
 def replay_timeline(graph, replays: int = 20):
     """Kernel time against the span of each replay: the GPU's idle time between a graph's
     kernels (launch latency, the previous kernel's tail) is the span minus the union of the
@@ -138,12 +157,7 @@ def replay_timeline(graph, replays: int = 20):
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
-    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                     if e.get("cat") == "kernel" and "dur" in e)
+    kernels = kernel_intervals(prof)
     if not kernels:
         print("the profiler saw no kernels of the replayed graph (CUPTI without graph kernel records)")
         return
@@ -152,16 +166,13 @@ def replay_timeline(graph, replays: int = 20):
     for r in range(1, replays):  # the first replay is left out: the profiler's own start-up
         ks = kernels[r * per_replay:(r + 1) * per_replay]
         spans.append(ks[-1][1] - ks[0][0])
-        covered, end = 0.0, ks[0][0]
-        for a, b, _ in ks:
-            covered += max(0.0, b - max(a, end))
-            end = max(end, b)
-        busy.append(covered)
+        busy.append(busy_us(ks))
         gaps.extend(max(0.0, ks[i + 1][0] - ks[i][1]) for i in range(len(ks) - 1))
     n = len(spans)
     gaps.sort()
+    idle = (sum(spans) - sum(busy)) / n
     print(f"replayed graph: {per_replay} kernels a replay, span {sum(spans) / n / 1e3:.3f} ms, "
-          f"kernels busy {sum(busy) / n / 1e3:.3f} ms, idle between kernels {(sum(spans) - sum(busy)) / n / 1e3:.3f} ms "
+          f"kernels busy {sum(busy) / n / 1e3:.3f} ms, idle between kernels {idle / 1e3:.3f} ms "
           f"(gap p50 {gaps[len(gaps) // 2]:.1f} us, p90 {gaps[int(len(gaps) * 0.9)]:.1f} us)")
     totals = {}
     for a, b, name in kernels[per_replay:per_replay * replays]:

@@ -9,7 +9,7 @@ costs: launches from Python that the GPU waits for.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
 import tempfile
 import time
@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generation import QUANTS, quantized_model, random_models  # noqa: E402
+from profile_decode import busy_us, kernel_intervals  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
@@ -68,17 +69,10 @@ def kernel_table(call, top):
     print(f"  {'host ms':>7} {'calls':>5}  operator (self time on the host)")
     for e in host[:top // 2]:
         print(f"  {e.self_cpu_time_total / 1e3:>7.2f} {e.count:>5}  {e.key[:110]}")
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
-    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                     if e.get("cat") == "kernel" and "dur" in e)
-    covered, end = 0.0, kernels[0][0]
+    kernels = kernel_intervals(prof)
+    covered = busy_us(kernels)
     totals = {}
     for a, b, name in kernels:
-        covered += max(0.0, b - max(a, end))
-        end = max(end, b)
         t, c = totals.get(name, (0.0, 0))
         totals[name] = (t + b - a, c + 1)
     span = kernels[-1][1] - kernels[0][0]
@@ -112,9 +106,7 @@ def main():
             build(q, bc).save(tmp)
             del q
             runner = ModelRunner.from_dir(tmp, device=dev)
-
-        def call():
-            runner.generate(prompt, max_new_tokens=1)
+        call = functools.partial(runner.generate, prompt, max_new_tokens=1)
         call()
         call()
         wall = wall_ms(call, args.repeats)
@@ -122,7 +114,7 @@ def main():
         print(f"{args.model} {quant}, a {args.prompt_len}-token prompt's first token: wall {wall:.2f} ms, "
               f"GPU {gpu:.2f} ms (host-bound {wall - gpu:.2f} ms)")
         kernel_table(call, args.top)
-        del runner
+        del call, runner
         torch.cuda.empty_cache()
 
 
