@@ -400,6 +400,20 @@ def test_silu_and_mul_prologue_is_the_activation_kernel_then_the_gemv(m, k, n, d
     assert (got.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
 
 
+def _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, input_scale, bias):
+    """rms_norm_fp8_linear and add_rms_norm_fp8_linear give the rms_norm / fused_add_rms_norm
+    kernels then fp8_linear's numbers bit for bit (calls the fused FP8 GEMV does not serve);
+    returns add_rms_norm_fp8_linear's output."""
+    torch.testing.assert_close(rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, input_scale, bias, eps=1e-5),
+                               fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, input_scale, bias),
+                               rtol=0, atol=0)
+    y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, input_scale, bias, eps=1e-5)
+    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
+    assert torch.equal(total, want_total)
+    torch.testing.assert_close(y, fp8_linear_cuda(normed, qw, ws, input_scale, bias), rtol=0, atol=0)
+    return y
+
+
 @pytest.mark.gpu
 def test_prologue_dispatch_and_fallbacks():
     """Calls the fused kernel does not serve run the unfused CUDA ops, with their numbers."""
@@ -414,13 +428,8 @@ def test_prologue_dispatch_and_fallbacks():
     assert fp8_gemv_prologue_serves("rms_norm", wide, qw_wide, xs_wide)  # 8 x 1,024 again
     gate_up = torch.randn(5, 2 * 1024, device="cuda", dtype=torch.bfloat16)
     assert not fp8_gemv_prologue_serves("silu_and_mul", gate_up, qw_wide, xs_wide)  # 5 x 2,048
-    torch.testing.assert_close(rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, xs, bias, eps=1e-5),
-                               fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, xs, bias),
-                               rtol=0, atol=0)
-    y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, None, bias, eps=1e-5)
-    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
-    assert torch.equal(total, want_total)
-    torch.testing.assert_close(y, fp8_linear_cuda(normed, qw, ws, None, bias), rtol=0, atol=0)
+    _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, xs, bias)
+    _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, None, bias)
     with pytest.raises(ValueError, match="prologue over 9 rows"):
         fp8_gemv(x, qw, ws, xs, bias, "rms_norm", norm_weight=norm_weight, eps=1e-5)
 
@@ -465,20 +474,13 @@ def test_fused_ops_over_many_rows_are_the_unfused_cuda_ops(m, k, n, dtype):
     widths that are not whole int32 words run the unfused ops themselves."""
     x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(m, k, n, dtype, m + k + n, "rms_norm")
     assert not fp8_gemv_serves(x, qw, xs)
-    torch.testing.assert_close(rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, xs, bias, eps=1e-5),
-                               fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, xs, bias),
-                               rtol=0, atol=0)
-    y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
-    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
-    assert torch.equal(total, want_total)
-    torch.testing.assert_close(y, fp8_linear_cuda(normed, qw, ws, xs, bias), rtol=0, atol=0)
+    y = _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, xs, bias)
     want_ref, _ = add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
     assert (y.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
+    _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, None, bias)  # dynamic scales
     wide, _, _, qw2, ws2, xs2, bias2 = _prologue_case(m, k, n, dtype, m + k + n + 1, "silu_and_mul")
     torch.testing.assert_close(silu_and_mul_fp8_linear_cuda(wide, qw2, ws2, xs2, bias2),
                                fp8_linear_cuda(silu_and_mul_cuda(wide), qw2, ws2, xs2, bias2), rtol=0, atol=0)
-    y_dyn, _ = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, None, bias, eps=1e-5)
-    torch.testing.assert_close(y_dyn, fp8_linear_cuda(normed, qw, ws, None, bias), rtol=0, atol=0)
 
 
 @pytest.mark.gpu
