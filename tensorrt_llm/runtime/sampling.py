@@ -10,6 +10,7 @@ launch of kernels.top_k_top_p_sample (greedy rows included; the CUDA kernel on a
 reference elsewhere) that draws with one uniform number per row, from sampling_distribution().
 """
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -304,9 +305,10 @@ def choose(logits: torch.Tensor, config: Configs, uniform: torch.Tensor | None =
     return kernels.top_k_top_p_sample(logits, temperature, top_k, top_p, uniform)
 
 
+@functools.lru_cache(maxsize=None)
 def _argmax_chunk(vocab: int) -> int:
     """The chunk width of argmax_rows: a divisor of the vocabulary in [512, 2048] when one
-    exists (no tail to treat apart), else 1024."""
+    exists (no tail to treat apart), else 1024. Cached: greedy decoding asks at every step."""
     return next((c for c in range(1024, 2049) if vocab % c == 0),
                 next((c for c in range(1023, 511, -1) if vocab % c == 0), 1024))
 
