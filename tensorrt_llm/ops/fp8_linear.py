@@ -119,6 +119,11 @@ def fp8_linear_reference(x, qweight, weight_scale, input_scale=None, bias=None):
 # ---- CUDA: torch._scaled_mm ---------------------------------------------------------------------
 
 
+def _static_scale(input_scale: torch.Tensor) -> torch.Tensor:
+    """A static input scale as the kernels take it: float32 [1], contiguous."""
+    return input_scale.float().reshape(1).contiguous()
+
+
 def _quantize_activation_cuda(x2: torch.Tensor, input_scale: Optional[torch.Tensor]):
     """formats.quantize_fp8_activation's codes and scale ([1] static, [M, 1] per row) of x2 [M, K],
     bit for bit, by the fp8_quantize kernel: one pass over x, where PyTorch's ops take four through
@@ -132,7 +137,7 @@ def _quantize_activation_cuda(x2: torch.Tensor, input_scale: Optional[torch.Tens
         scale = torch.empty(m, dtype=torch.float32, device=x2.device)
         launch("fp8_quantize", codes.view(torch.int32), x2, None, scale)
         return codes.view(FP8_DTYPE), scale.reshape(m, 1)
-    scale = input_scale.float().reshape(1).contiguous()
+    scale = _static_scale(input_scale)
     launch("fp8_quantize", codes.view(torch.int32), x2, scale, None)
     return codes.view(FP8_DTYPE), scale
 
@@ -169,7 +174,7 @@ def fp8_gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor
     total = torch.empty_like(residual, memory_format=torch.contiguous_format) if residual is not None else None
     if x2.shape[0]:
         launch("fp8_gemv", out, x2, qweight.view(torch.int32), weight_scale.contiguous(),
-               input_scale.float().reshape(1).contiguous(), None if bias is None else bias.contiguous(),
+               _static_scale(input_scale), None if bias is None else bias.contiguous(),
                GEMV_PROLOGUES[prologue], residual, total, norm_weight, float(eps))
     return out, total
 
@@ -254,12 +259,15 @@ def _codes_prologue_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale:
             and scaled_mm_serves(qweight) and not fp8_gemv_serves(x2, qweight, input_scale))
 
 
-def _codes(m: int, width: int, device) -> torch.Tensor:
-    return torch.empty(m, width, dtype=torch.uint8, device=device)
-
-
-def _static_scale(input_scale: torch.Tensor) -> torch.Tensor:
-    return input_scale.float().reshape(1).contiguous()
+def _gemm_after_codes(kernel: str, x2: torch.Tensor, qweight, weight_scale, input_scale, bias, *args,
+                      **kwargs) -> torch.Tensor:
+    """[M, N] in x2's dtype: `kernel` (rms_norm_fp8, silu_and_mul_fp8; its other operands args
+    and kwargs) writes the E4M3 codes of the layer's input from x2 under the static input scale,
+    then cuBLASLt's FP8 GEMM reads them (a call _codes_prologue_serves)."""
+    codes = torch.empty(x2.shape[0], qweight.shape[1], dtype=torch.uint8, device=x2.device)
+    scale = _static_scale(input_scale)
+    launch(kernel, codes.view(torch.int32), x2, *args, input_scale=scale, **kwargs)
+    return scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x2.dtype)
 
 
 @rms_norm_fp8_linear.implementation(CUDA)
@@ -270,9 +278,8 @@ def rms_norm_fp8_linear_cuda(x, norm_weight, qweight, weight_scale, input_scale=
         out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", norm_weight=norm_weight, eps=eps)
         return out.reshape(*x.shape[:-1], n)
     if _codes_prologue_serves(x2, qweight, input_scale, k):  # the norm kernel writes the GEMM's codes
-        codes, scale = _codes(x2.shape[0], k, x.device), _static_scale(input_scale)
-        launch("rms_norm_fp8", codes.view(torch.int32), x2, norm_weight, scale, float(eps))
-        y = scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x.dtype)
+        y = _gemm_after_codes("rms_norm_fp8", x2, qweight, weight_scale, input_scale, bias, norm_weight,
+                              eps=float(eps))
         return y.reshape(*x.shape[:-1], n)
     return fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=eps), qweight, weight_scale, input_scale, bias)
 
@@ -307,11 +314,9 @@ def add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qweight, weight_scale
         out, total = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", r2, norm_weight, eps)
         return out.reshape(*x.shape[:-1], n), total.reshape(x.shape)
     if x.shape == residual.shape and _codes_prologue_serves(x2, qweight, input_scale, k):
-        codes, scale = _codes(x2.shape[0], k, x.device), _static_scale(input_scale)
         total = torch.empty_like(residual, memory_format=torch.contiguous_format)
-        launch("rms_norm_fp8", codes.view(torch.int32), x2, norm_weight, scale, float(eps), residual=r2,
-               residual_out=total.view(-1, k))
-        y = scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x.dtype)
+        y = _gemm_after_codes("rms_norm_fp8", x2, qweight, weight_scale, input_scale, bias, norm_weight,
+                              eps=float(eps), residual=r2, residual_out=total.view(-1, k))
         return y.reshape(*x.shape[:-1], n), total
     normed, total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=eps)
     return fp8_linear_cuda(normed, qweight, weight_scale, input_scale, bias), total
@@ -341,8 +346,6 @@ def silu_and_mul_fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bia
         out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "silu_and_mul")
         return out.reshape(*x.shape[:-1], n)
     if _codes_prologue_serves(x2, qweight, input_scale, k):  # the activation kernel writes the GEMM's codes
-        codes, scale = _codes(x2.shape[0], k, x.device), _static_scale(input_scale)
-        launch("silu_and_mul_fp8", codes.view(torch.int32), x2, scale)
-        y = scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x.dtype)
+        y = _gemm_after_codes("silu_and_mul_fp8", x2, qweight, weight_scale, input_scale, bias)
         return y.reshape(*x.shape[:-1], n)
     return fp8_linear_cuda(silu_and_mul_cuda(x), qweight, weight_scale, input_scale, bias)
