@@ -37,6 +37,21 @@ namespace {
 constexpr DType kInt32 = DType::kInt32;
 constexpr DType kFloat32 = DType::kFloat32;
 
+// The output of rms_norm / silu_and_mul (`out`), or of their *_fp8 entries (input_scale given):
+// E4M3 codes, whose bytes the binding takes as int32 words. Sets p.out, p.outRowStride (in
+// elements of the output) and p.codeScale.
+template <typename Params>
+void setOutput(Call const& c, Params& p) {
+    if (c.has("input_scale")) {
+        p.out = c["codes"].data();
+        p.outRowStride = c["codes"].stride(0) * 4;
+        p.codeScale = static_cast<float const*>(c["input_scale"].data());
+    } else {
+        p.out = c["out"].data();
+        p.outRowStride = c["out"].stride(0);
+    }
+}
+
 // ---- rms_norm ----
 
 void checkRmsNorm(Call& c) {
@@ -52,7 +67,7 @@ void launchRmsNormEntry(Call const& c) {
     TensorArg const& x = c["x"];
     bool const residual = c.has("residual");
     RmsNormParams p{};
-    p.out = c.has("out") ? c["out"].data() : nullptr;
+    setOutput(c, p);
     p.x = x.data();
     p.weight = c["weight"].data();
     p.residual = c.ptr("residual");
@@ -60,16 +75,10 @@ void launchRmsNormEntry(Call const& c) {
     p.rows = x.size(0);
     p.hidden = x.size(1);
     p.xRowStride = x.stride(0);
-    p.outRowStride = c.has("out") ? c["out"].stride(0) : 0;
     p.residualRowStride = residual ? c["residual"].stride(0) : 0;
     p.residualOutRowStride = residual ? c["residual_out"].stride(0) : 0;
     p.eps = static_cast<float>(c.real("eps"));
     p.dtype = x.dtype;
-    if (c.has("input_scale")) {  // rms_norm_fp8: the codes' bytes, as int32 words
-        p.out = c["codes"].data();
-        p.outRowStride = c["codes"].stride(0) * 4;
-        p.codeScale = static_cast<float const*>(c["input_scale"].data());
-    }
     if constexpr (kCudaKernels) launchRmsNorm(p, c.stream());
 }
 
@@ -150,14 +159,7 @@ void launchActAndMulEntry(Call const& c, Activation act) {
     p.rows = x.size(0);
     p.inter = x.size(1) / 2;
     p.xRowStride = x.stride(0);
-    if (c.has("input_scale")) {  // silu_and_mul_fp8: the codes' bytes, as int32 words
-        p.out = c["codes"].data();
-        p.outRowStride = c["codes"].stride(0) * 4;
-        p.codeScale = static_cast<float const*>(c["input_scale"].data());
-    } else {
-        p.out = c["out"].data();
-        p.outRowStride = c["out"].stride(0);
-    }
+    setOutput(c, p);
     p.act = act;
     p.dtype = x.dtype;
     if (p.inter == 0) return;

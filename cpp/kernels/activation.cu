@@ -5,8 +5,6 @@
 #include "activation.cuh"
 #include "common.cuh"
 
-#include <type_traits>
-
 namespace tensorrt_llm {
 
 // O: T, or uint8_t for E4M3 codes (codeScale given).
@@ -25,15 +23,10 @@ __global__ void actAndMulKernel(O* __restrict__ out, T const* __restrict__ x, in
     P const b = reinterpret_cast<P const*>(xRow + inter)[i];
     using OutPack = Pack<O, VEC>;
     OutPack o;
-    float const inverse = std::is_same_v<O, T> ? 1.f : __frcp_rn(*codeScale);
+    float const inverse = codeInverse<O, T>(codeScale);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-        T const v = fromFloat<T>(activate<A>(toFloat(a.v[j])) * toFloat(b.v[j]));
-        if constexpr (std::is_same_v<O, T>) {
-            o.v[j] = v;
-        } else {
-            o.v[j] = fp8Code(toFloat(v), inverse);
-        }
+        o.v[j] = outputOf<O>(fromFloat<T>(activate<A>(toFloat(a.v[j])) * toFloat(b.v[j])), inverse);
     }
     reinterpret_cast<OutPack*>(out + row * outRowStride)[i] = o;
 }

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -46,6 +47,27 @@ __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) { ret
 // kernels that write codes all round through this.
 __device__ __forceinline__ uint8_t fp8Code(float x, float inverse) {
     return __nv_cvt_float_to_fp8(__fmul_rn(x, inverse), __NV_SATFINITE, __NV_E4M3);
+}
+
+// A kernel's output element of value v (rounded to T): v itself (O = T) or, for an FP8 linear's
+// input (O = uint8_t), its E4M3 code under the static scale whose codeInverse is `inverse`.
+template <typename O, typename T>
+__device__ __forceinline__ O outputOf(T v, float inverse) {
+    if constexpr (std::is_same_v<O, T>) {
+        return v;
+    } else {
+        return fp8Code(toFloat(v), inverse);
+    }
+}
+
+// The `inverse` outputOf takes: the static scale's correctly rounded reciprocal when O holds codes.
+template <typename O, typename T>
+__device__ __forceinline__ float codeInverse(float const* codeScale) {
+    if constexpr (std::is_same_v<O, T>) {
+        return 1.f;
+    } else {
+        return __frcp_rn(*codeScale);
+    }
 }
 
 // N elements of T loaded or stored as one access (16 bytes when N = 16 / sizeof(T)).

@@ -10,8 +10,6 @@
 // one pass that writes a byte an element instead of two.
 #include "common.cuh"
 
-#include <type_traits>
-
 namespace tensorrt_llm {
 
 // O: T, or uint8_t for E4M3 codes (codeScale given).
@@ -52,19 +50,14 @@ __global__ void rmsNormKernel(O* __restrict__ out, T const* __restrict__ x, T co
     P const* w = reinterpret_cast<P const*>(weight);
     using OutPack = Pack<O, VEC>;
     OutPack* outRow = reinterpret_cast<OutPack*>(out + row * outRowStride);
-    float const inverse = std::is_same_v<O, T> ? 1.f : __frcp_rn(*codeScale);
+    float const inverse = codeInverse<O, T>(codeScale);
     for (int64_t i = threadIdx.x; i < numVec; i += blockDim.x) {
         P const a = src[i];
         P const g = w[i];
         OutPack o;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-            T const v = fromFloat<T>(toFloat(a.v[j]) * inv * toFloat(g.v[j]));
-            if constexpr (std::is_same_v<O, T>) {
-                o.v[j] = v;
-            } else {
-                o.v[j] = fp8Code(toFloat(v), inverse);
-            }
+            o.v[j] = outputOf<O>(fromFloat<T>(toFloat(a.v[j]) * inv * toFloat(g.v[j])), inverse);
         }
         outRow[i] = o;
     }
