@@ -4,6 +4,9 @@
 // words (16 INT8 or 32 INT4 codes).
 //
 // The GEMV (decode, up to 32 rows of x per read of the weight, 16 for INT4; more rows loop over tiles).
+// Up to 8 rows with float32 scales (and FP8 without a prologue, x up to 16 KB): the pipelined
+// kernel (weightOnlyGemvPipelinedKernel, described above it), the same products with the codes
+// streamed through shared memory. Elsewhere:
 // float16 / bfloat16 activations take the tensor-core kernel (weightOnlyGemvMmaKernel, described
 // above it): x read straight from L1 / L2 (INT4 with at most 16 KB of x: from a copy in shared
 // memory, SHARED_X), each lane's 16-byte packs
@@ -713,6 +716,205 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
     }
 }
 
+// ---- The pipelined GEMV (up to 8 rows of x, float32 scales) ----
+// The kernel above loads U k-steps of codes into registers, waits for them, uses them, and only
+// then loads the next ones: a warp has bytes in flight for part of its time, and at K = 4,096
+// (4 k-steps a warp) a tile of 16 features waits a whole DRAM latency. Here each warp streams
+// its k-steps, across the block's tiles, through a ring of STAGES slots of shared memory
+// (cp.async: no registers held while the bytes travel), keeping STAGES - 1 k-steps of codes in
+// flight while it computes one. The first slots are filled before waitForPreviousKernel (codes
+// are no kernel's output); x's rows are copied to shared memory once per block; the grid is the
+// blocks that fit at once, each looping over tiles of 16 features. Scales and zeros are read
+// where they are used, from L1: a tile ahead, the block asks for its next tile's scale lines
+// (per channel: read once per tile). In the ring they cost more than they saved: 16 rows' scale
+// and zero are 32 cache lines a k-step, and INT4 gate_up took 52 us, bound by L1 (80% busy).
+// Per lane, the same products as the kernel above (mmaStep, mmaStepFp8), in the same order.
+// H100, batch 1 (`bench_weight_only_gemv.py --rows 1`, microseconds, the kernel above -> this):
+// INT4 group 128 qkv 11.18 -> 10.70, o 6.82 -> 6.62, gate_up 36.55 -> 35.85, down 22.62 ->
+// 18.20; INT8 per channel qkv 13.56 -> 10.94, o 8.69 -> 9.69, gate_up 49.07 -> 46.18; FP8 qkv
+// 12.38 -> 10.98, o 10.16 -> 8.95, but down (28 KB of x to stage) 25.26 -> 27.18, so FP8 takes
+// it only with x up to kMaxSharedX. With a prologue (the fused FP8 ops) it was slower: gate_up
+// 47.16 -> 61.55 us; those keep the kernel above.
+constexpr int kPipeStages = 4;
+// x a block stages: up to 8 rows at K = 4,096 (64 KB), down's K = 14,336 at 2 rows.
+constexpr size_t kMaxPipeX = 64 * 1024;
+// The ring: per warp, STAGES slots of the codes of rows g and g + 8 ([2][32] uint4).
+constexpr size_t kPipeRingBytes = size_t{kMmaWarps} * kPipeStages * 64 * sizeof(uint4);
+
+// cp.async of 16 bytes through L2 only; zeros when !valid (src then unread).
+__device__ __forceinline__ void copyAsync16Or0(void* dst, void const* src, bool valid) {
+    uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copyAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copyAsyncWait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <typename T, int BITS, bool FP8>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKernel(Params p) {
+    allowNextKernel();  // see launchKernel
+    constexpr int STAGES = kPipeStages;
+    constexpr int XW = 16 / BITS;  // uint4 of x per pack per row of x
+    int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
+    int const kSteps = (numPacks + 3) / 4;
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    // The warp's k-steps of a tile (warp, warp + 8, ...), the block's tiles, and so its items.
+    int const perTile = warp < kSteps ? (kSteps - warp + kMmaWarps - 1) / kMmaWarps : 0;
+    int64_t const firstRow = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+    int64_t const tileStride = int64_t{gridDim.x} * kMmaRows;
+    int const tiles = firstRow < p.n ? static_cast<int>((p.n - firstRow + tileStride - 1) / tileStride) : 0;
+    int const items = tiles * perTile;
+
+    extern __shared__ __align__(16) unsigned char pipeShared[];
+    uint4* ring = reinterpret_cast<uint4*>(pipeShared) + warp * STAGES * 64;
+    T* xShared = reinterpret_cast<T*>(pipeShared + kPipeRingBytes);  // [p.m][k]
+    __shared__ float red[kMmaWarps][8][kMmaRows];
+    float const* scales = static_cast<float const*>(p.scales);
+    float const* zeros = static_cast<float const*>(p.zeros);
+
+    // Item i: k-step warp + 8 (i % perTile) of tile i / perTile, into slot i % STAGES; one commit
+    // group per item (empty past the last), so that "item i has landed" is a count of groups.
+    auto issue = [&](int i) {
+        if (i < items) {
+            int const tile = i / perTile;
+            int const step = warp + kMmaWarps * (i - tile * perTile);
+            int64_t const rowA = firstRow + tile * tileStride + g, rowB = rowA + 8;
+            int const pack = 4 * step + t;
+            bool const inA = rowA < p.n && pack < numPacks, inB = rowB < p.n && pack < numPacks;
+            uint4* slot = ring + (i % STAGES) * 64;
+            copyAsync16Or0(slot + lane, p.qweight + (inA ? rowA * numPacks + pack : 0), inA);
+            copyAsync16Or0(slot + 32 + lane, p.qweight + (inB ? rowB * numPacks + pack : 0), inB);
+        }
+        copyAsyncCommit();
+    };
+    // The scale (and zero) lines of a tile's 16 rows, towards L1.
+    auto prefetchScales = [&](int tile) {
+        if constexpr (!FP8) {
+            if (tile >= tiles) return;
+            int64_t const n0 = firstRow + tile * tileStride;
+            int const lines = (p.groups * static_cast<int>(sizeof(float)) + 127) / 128;
+            int const perArray = kMmaRows * lines;
+            for (int e = threadIdx.x; e < perArray * (BITS == 4 ? 2 : 1); e += kMmaWarps * 32) {
+                int const which = e / perArray, rest = e - which * perArray;
+                int64_t const row = n0 + rest / lines;
+                if (row >= p.n) continue;
+                float const* line = (which ? zeros : scales) + row * p.groups + (rest % lines) * 32;
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
+            }
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue(i);
+    prefetchScales(0);
+    waitForPreviousKernel();
+
+    int const vecs = static_cast<int>(p.k / 8);  // 16-byte packs of a row (8 values of T)
+    for (int v = threadIdx.x; v < p.m * vecs; v += kMmaWarps * 32) {
+        int const r = v / vecs, c = v - r * vecs;
+        copyAsync16(xShared + r * p.k + c * 8, static_cast<T const*>(p.x) + r * p.xRowStride + c * 8);
+    }
+    copyAsyncCommit();
+    copyAsyncWait<0>();
+    __syncthreads();
+    float const inputScale = FP8 ? *p.inputScale : 0.f;
+    float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
+
+    int i = 0;
+    for (int tile = 0; tile < tiles; ++tile) {
+        int64_t const n0 = firstRow + tile * tileStride;
+        int64_t const rowA = n0 + g, rowB = rowA + 8;
+        bool const okA = rowA < p.n, okB = rowB < p.n;
+        prefetchScales(tile + 1);
+        auto scaleOf = [&](float const* v, bool ok, int64_t row, int step) {
+            return ok ? __ldg(v + row * p.groups + ((4 * step) >> p.groupShift)) : 0.f;
+        };
+        bool const perChannel = p.groups == 1;  // one scale a row: read once per tile
+        float sa = 0.f, sb = 0.f;
+        if (!FP8 && perChannel) {
+            sa = scaleOf(scales, okA, rowA, 0);
+            sb = scaleOf(scales, okB, rowB, 0);
+        }
+        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+        for (int c = 0; c < perTile; ++c, ++i) {
+            issue(i + STAGES - 1);  // into the slot used last
+            copyAsyncWait<STAGES - 1>();
+            int const step = warp + kMmaWarps * c;
+            uint4 const* slot = ring + (i % STAGES) * 64;
+            uint4 const wa = slot[lane], wb = slot[32 + lane];
+            uint4 xs[1][XW];
+            loadX<T, BITS, 1, true>(p, xShared, step, numPacks, xs);
+            if constexpr (FP8) {
+#pragma unroll
+                for (int j = 0; j < XW; ++j) quantizeX<T>(xs[0][j], inverseScale);
+                mmaStepFp8<1>(wa, wb, xs, acc);
+            } else {
+                if (!perChannel) {
+                    sa = scaleOf(scales, okA, rowA, step);
+                    sb = scaleOf(scales, okB, rowB, step);
+                }
+                float const za = BITS == 4 ? scaleOf(zeros, okA, rowA, step) : 0.f;
+                float const zb = BITS == 4 ? scaleOf(zeros, okB, rowB, step) : 0.f;
+                mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, za, zb, 0, 0, acc);
+            }
+        }
+        red[warp][2 * t][g] = acc[0][0];
+        red[warp][2 * t + 1][g] = acc[0][1];
+        red[warp][2 * t][g + 8] = acc[0][2];
+        red[warp][2 * t + 1][g + 8] = acc[0][3];
+        __syncthreads();
+        int const r = threadIdx.x % kMmaRows;
+        int64_t const n = n0 + r;
+        for (int m = threadIdx.x / kMmaRows; m < p.m && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
+            float sum = 0.f;
+#pragma unroll
+            for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
+            if constexpr (FP8) sum *= inputScale * scales[n * p.scaleStride];
+            if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
+            static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
+        }
+        __syncthreads();  // red is read before the next tile writes it
+    }
+}
+
+// Whether GEMVs of up to 8 rows may take the pipelined kernel: yes unless TRTLLM_GEMV_PIPELINE=0
+// (for comparing the two kernels in one build).
+bool pipelinedGemvEnabled() {
+    static bool const enabled = [] {
+        char const* env = std::getenv("TRTLLM_GEMV_PIPELINE");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    return enabled;
+}
+
+// Launches the pipelined kernel where it serves: float32 scales, groups of whole k-steps (or per
+// channel), no prologue, up to 8 rows whose x fits kMaxPipeX (FP8: kMaxSharedX). False elsewhere.
+template <typename T, typename S, int BITS, bool FP8, bool MASKED>
+bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
+    if constexpr (!std::is_same_v<S, float> || MASKED) {
+        return false;
+    } else {
+        size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
+        if (!pipelinedGemvEnabled() || q.m > 8 || q.prologue != GemvPrologue::kNone
+            || xBytes > (FP8 ? kMaxSharedX : kMaxPipeX)) {
+            return false;
+        }
+        auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, FP8>;
+        size_t const smem = kPipeRingBytes + xBytes;
+        static_assert(kPipeRingBytes + kMaxPipeX + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
+                      "the pipelined GEMV's shared memory beyond an H100 block's");
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kPipeRingBytes + kMaxPipeX));
+        int perSm = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
+        unsigned const blocks =
+            static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{std::max(1, perSm)} * multiprocessors()));
+        launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
+        return true;
+    }
+}
+
 // FP8 with a prologue: x's codes staged as float16 [m][k], within the 48 KB of dynamic shared
 // memory a launch gets without opting in.
 static_assert(kFp8PrologueMaxElements * sizeof(__half) <= 48 * 1024, "staged FP8 prologue codes beyond 48 KB");
@@ -733,6 +935,7 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     auto kernel = q.m <= 8    ? weightOnlyGemvMmaKernel<T, S, BITS, 1, MASKED, FP8>
                   : q.m <= 16 ? weightOnlyGemvMmaKernel<T, S, BITS, 2, MASKED, FP8>
                               : weightOnlyGemvMmaKernel<T, S, BITS, BITS == 8 ? 4 : 2, MASKED, FP8>;
+    if (launchPipelinedGemv<T, S, BITS, FP8, MASKED>(q, blocks, stream)) return;
     size_t smem = 0;
     int64_t const sms = multiprocessors();
     bool loops = FP8 && q.m <= 8;  // the kernel's LOOP

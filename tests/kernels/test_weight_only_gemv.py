@@ -285,3 +285,52 @@ def test_replays_in_a_cuda_graph(gen, needs_kernels):
         static_x.copy_(x)
         graph.replay()
         _check(y, quantized_linear_reference(x, q), x, q, None, dtype, False, "graph replay")
+
+
+# The cases both GEMV kernels serve (up to 8 rows, float32 scales, groups of whole k-steps or per
+# channel): weight-only formats, then FP8 (x up to 16 KB); K = 384 leaves warps with no k-step.
+_KERNEL_CASES = [(fmt, group, m, n, k) for fmt, group in [("int4", 128), ("int8", 0), ("int8", 64)]
+                 for m in (1, 2, 5, 8) for n, k in [(37, 384), (1000, 1536), (64, 4096)]] + \
+                [("fp8", 0, m, n, k) for m in (1, 2) for n, k in [(37, 384), (1000, 1536), (64, 4096)]]
+
+_KERNEL_OUTPUTS = """
+import sys, torch
+from tensorrt_llm.ops.fp8_linear import fp8_gemv
+from tensorrt_llm.ops.quantized_linear import weight_only_linear_cuda
+from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8
+outs = []
+for i, (fmt, group, m, n, k) in enumerate(eval(sys.argv[1])):
+    gen = torch.Generator().manual_seed(i)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16).cuda()
+    if fmt == "fp8":
+        q = quantize_fp8(w, per_channel=False, input_scale=torch.tensor([4.0 / 448]))
+        y = fp8_gemv(x, q.qweight.view(torch.uint8).cuda(), q.scale.cuda(), q.input_scale.cuda(), bias)[0]
+    else:
+        q = quantize_int8(w, group or None) if fmt == "int8" else quantize_int4(w, group)
+        zeros = getattr(q, "zeros", None)
+        y = weight_only_linear_cuda(x, q.qweight.cuda(), q.scales.cuda(), None if zeros is None else zeros.cuda(),
+                                    bias, weight_format=fmt, group_size=group)
+    outs.append(y.cpu())
+torch.save(outs, sys.argv[2])
+"""
+
+
+@gpu
+def test_pipelined_kernel_equals_the_register_kernel(needs_kernels, tmp_path):
+    # Both kernels compute each lane's products in the same order, so the outputs are equal bit
+    # for bit: the pipelined one by default, the other with TRTLLM_GEMV_PIPELINE=0 (read once per
+    # process, hence the second process).
+    import subprocess
+    import sys
+    outs = {}
+    for knob in ("1", "0"):
+        path = tmp_path / f"pipeline_{knob}.pt"
+        env = dict(os.environ, TRTLLM_GEMV_PIPELINE=knob)
+        run = subprocess.run([sys.executable, "-c", _KERNEL_OUTPUTS, repr(_KERNEL_CASES), str(path)], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outs[knob] = torch.load(path)
+    for case, new, old in zip(_KERNEL_CASES, outs["1"], outs["0"]):
+        assert torch.equal(new, old), f"{case}: the kernels differ by {(new.float() - old.float()).abs().max():.3g}"
