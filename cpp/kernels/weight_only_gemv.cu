@@ -4,9 +4,8 @@
 // words (16 INT8 or 32 INT4 codes).
 //
 // The GEMV (decode, up to 32 rows of x per read of the weight, 16 for INT4; more rows loop over tiles).
-// Up to 8 rows with float32 scales (and FP8 without a prologue, x up to 16 KB): the pipelined
-// kernel (weightOnlyGemvPipelinedKernel, described above it), the same products with the codes
-// streamed through shared memory. Elsewhere:
+// INT8 / INT4, up to 8 rows with float32 scales: the pipelined kernel (weightOnlyGemvPipelinedKernel,
+// described above it), the same products with the codes streamed through shared memory. Elsewhere:
 // float16 / bfloat16 activations take the tensor-core kernel (weightOnlyGemvMmaKernel, described
 // above it): x read straight from L1 / L2 (INT4 with at most 16 KB of x: from a copy in shared
 // memory, SHARED_X), each lane's 16-byte packs
@@ -728,13 +727,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // where they are used, from L1: a tile ahead, the block asks for its next tile's scale lines
 // (per channel: read once per tile). In the ring they cost more than they saved: 16 rows' scale
 // and zero are 32 cache lines a k-step, and INT4 gate_up took 52 us, bound by L1 (80% busy).
-// Per lane, the same products as the kernel above (mmaStep, mmaStepFp8), in the same order.
-// H100, batch 1 (`bench_weight_only_gemv.py --rows 1`, microseconds, the kernel above -> this):
-// INT4 group 128 qkv 11.18 -> 10.70, o 6.82 -> 6.62, gate_up 36.55 -> 35.85, down 22.62 ->
-// 18.20; INT8 per channel qkv 13.56 -> 10.94, o 8.69 -> 9.69, gate_up 49.07 -> 46.18; FP8 qkv
-// 12.38 -> 10.98, o 10.16 -> 8.95, but down (28 KB of x to stage) 25.26 -> 27.18, so FP8 takes
-// it only with x up to kMaxSharedX. With a prologue (the fused FP8 ops) it was slower: gate_up
-// 47.16 -> 61.55 us; those keep the kernel above.
+// Per lane, the same products as the kernel above (mmaStep), in the same order.
+// H100, batch 1, the kernel above -> this, each layer alone (`bench_weight_only_gemv.py --rows
+// 1`, microseconds): INT4 group 128 qkv 11.08 -> 11.09, o 6.79 -> 6.87, gate_up 36.29 -> 37.53,
+// down 22.57 -> 19.38; INT8 per channel qkv 13.75 -> 10.85, o 8.68 -> 9.34, gate_up 49.32 ->
+// 46.11, down 27.83 -> 30.11. In the engine's step (`bench_generation.py --batch_sizes 1`, both
+// kernels on one machine): INT4 3.320 -> 3.259 ms, INT8 4.052 -> 3.992 (another machine: 4.017
+// -> 4.021). FP8 (its o, the one FP8 layer without a prologue) took the step from 3.781 to 3.854
+// ms while o alone went 10.22 -> 9.20 us; with a prologue (the fused FP8 ops) gate_up alone went
+// 47.16 -> 61.55 us: FP8 keeps the kernel above.
 constexpr int kPipeStages = 4;
 // x a block stages: up to 8 rows at K = 4,096 (64 KB), down's K = 14,336 at 2 rows.
 constexpr size_t kMaxPipeX = 64 * 1024;
@@ -752,7 +753,7 @@ __device__ __forceinline__ void copyAsyncWait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <typename T, int BITS, bool FP8>
+template <typename T, int BITS>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKernel(Params p) {
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeStages;
@@ -791,18 +792,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     };
     // The scale (and zero) lines of a tile's 16 rows, towards L1.
     auto prefetchScales = [&](int tile) {
-        if constexpr (!FP8) {
-            if (tile >= tiles) return;
-            int64_t const n0 = firstRow + tile * tileStride;
-            int const lines = (p.groups * static_cast<int>(sizeof(float)) + 127) / 128;
-            int const perArray = kMmaRows * lines;
-            for (int e = threadIdx.x; e < perArray * (BITS == 4 ? 2 : 1); e += kMmaWarps * 32) {
-                int const which = e / perArray, rest = e - which * perArray;
-                int64_t const row = n0 + rest / lines;
-                if (row >= p.n) continue;
-                float const* line = (which ? zeros : scales) + row * p.groups + (rest % lines) * 32;
-                asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
-            }
+        if (tile >= tiles) return;
+        int64_t const n0 = firstRow + tile * tileStride;
+        int const lines = (p.groups * static_cast<int>(sizeof(float)) + 127) / 128;
+        int const perArray = kMmaRows * lines;
+        for (int e = threadIdx.x; e < perArray * (BITS == 4 ? 2 : 1); e += kMmaWarps * 32) {
+            int const which = e / perArray, rest = e - which * perArray;
+            int64_t const row = n0 + rest / lines;
+            if (row >= p.n) continue;
+            float const* line = (which ? zeros : scales) + row * p.groups + (rest % lines) * 32;
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
         }
     };
 #pragma unroll
@@ -818,8 +817,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     copyAsyncCommit();
     copyAsyncWait<0>();
     __syncthreads();
-    float const inputScale = FP8 ? *p.inputScale : 0.f;
-    float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
 
     int i = 0;
     for (int tile = 0; tile < tiles; ++tile) {
@@ -832,7 +829,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
         };
         bool const perChannel = p.groups == 1;  // one scale a row: read once per tile
         float sa = 0.f, sb = 0.f;
-        if (!FP8 && perChannel) {
+        if (perChannel) {
             sa = scaleOf(scales, okA, rowA, 0);
             sb = scaleOf(scales, okB, rowB, 0);
         }
@@ -845,19 +842,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
             uint4 const wa = slot[lane], wb = slot[32 + lane];
             uint4 xs[1][XW];
             loadX<T, BITS, 1, true>(p, xShared, step, numPacks, xs);
-            if constexpr (FP8) {
-#pragma unroll
-                for (int j = 0; j < XW; ++j) quantizeX<T>(xs[0][j], inverseScale);
-                mmaStepFp8<1>(wa, wb, xs, acc);
-            } else {
-                if (!perChannel) {
-                    sa = scaleOf(scales, okA, rowA, step);
-                    sb = scaleOf(scales, okB, rowB, step);
-                }
-                float const za = BITS == 4 ? scaleOf(zeros, okA, rowA, step) : 0.f;
-                float const zb = BITS == 4 ? scaleOf(zeros, okB, rowB, step) : 0.f;
-                mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, za, zb, 0, 0, acc);
+            if (!perChannel) {
+                sa = scaleOf(scales, okA, rowA, step);
+                sb = scaleOf(scales, okB, rowB, step);
             }
+            float const za = BITS == 4 ? scaleOf(zeros, okA, rowA, step) : 0.f;
+            float const zb = BITS == 4 ? scaleOf(zeros, okB, rowB, step) : 0.f;
+            mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, za, zb, 0, 0, acc);
         }
         red[warp][2 * t][g] = acc[0][0];
         red[warp][2 * t + 1][g] = acc[0][1];
@@ -870,7 +861,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
             float sum = 0.f;
 #pragma unroll
             for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
-            if constexpr (FP8) sum *= inputScale * scales[n * p.scaleStride];
             if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
             static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
         }
@@ -878,7 +868,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     }
 }
 
-// Whether GEMVs of up to 8 rows may take the pipelined kernel: yes unless TRTLLM_GEMV_PIPELINE=0
+// Whether INT8 / INT4 GEMVs of up to 8 rows may take the pipelined kernel: yes unless TRTLLM_GEMV_PIPELINE=0
 // (for comparing the two kernels in one build).
 bool pipelinedGemvEnabled() {
     static bool const enabled = [] {
@@ -888,19 +878,16 @@ bool pipelinedGemvEnabled() {
     return enabled;
 }
 
-// Launches the pipelined kernel where it serves: float32 scales, groups of whole k-steps (or per
-// channel), no prologue, up to 8 rows whose x fits kMaxPipeX (FP8: kMaxSharedX). False elsewhere.
+// Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales, groups of whole
+// k-steps (or per channel), up to 8 rows whose x fits kMaxPipeX. False elsewhere.
 template <typename T, typename S, int BITS, bool FP8, bool MASKED>
 bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
-    if constexpr (!std::is_same_v<S, float> || MASKED) {
+    if constexpr (FP8 || !std::is_same_v<S, float> || MASKED) {
         return false;
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
-        if (!pipelinedGemvEnabled() || q.m > 8 || q.prologue != GemvPrologue::kNone
-            || xBytes > (FP8 ? kMaxSharedX : kMaxPipeX)) {
-            return false;
-        }
-        auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, FP8>;
+        if (!pipelinedGemvEnabled() || q.m > 8 || xBytes > kMaxPipeX) return false;
+        auto kernel = weightOnlyGemvPipelinedKernel<T, BITS>;
         size_t const smem = kPipeRingBytes + xBytes;
         static_assert(kPipeRingBytes + kMaxPipeX + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                       "the pipelined GEMV's shared memory beyond an H100 block's");
@@ -910,7 +897,7 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
         unsigned const blocks =
             static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{std::max(1, perSm)} * multiprocessors()));
-        launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
+        launchKernel("weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
         return true;
     }
 }

@@ -288,30 +288,24 @@ def test_replays_in_a_cuda_graph(gen, needs_kernels):
 
 
 # The cases both GEMV kernels serve (up to 8 rows, float32 scales, groups of whole k-steps or per
-# channel): weight-only formats, then FP8 (x up to 16 KB); K = 384 leaves warps with no k-step.
+# channel); K = 384 leaves warps with no k-step.
 _KERNEL_CASES = [(fmt, group, m, n, k) for fmt, group in [("int4", 128), ("int8", 0), ("int8", 64)]
-                 for m in (1, 2, 5, 8) for n, k in [(37, 384), (1000, 1536), (64, 4096)]] + \
-                [("fp8", 0, m, n, k) for m in (1, 2) for n, k in [(37, 384), (1000, 1536), (64, 4096)]]
+                 for m in (1, 2, 5, 8) for n, k in [(37, 384), (1000, 1536), (64, 4096)]]
 
 _KERNEL_OUTPUTS = """
 import sys, torch
-from tensorrt_llm.ops.fp8_linear import fp8_gemv
 from tensorrt_llm.ops.quantized_linear import weight_only_linear_cuda
-from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8
+from tensorrt_llm.quantization import quantize_int4, quantize_int8
 outs = []
 for i, (fmt, group, m, n, k) in enumerate(eval(sys.argv[1])):
     gen = torch.Generator().manual_seed(i)
     w = torch.randn(n, k, generator=gen) * 0.05
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
     bias = torch.randn(n, generator=gen).to(torch.bfloat16).cuda()
-    if fmt == "fp8":
-        q = quantize_fp8(w, per_channel=False, input_scale=torch.tensor([4.0 / 448]))
-        y = fp8_gemv(x, q.qweight.view(torch.uint8).cuda(), q.scale.cuda(), q.input_scale.cuda(), bias)[0]
-    else:
-        q = quantize_int8(w, group or None) if fmt == "int8" else quantize_int4(w, group)
-        zeros = getattr(q, "zeros", None)
-        y = weight_only_linear_cuda(x, q.qweight.cuda(), q.scales.cuda(), None if zeros is None else zeros.cuda(),
-                                    bias, weight_format=fmt, group_size=group)
+    q = quantize_int8(w, group or None) if fmt == "int8" else quantize_int4(w, group)
+    zeros = getattr(q, "zeros", None)
+    y = weight_only_linear_cuda(x, q.qweight.cuda(), q.scales.cuda(), None if zeros is None else zeros.cuda(),
+                                bias, weight_format=fmt, group_size=group)
     outs.append(y.cpu())
 torch.save(outs, sys.argv[2])
 """
