@@ -55,11 +55,7 @@ static void launchAct(ActAndMulParams const& p, cudaStream_t stream) {
 
 template <typename T, int VEC>
 static void launchOut(ActAndMulParams const& p, cudaStream_t stream) {
-    if (p.codeScale) {
-        launchAct<T, uint8_t, VEC>(p, stream);
-    } else {
-        launchAct<T, T, VEC>(p, stream);
-    }
+    dispatchOutput<T>(p.codeScale, [&](auto out) { launchAct<T, decltype(out), VEC>(p, stream); });
 }
 
 void launchActAndMul(ActAndMulParams const& p, void* stream) {

@@ -60,6 +60,17 @@ __device__ __forceinline__ O outputOf(T v, float inverse) {
     }
 }
 
+// Calls fn(O{}) with O the output element of such a kernel: uint8_t codes when it is given the
+// static scale of the FP8 linear it feeds, else T.
+template <typename T, typename Fn>
+void dispatchOutput(void const* codeScale, Fn&& fn) {
+    if (codeScale) {
+        fn(uint8_t{});
+    } else {
+        fn(T{});
+    }
+}
+
 // The `inverse` outputOf takes: the static scale's correctly rounded reciprocal when O holds codes.
 template <typename O, typename T>
 __device__ __forceinline__ float codeInverse(float const* codeScale) {

@@ -75,11 +75,7 @@ static void launchAs(RmsNormParams const& p, cudaStream_t stream) {
 
 template <typename T, int VEC>
 static void launch(RmsNormParams const& p, cudaStream_t stream) {
-    if (p.codeScale) {
-        launchAs<T, uint8_t, VEC>(p, stream);
-    } else {
-        launchAs<T, T, VEC>(p, stream);
-    }
+    dispatchOutput<T>(p.codeScale, [&](auto out) { launchAs<T, decltype(out), VEC>(p, stream); });
 }
 
 void launchRmsNorm(RmsNormParams const& p, void* stream) {

@@ -502,6 +502,34 @@ __device__ __forceinline__ void loadX(Params const& p, T const* x, int step, int
     }
 }
 
+// The end of a tile of 16 output features, every thread of the block: the warps' sums (acc, lane
+// (g, t) of each mma n-tile) meet in red, then each output is their sum (FP8: times input_scale x
+// weight_scale), plus bias, rounded to T. Leaves red to be read: the caller syncs before the
+// next tile writes it.
+template <typename T, bool FP8, int NT>
+__device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarps][NT * 8][kMmaRows],
+                                          float const (&acc)[NT][4], int64_t n0, float inputScale) {
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        red[warp][nt * 8 + 2 * t][g] = acc[nt][0];
+        red[warp][nt * 8 + 2 * t + 1][g] = acc[nt][1];
+        red[warp][nt * 8 + 2 * t][g + 8] = acc[nt][2];
+        red[warp][nt * 8 + 2 * t + 1][g + 8] = acc[nt][3];
+    }
+    __syncthreads();
+    int const r = threadIdx.x % kMmaRows;
+    int64_t const n = n0 + r;
+    for (int m = threadIdx.x / kMmaRows; m < p.m && m < NT * 8 && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
+        if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
+        if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
+        static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
+    }
+}
+
 // FP8 with a prologue (PRO): x's rows through RMSNorm (of x + residual, which block 0 also writes
 // to residualOut) or SiLU-and-mul (x [m, 2k]) as gemv_prologue.cuh computes them (so the fused op
 // equals the rms_norm / silu_and_mul kernels then fp8_gemv), then quantized as quantizeX does,
@@ -693,24 +721,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
             }
             __syncthreads();
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            red[warp][nt * 8 + 2 * t][g] = acc[nt][0];
-            red[warp][nt * 8 + 2 * t + 1][g] = acc[nt][1];
-            red[warp][nt * 8 + 2 * t][g + 8] = acc[nt][2];
-            red[warp][nt * 8 + 2 * t + 1][g + 8] = acc[nt][3];
-        }
-        __syncthreads();
-        int const r = threadIdx.x % kMmaRows;
-        int64_t const n = n0 + r;
-        for (int m = threadIdx.x / kMmaRows; m < p.m && m < NT * 8 && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
-            float sum = 0.f;
-#pragma unroll
-            for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
-            if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
-            if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
-            static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
-        }
+        storeTile<T, FP8, NT>(p, red, acc, n0, inputScale);
         if (LOOP && n0 + tileStride < p.n) __syncthreads();  // red is read before the next tile writes it
     }
 }
@@ -850,20 +861,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
             float const zb = BITS == 4 ? scaleOf(zeros, okB, rowB, step) : 0.f;
             mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, za, zb, 0, 0, acc);
         }
-        red[warp][2 * t][g] = acc[0][0];
-        red[warp][2 * t + 1][g] = acc[0][1];
-        red[warp][2 * t][g + 8] = acc[0][2];
-        red[warp][2 * t + 1][g + 8] = acc[0][3];
-        __syncthreads();
-        int const r = threadIdx.x % kMmaRows;
-        int64_t const n = n0 + r;
-        for (int m = threadIdx.x / kMmaRows; m < p.m && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
-            float sum = 0.f;
-#pragma unroll
-            for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
-            if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
-            static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
-        }
+        storeTile<T, false, 1>(p, red, acc, n0, 0.f);
         __syncthreads();  // red is read before the next tile writes it
     }
 }
