@@ -5,7 +5,7 @@
 //
 // The GEMV (decode, up to 32 rows of x per read of the weight, 16 for INT4; more rows loop over tiles).
 // INT8 / INT4, up to 8 rows with float32 scales: the pipelined kernel (weightOnlyGemvPipelinedKernel,
-// described above it), the same products with the codes streamed through shared memory. Elsewhere:
+// described above it), the codes streamed through shared memory. Elsewhere:
 // float16 / bfloat16 activations take the tensor-core kernel (weightOnlyGemvMmaKernel, described
 // above it): x read straight from L1 / L2 (INT4 with at most 16 KB of x: from a copy in shared
 // memory, SHARED_X), each lane's 16-byte packs
@@ -303,12 +303,14 @@ struct MmaTraits<__half> {
     static constexpr uint32_t kOne = 0x3C003C00u;       // 1, 1
     static constexpr uint32_t kMagic4 = 0x64006400u;    // 1024, 1024: | nibble = 1024 + code
     static constexpr uint32_t kNegMagic4 = 0xE400E400u; // -1024, -1024
+    static constexpr float kOffset4 = 1024.f;
 };
 template <>
 struct MmaTraits<__nv_bfloat16> {
     static constexpr uint32_t kOne = 0x3F803F80u;
     static constexpr uint32_t kMagic4 = 0x43004300u;    // 128, 128: | nibble = 128 + code
     static constexpr uint32_t kNegMagic4 = 0xC300C300u; // -128, -128
+    static constexpr float kOffset4 = 128.f;
 };
 
 // a * b + c on two halves of T (exact here: small integers).
@@ -344,6 +346,17 @@ __device__ __forceinline__ uint32_t word(uint4 const& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// INT4 pair P (as codePair below) as kOffset4 + code, two exact values of T: the magic number's
+// mantissa ORed with the nibbles, one instruction short of the codes themselves.
+template <typename T>
+__device__ __forceinline__ uint32_t biasedCodePair4(uint4 const& w, int pair) {
+    uint32_t d;  // (w >> 4e) & 0x000F000F | magic in one lop3 (the compiler made it two)
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
+        : "=r"(d)
+        : "r"(word(w, pair / 4) >> (4 * (pair % 4))), "n"(0x000F000F), "r"(MmaTraits<T>::kMagic4));
+    return d;
+}
+
 // Pair P of a pack's codes as two exact values of T (low half, high half): INT4 pair 4j + e holds
 // codes 8j + e and 8j + e + 4 (nibbles e and e + 4 of word j); INT8 pair P codes 2P and 2P + 1.
 // FP8: bytes 2P and 2P + 1 (E4M3) as float16 (T is then __half: every E4M3 value is exact in
@@ -357,8 +370,7 @@ __device__ __forceinline__ uint32_t codePair(uint4 const& w, int pair) {
             static_cast<__nv_fp8x2_storage_t>(word(w, pair / 2) >> (16 * (pair % 2))), __NV_E4M3);
         return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
     } else if constexpr (BITS == 4) {
-        uint32_t const v = ((word(w, pair / 4) >> (4 * (pair % 4))) & 0x000F000Fu) | Tr::kMagic4;
-        return fma2<T>(v, Tr::kOne, Tr::kNegMagic4);
+        return fma2<T>(biasedCodePair4<T>(w, pair), Tr::kOne, Tr::kNegMagic4);
     } else {
         uint32_t const u = word(w, pair / 2) ^ 0x80808080u;  // code + 128 as unsigned bytes
         int const h = pair % 2;
@@ -738,15 +750,22 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // where they are used, from L1: a tile ahead, the block asks for its next tile's scale lines
 // (per channel: read once per tile). In the ring they cost more than they saved: 16 rows' scale
 // and zero are 32 cache lines a k-step, and INT4 gate_up took 52 us, bound by L1 (80% busy).
-// Per lane, the same products as the kernel above (mmaStep), in the same order.
-// H100, batch 1, the kernel above -> this, each layer alone (`bench_weight_only_gemv.py --rows
-// 1`, microseconds): INT4 group 128 qkv 11.08 -> 11.09, o 6.79 -> 6.87, gate_up 36.29 -> 37.53,
-// down 22.57 -> 19.38; INT8 per channel qkv 13.75 -> 10.85, o 8.68 -> 9.34, gate_up 49.32 ->
-// 46.11, down 27.83 -> 30.11. In the engine's step (`bench_generation.py --batch_sizes 1`, both
-// kernels on one machine): INT4 3.320 -> 3.259 ms, INT8 4.052 -> 3.992 (another machine: 4.017
-// -> 4.021). FP8 (its o, the one FP8 layer without a prologue) took the step from 3.781 to 3.854
-// ms while o alone went 10.22 -> 9.20 us; with a prologue (the fused FP8 ops) gate_up alone went
-// 47.16 -> 61.55 us: FP8 keeps the kernel above.
+// INT8: per lane, the same products as the kernel above (mmaStep), in the same order. INT4: the
+// codes enter the mma as offset + code (biasedCodePair4: no subtraction), x's rows are staged in
+// the mma's pair order (pairXForMma: no permutes per k-step) with each k-step's sum of x, and
+// the offset and zero come out as (z - offset * s) times that sum: no second mma for the sum of
+// x, a third of the instructions a k-step. Every place advances by additions, and rows past p.n
+// read the last row instead of predicating each load: the first form of this kernel spent two
+// thirds of its ~340 instructions a k-step (INT4) on divisions and 64-bit indices and predicates,
+// the schedulers issuing on 62% of cycles with the DRAM 41% busy (ncu, INT4 gate_up).
+// H100, batch 1, each layer alone (`bench_weight_only_gemv.py --rows 1`, microseconds), the
+// kernel above -> this: INT4 group 128 qkv 11.00 -> 9.19, o 6.68 -> 6.35, gate_up 34.17 ->
+// 29.42 (76% of the copy bandwidth), down 21.12 -> 17.95; INT8 per channel qkv 13.80 -> 10.23, o
+// 8.82 -> 8.59, gate_up 49.61 -> 47.11, down 27.45 -> 26.93. The engine's step
+// (`bench_generation.py --batch_sizes 1`, both kernels on one machine): INT4 3.163 -> 2.885 ms,
+// INT8 4.070 -> 3.576. FP8 (its o, the one FP8 layer without a prologue, on this kernel's first
+// form) took the step from 3.781 to 3.854 ms while o alone went 10.22 -> 9.20 us; with a
+// prologue (the fused FP8 ops) gate_up alone went 47.16 -> 61.55 us: FP8 keeps the kernel above.
 constexpr int kPipeStages = 4;
 // x a block stages: up to 8 rows at K = 4,096 (64 KB), down's K = 14,336 at 2 rows.
 constexpr size_t kMaxPipeX = 64 * 1024;
@@ -762,6 +781,37 @@ __device__ __forceinline__ void copyAsyncCommit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void copyAsyncWait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// INT4 (T float16 / bfloat16): x's rows as the mma wants them and each k-step's sum of x. Each
+// 8-value vector of a row becomes xPair's four pairs ((v0, v4), (v1, v5), (v2, v6), (v3, v7)), so
+// a k-step reads its B operands as words; xSum[step][r] is the sum of row r's 128 inputs of the
+// k-step (rows p.m .. 7: zero), one float32 sum in a fixed order. In place, after the copy of x.
+template <typename T>
+__device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* xSum, int kSteps) {
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int const vecs = static_cast<int>(p.k / 8);
+    int const perRow = kSteps * 16;  // vectors of a row, padded to whole k-steps: 16 lanes a k-step
+    for (int base = warp * 32; base < p.m * perRow; base += kMmaWarps * 32) {
+        int const v = base + lane, r = v / perRow, j = v - r * perRow;
+        bool const ok = r < p.m && j < vecs;
+        float s = 0.f;
+        if (ok) {
+            uint4* at = reinterpret_cast<uint4*>(xShared + static_cast<int64_t>(r) * p.k) + j;
+            uint4 const a = *at;
+            Pack<T, 8> const vals = *reinterpret_cast<Pack<T, 8> const*>(&a);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s += toFloat(vals.v[e]);
+            *at = make_uint4(__byte_perm(a.x, a.z, 0x5410u), __byte_perm(a.x, a.z, 0x7632u),
+                             __byte_perm(a.y, a.w, 0x5410u), __byte_perm(a.y, a.w, 0x7632u));
+        }
+#pragma unroll
+        for (int o = 8; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (ok && lane % 16 == 0) xSum[(j / 16) * 8 + r] = s;
+    }
+    for (int e = threadIdx.x; e < kSteps * 8; e += kMmaWarps * 32) {
+        if (e % 8 >= p.m) xSum[e] = 0.f;
+    }
 }
 
 template <typename T, int BITS>
@@ -782,41 +832,56 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     extern __shared__ __align__(16) unsigned char pipeShared[];
     uint4* ring = reinterpret_cast<uint4*>(pipeShared) + warp * STAGES * 64;
     T* xShared = reinterpret_cast<T*>(pipeShared + kPipeRingBytes);  // [p.m][k]
+    float* xSum = reinterpret_cast<float*>(xShared + p.m * p.k);     // INT4: [kSteps][8]
     __shared__ float red[kMmaWarps][8][kMmaRows];
     float const* scales = static_cast<float const*>(p.scales);
     float const* zeros = static_cast<float const*>(p.zeros);
 
+    // Rows past p.n read row p.n - 1 (their sums are never stored), so that no load needs a
+    // predicate of its row. The block's tile `tile` row `r` (0 .. 15):
+    auto rowOf = [&](int tile, int r) {
+        int64_t const row = firstRow + tile * tileStride + r;
+        return row < p.n ? row : p.n - 1;
+    };
+
     // Item i: k-step warp + 8 (i % perTile) of tile i / perTile, into slot i % STAGES; one commit
-    // group per item (empty past the last), so that "item i has landed" is a count of groups.
-    auto issue = [&](int i) {
-        if (i < items) {
-            int const tile = i / perTile;
-            int const step = warp + kMmaWarps * (i - tile * perTile);
-            int64_t const rowA = firstRow + tile * tileStride + g, rowB = rowA + 8;
-            int const pack = 4 * step + t;
-            bool const inA = rowA < p.n && pack < numPacks, inB = rowB < p.n && pack < numPacks;
-            uint4* slot = ring + (i % STAGES) * 64;
-            copyAsync16Or0(slot + lane, p.qweight + (inA ? rowA * numPacks + pack : 0), inA);
-            copyAsync16Or0(slot + 32 + lane, p.qweight + (inB ? rowB * numPacks + pack : 0), inB);
+    // group per item (empty past the last), so that "item i has landed" is a count of groups. The
+    // next item's codes advance by additions (a division per item was a tenth of the loop).
+    int issued = 0, issueC = 0, issueTile = 0;
+    uint4 const* issueA = p.qweight + rowOf(0, g) * numPacks + 4 * warp + t;  // rows g, g + 8
+    uint4 const* issueB = p.qweight + rowOf(0, g + 8) * numPacks + 4 * warp + t;
+    auto issue = [&]() {
+        if (issued < items) {
+            bool const inK = 4 * (warp + kMmaWarps * issueC) + t < numPacks;
+            uint4* slot = ring + (issued % STAGES) * 64;
+            copyAsync16Or0(slot + lane, inK ? issueA : p.qweight, inK);
+            copyAsync16Or0(slot + 32 + lane, inK ? issueB : p.qweight, inK);
+            if (++issueC == perTile) {
+                issueC = 0;
+                ++issueTile;
+                issueA = p.qweight + rowOf(issueTile, g) * numPacks + 4 * warp + t;
+                issueB = p.qweight + rowOf(issueTile, g + 8) * numPacks + 4 * warp + t;
+            } else {
+                issueA += 4 * kMmaWarps;
+                issueB += 4 * kMmaWarps;
+            }
         }
+        ++issued;
         copyAsyncCommit();
     };
     // The scale (and zero) lines of a tile's 16 rows, towards L1.
     auto prefetchScales = [&](int tile) {
         if (tile >= tiles) return;
-        int64_t const n0 = firstRow + tile * tileStride;
         int const lines = (p.groups * static_cast<int>(sizeof(float)) + 127) / 128;
         int const perArray = kMmaRows * lines;
         for (int e = threadIdx.x; e < perArray * (BITS == 4 ? 2 : 1); e += kMmaWarps * 32) {
             int const which = e / perArray, rest = e - which * perArray;
-            int64_t const row = n0 + rest / lines;
-            if (row >= p.n) continue;
-            float const* line = (which ? zeros : scales) + row * p.groups + (rest % lines) * 32;
+            float const* line = (which ? zeros : scales) + rowOf(tile, rest / lines) * p.groups + (rest % lines) * 32;
             asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
         }
     };
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue(i);
+    for (int i = 0; i < STAGES - 1; ++i) issue();
     prefetchScales(0);
     waitForPreviousKernel();
 
@@ -828,40 +893,61 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     copyAsyncCommit();
     copyAsyncWait<0>();
     __syncthreads();
+    if constexpr (BITS == 4) {
+        pairXForMma(p, xShared, xSum, kSteps);
+        __syncthreads();
+    }
+    // The lane's x: row g (zeros past p.m), from its pack of each k-step.
+    bool const xOk = g < p.m;
+    uint4 const* xLane = reinterpret_cast<uint4 const*>(xShared + (xOk ? g : 0) * p.k) + t * XW;
 
-    int i = 0;
+    int used = 0;
     for (int tile = 0; tile < tiles; ++tile) {
-        int64_t const n0 = firstRow + tile * tileStride;
-        int64_t const rowA = n0 + g, rowB = rowA + 8;
-        bool const okA = rowA < p.n, okB = rowB < p.n;
         prefetchScales(tile + 1);
-        auto scaleOf = [&](float const* v, bool ok, int64_t row, int step) {
-            return ok ? __ldg(v + row * p.groups + ((4 * step) >> p.groupShift)) : 0.f;
-        };
+        int64_t const rowA = rowOf(tile, g), rowB = rowOf(tile, g + 8);
+        float const* scalesA = scales + rowA * p.groups;
+        float const* scalesB = scales + rowB * p.groups;
         bool const perChannel = p.groups == 1;  // one scale a row: read once per tile
-        float sa = 0.f, sb = 0.f;
-        if (perChannel) {
-            sa = scaleOf(scales, okA, rowA, 0);
-            sb = scaleOf(scales, okB, rowB, 0);
-        }
+        float sa = perChannel ? __ldg(scalesA) : 0.f, sb = perChannel ? __ldg(scalesB) : 0.f;
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-        for (int c = 0; c < perTile; ++c, ++i) {
-            issue(i + STAGES - 1);  // into the slot used last
+        for (int c = 0; c < perTile; ++c, ++used) {
+            issue();  // into the slot used last
             copyAsyncWait<STAGES - 1>();
             int const step = warp + kMmaWarps * c;
-            uint4 const* slot = ring + (i % STAGES) * 64;
+            uint4 const* slot = ring + (used % STAGES) * 64;
             uint4 const wa = slot[lane], wb = slot[32 + lane];
+            bool const inK = 4 * step + t < numPacks;
             uint4 xs[1][XW];
-            loadX<T, BITS, 1, true>(p, xShared, step, numPacks, xs);
+#pragma unroll
+            for (int j = 0; j < XW; ++j) xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
+            int const group = (4 * step) >> p.groupShift;
             if (!perChannel) {
-                sa = scaleOf(scales, okA, rowA, step);
-                sb = scaleOf(scales, okB, rowB, step);
+                sa = __ldg(scalesA + group);
+                sb = __ldg(scalesB + group);
             }
-            float const za = BITS == 4 ? scaleOf(zeros, okA, rowA, step) : 0.f;
-            float const zb = BITS == 4 ? scaleOf(zeros, okB, rowB, step) : 0.f;
-            mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, za, zb, 0, 0, acc);
+            if constexpr (BITS == 4) {
+                // Codes as offset + code, with no subtraction (see biasedCodePair4):
+                //     sum_k x_k (c_k s + z) = s sum_k x_k (c_k + O) + (z - O s) sum_k x_k.
+                constexpr float O = MmaTraits<T>::kOffset4;
+                float const ca = __ldg(zeros + rowA * p.groups + group) - O * sa;
+                float const cb = __ldg(zeros + rowB * p.groups + group) - O * sb;
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    uint32_t const a0 = biasedCodePair4<T>(wa, 2 * i), a1 = biasedCodePair4<T>(wb, 2 * i);
+                    uint32_t const a2 = biasedCodePair4<T>(wa, 2 * i + 1), a3 = biasedCodePair4<T>(wb, 2 * i + 1);
+                    mma16816<T>(d, a0, a1, a2, a3, word(xs[0][i / 2], 2 * (i % 2)), word(xs[0][i / 2], 2 * (i % 2) + 1));
+                }
+                float2 const xsum = *reinterpret_cast<float2 const*>(xSum + step * 8 + 2 * t);  // rows 2t, 2t + 1
+                acc[0][0] = fmaf(sa, d[0], fmaf(ca, xsum.x, acc[0][0]));
+                acc[0][1] = fmaf(sa, d[1], fmaf(ca, xsum.y, acc[0][1]));
+                acc[0][2] = fmaf(sb, d[2], fmaf(cb, xsum.x, acc[0][2]));
+                acc[0][3] = fmaf(sb, d[3], fmaf(cb, xsum.y, acc[0][3]));
+            } else {
+                mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, 0.f, 0.f, 0, 0, acc);
+            }
         }
-        storeTile<T, false, 1>(p, red, acc, n0, 0.f);
+        storeTile<T, false, 1>(p, red, acc, firstRow + tile * tileStride, 0.f);
         __syncthreads();  // red is read before the next tile writes it
     }
 }
@@ -886,11 +972,14 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
         if (!pipelinedGemvEnabled() || q.m > 8 || xBytes > kMaxPipeX) return false;
         auto kernel = weightOnlyGemvPipelinedKernel<T, BITS>;
-        size_t const smem = kPipeRingBytes + xBytes;
-        static_assert(kPipeRingBytes + kMaxPipeX + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
+        int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
+        size_t const sumBytes = BITS == 4 ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;  // xSum
+        size_t const smem = kPipeRingBytes + xBytes + sumBytes;
+        constexpr size_t kMaxSum = kMaxPipeX / sizeof(T) / 128 * 8 * sizeof(float);  // 128 inputs a k-step
+        static_assert(kPipeRingBytes + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                       "the pipelined GEMV's shared memory beyond an H100 block's");
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kPipeRingBytes + kMaxPipeX));
+                             static_cast<int>(kPipeRingBytes + kMaxPipeX + kMaxSum));
         int perSm = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
         unsigned const blocks =

@@ -288,9 +288,10 @@ def test_replays_in_a_cuda_graph(gen, needs_kernels):
 
 
 # The cases both GEMV kernels serve (up to 8 rows, float32 scales, groups of whole k-steps or per
-# channel); K = 384 leaves warps with no k-step.
+# channel); K = 384 leaves warps with no k-step, INT8 K = 400 ends in part of a k-step (25 packs).
 _KERNEL_CASES = [(fmt, group, m, n, k) for fmt, group in [("int4", 128), ("int8", 0), ("int8", 64)]
-                 for m in (1, 2, 5, 8) for n, k in [(37, 384), (1000, 1536), (64, 4096)]]
+                 for m in (1, 2, 5, 8) for n, k in [(37, 384), (1000, 1536), (64, 4096)]] + \
+                [("int8", 0, m, 300, 400) for m in (1, 3)]
 
 _KERNEL_OUTPUTS = """
 import sys, torch
@@ -312,10 +313,11 @@ torch.save(outs, sys.argv[2])
 
 
 @gpu
-def test_pipelined_kernel_equals_the_register_kernel(needs_kernels, tmp_path):
-    # Both kernels compute each lane's products in the same order, so the outputs are equal bit
-    # for bit: the pipelined one by default, the other with TRTLLM_GEMV_PIPELINE=0 (read once per
-    # process, hence the second process).
+def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_path):
+    # The pipelined kernel by default, the other with TRTLLM_GEMV_PIPELINE=0 (read once per
+    # process, hence the second process). INT8: the same products in the same order, so the same
+    # bits. INT4: the pipelined kernel sums x (offset + code) and corrects with the k-step's sum of
+    # x, so the float32 sums differ by roundings far below the output's: at most one bfloat16 step.
     import subprocess
     import sys
     outs = {}
@@ -327,4 +329,11 @@ def test_pipelined_kernel_equals_the_register_kernel(needs_kernels, tmp_path):
         assert run.returncode == 0, run.stderr[-2000:]
         outs[knob] = torch.load(path)
     for case, new, old in zip(_KERNEL_CASES, outs["1"], outs["0"]):
-        assert torch.equal(new, old), f"{case}: the kernels differ by {(new.float() - old.float()).abs().max():.3g}"
+        if case[0] == "int8":
+            assert torch.equal(new, old), f"{case}: the kernels differ by {(new.float() - old.float()).abs().max():.3g}"
+            continue
+        new, old = new.float(), old.float()
+        step = torch.finfo(torch.bfloat16).eps * torch.maximum(new.abs(), old.abs())  # >= one bfloat16 step
+        diff = (new - old).abs()
+        assert (diff <= step + 1e-6 * old.abs().max()).all(), f"{case}: the kernels differ by {diff.max():.3g}"
+        assert (diff > 0).float().mean() < 0.05, f"{case}: {(diff > 0).float().mean():.1%} of the outputs differ"
