@@ -763,9 +763,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // 29.42 (76% of the copy bandwidth), down 21.12 -> 17.95; INT8 per channel qkv 13.80 -> 10.23, o
 // 8.82 -> 8.59, gate_up 49.61 -> 47.11, down 27.45 -> 26.93. The engine's step
 // (`bench_generation.py --batch_sizes 1`, both kernels on one machine): INT4 3.163 -> 2.885 ms,
-// INT8 4.070 -> 3.576. FP8 (its o, the one FP8 layer without a prologue, on this kernel's first
-// form) took the step from 3.781 to 3.854 ms while o alone went 10.22 -> 9.20 us; with a
-// prologue (the fused FP8 ops) gate_up alone went 47.16 -> 61.55 us: FP8 keeps the kernel above.
+// INT8 4.070 -> 3.576. FP8 keeps the kernel above. Tried twice, with x quantized once into shared
+// memory: on this kernel's first form, its o took the step from 3.781 to 3.854 ms (o alone 10.22
+// -> 9.20 us) and the fused gate_up (RMSNorm prologue) went 47.16 -> 61.55 us alone; on this
+// form, o 10.23 -> 7.76 us and qkv 12.68 -> 10.46 alone, but the fused gate_up 47.20 -> 51.01,
+// and with only the FP8 layers without a prologue (o, down) on it the step was 3.842 / 3.748 ms
+// against 3.733 / 3.747 (two rounds, one machine).
 constexpr int kPipeStages = 4;
 // x a block stages: up to 8 rows at K = 4,096 (64 KB), down's K = 14,336 at 2 rows.
 constexpr size_t kMaxPipeX = 64 * 1024;
