@@ -492,6 +492,28 @@ __device__ __forceinline__ void copyAsync16(void* dst, void const* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 __device__ __forceinline__ void copyAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// The same with zeros in place of the bytes when !valid (src then unread); the end of a group of
+// copies, and the wait until at most N of a thread's groups are still in flight.
+__device__ __forceinline__ void copyAsync16Or0(void* dst, void const* src, bool valid) {
+    uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copyAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copyAsyncWait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// x's p.m rows to shared memory ([p.m][k], contiguous), every thread of a block of kMmaWarps
+// warps copying some of their 16-byte packs (cp.async: the caller waits).
+template <typename T>
+__device__ __forceinline__ void copyXToShared(Params const& p, T* xShared) {
+    int const vecs = static_cast<int>(p.k / 8);  // 16-byte packs of a row (8 values of T)
+    for (int i = threadIdx.x; i < p.m * vecs; i += kMmaWarps * 32) {
+        int const r = i / vecs, v = i - r * vecs;
+        copyAsync16(xShared + r * p.k + v * 8, static_cast<T const*>(p.x) + r * p.xRowStride + v * 8);
+    }
+}
 
 // x of k-step `step` for lane (g, t): pack 4 * step + t of rows g (+ 8 nt) of x; zeros outside.
 // x is p.x, or with SHARED its rows' copy in shared memory ([p.m][k], SHARED_X).
@@ -605,13 +627,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
     static_assert(!STAGED || (FP8 && NT == 1), "a prologue: FP8, one n-tile");
     extern __shared__ __align__(16) unsigned char sharedX[];
     T* xShared = reinterpret_cast<T*>(sharedX);  // [p.m][k] (SHARED_X)
-    if constexpr (SHARED_X) {
-        int const vecs = static_cast<int>(p.k / 8);  // 16-byte packs of a row (8 values of T)
-        for (int i = threadIdx.x; i < p.m * vecs; i += kMmaWarps * 32) {
-            int const r = i / vecs, v = i - r * vecs;
-            copyAsync16(xShared + r * p.k + v * 8, static_cast<T const*>(p.x) + r * p.xRowStride + v * 8);
-        }
-    }
+    if constexpr (SHARED_X) copyXToShared(p, xShared);
     bool xPending = SHARED_X || STAGED;  // until this thread has waited for the copies and the block met
     static_assert(BITS == 8 || NT <= 2, "INT4 tiles of 32 rows: x alone would take 64 registers");
     static_assert(!ONE_WAVE || (FP8 && NT == 1), "ONE_WAVE: FP8, one n-tile");
@@ -775,16 +791,6 @@ constexpr size_t kMaxPipeX = 64 * 1024;
 // The ring: per warp, STAGES slots of the codes of rows g and g + 8 ([2][32] uint4).
 constexpr size_t kPipeRingBytes = size_t{kMmaWarps} * kPipeStages * 64 * sizeof(uint4);
 
-// cp.async of 16 bytes through L2 only; zeros when !valid (src then unread).
-__device__ __forceinline__ void copyAsync16Or0(void* dst, void const* src, bool valid) {
-    uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void copyAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void copyAsyncWait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // INT4 (T float16 / bfloat16): x's rows as the mma wants them and each k-step's sum of x. Each
 // 8-value vector of a row becomes xPair's four pairs ((v0, v4), (v1, v5), (v2, v6), (v3, v7)), so
@@ -888,11 +894,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     prefetchScales(0);
     waitForPreviousKernel();
 
-    int const vecs = static_cast<int>(p.k / 8);  // 16-byte packs of a row (8 values of T)
-    for (int v = threadIdx.x; v < p.m * vecs; v += kMmaWarps * 32) {
-        int const r = v / vecs, c = v - r * vecs;
-        copyAsync16(xShared + r * p.k + c * 8, static_cast<T const*>(p.x) + r * p.xRowStride + c * 8);
-    }
+    copyXToShared(p, xShared);
     copyAsyncCommit();
     copyAsyncWait<0>();
     __syncthreads();
