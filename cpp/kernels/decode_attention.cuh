@@ -572,7 +572,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], 
 //      piece (k-step kc reads word kc % 4 of piece kc / 4; Q is permuted the same way);
 //   V: lane g owns the output dims g * D/8 .. g * D/8 + D/8 - 1 of each of its four positions
 //      (16 bytes for D = 128, 8 for D = 64); m-tile i takes dims 2i, 2i + 1 of that run.
-template <typename T, typename C, int D, int WARPS, int TILES, int MINB>
+template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(DecodeAttentionParams p) {
     waitForPreviousKernel();  // see launchKernel
     allowNextKernel();
@@ -610,9 +610,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
         qa[kc][0] = g < group ? packPair<M>(row[0], row[1]) : 0u;
         qa[kc][1] = g < group ? packPair<M>(row[2], row[3]) : 0u;
     }
-    // Codes: a K operand is (code value * kKvHalfUnit), its value code * kScale.
-    float const kMul = kCodes ? p.kvScale[0] / kKvHalfUnit<C> : 1.f;
-    float const vMul = kCodes ? p.kvScale[1] / kKvHalfUnit<C> : 1.f;
+    // Codes: a K operand is (code value * kvHalfUnit), its value code * kScale.
+    float const kMul = kCodes ? p.kvScale[0] / kvHalfUnit<C>() : 1.f;
+    float const vMul = kCodes ? p.kvScale[1] / kvHalfUnit<C>() : 1.f;
     float const scoreScale = p.scale * kMul * kLog2e;  // scores in log2 units: exp2f below
     float const slope = (p.alibiSlopes != nullptr && g < group) ? p.alibiSlopes[kvh * group + g] * kLog2e : 0.f;
     int64_t const vOffset = p.kvHeads * p.tokensPerBlock * D;
@@ -626,11 +626,14 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     float l = 0.f;       // this lane's part of row g's sum of exponentials
 
     // A warp takes TILES tiles of 16 positions at a time: their loads first, all of them, then
-    // the math of each: one wait for memory per TILES * 16 positions.
-    for (int base = warp * 16 * TILES; base < c.n; base += WARPS * 16 * TILES) {
+    // the math of each: one wait for memory per TILES * 16 positions. PIPE: the next TILES
+    // tiles' loads are issued before this iteration's math, so they are in flight while it runs.
+    struct Tiles {
         uint4 kq[TILES][2][KP];                 // K of positions tile + 8j + g
         uint4 vq[TILES][4][kCodes ? 1 : VP];    // V of positions tile + {2t, 2t+1, 8+2t, 9+2t} (T)
         uint32_t vw[TILES][4][kCodes ? VW : 1];  // the same, codes
+    };
+    auto load = [&](int base, Tiles& x) {
 #pragma unroll
         for (int u = 0; u < TILES; ++u) {
             int const tile = base + 16 * u;
@@ -642,7 +645,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
 #pragma unroll
                 for (int i = 0; i < KP; ++i) {
                     int const offset = kCodes ? i * 64 + t * 16 : i * 32 + t * 8;
-                    kq[u][j][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + offset) : make_uint4(0, 0, 0, 0);
+                    x.kq[u][j][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + offset) : make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
@@ -653,24 +656,26 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
                 if constexpr (kCodes) {
                     if constexpr (VW == 4) {
                         uint4 const w = row != nullptr ? *reinterpret_cast<uint4 const*>(row + g * 16) : make_uint4(0, 0, 0, 0);
-                        vw[u][r][0] = w.x;
-                        vw[u][r][1] = w.y;
-                        vw[u][r][2] = w.z;
-                        vw[u][r][3] = w.w;
+                        x.vw[u][r][0] = w.x;
+                        x.vw[u][r][1] = w.y;
+                        x.vw[u][r][2] = w.z;
+                        x.vw[u][r][3] = w.w;
                     } else {
                         uint2 const w = row != nullptr ? *reinterpret_cast<uint2 const*>(row + g * 8) : make_uint2(0, 0);
-                        vw[u][r][0] = w.x;
-                        vw[u][r][1] = w.y;
+                        x.vw[u][r][0] = w.x;
+                        x.vw[u][r][1] = w.y;
                     }
                 } else {
 #pragma unroll
                     for (int i = 0; i < VP; ++i) {
-                        vq[u][r][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 64 + g * 8)
+                        x.vq[u][r][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 64 + g * 8)
                                                      : make_uint4(0, 0, 0, 0);
                     }
                 }
             }
         }
+    };
+    auto compute = [&](int base, Tiles const& x) {
 #pragma unroll
         for (int u = 0; u < TILES; ++u) {
             int const tile = base + 16 * u;
@@ -683,12 +688,12 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
                 for (int kc = 0; kc < KC; ++kc) {
                     uint32_t const a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
                     if constexpr (kCodes) {
-                        uint4 const& piece = kq[u][j][kc / 4];
+                        uint4 const& piece = x.kq[u][j][kc / 4];
                         uint32_t b0, b1;
                         kvCodesToHalf2<C>(reinterpret_cast<uint32_t const*>(&piece)[kc % 4], b0, b1);
                         mma16816<M>(s[j], a, b0, b1);
                     } else {
-                        uint4 const& piece = kq[u][j][kc / 2];
+                        uint4 const& piece = x.kq[u][j][kc / 2];
                         if (kc % 2 == 0) {
                             mma16816<M>(s[j], a, piece.x, piece.y);
                         } else {
@@ -725,15 +730,18 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
                     l += pr[j][e];
                 }
             }
-            // Heads 2t and 2t+1 (this lane's output columns) take their rows' rescales.
-            float const rescale0 = __shfl_sync(0xffffffffu, rescale, 8 * t);
-            float const rescale1 = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);
+            // Heads 2t and 2t+1 (this lane's output columns) take their rows' rescales; once the
+            // maxima settle no row's changes, and the warp skips the multiplies by 1.
+            if (__any_sync(0xffffffffu, rescale != 1.f)) {
+                float const rescale0 = __shfl_sync(0xffffffffu, rescale, 8 * t);
+                float const rescale1 = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);
 #pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                acc[i][0] *= rescale0;
-                acc[i][1] *= rescale1;
-                acc[i][2] *= rescale0;
-                acc[i][3] *= rescale1;
+                for (int i = 0; i < MT; ++i) {
+                    acc[i][0] *= rescale0;
+                    acc[i][1] *= rescale1;
+                    acc[i][2] *= rescale0;
+                    acc[i][3] *= rescale1;
+                }
             }
             // P^T as the B operand (k = positions, n = heads): lane (g, t) holds head g's
             // positions 2t, 2t+1 and 8+2t, 9+2t, just where the S fragment left them.
@@ -751,21 +759,42 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
                     int const word = i / 2;
                     uint32_t const sel = i % 2 == 0 ? 0x5140u : 0x7362u;
                     uint32_t a[4];
-                    kvCodesToHalf2<C>(__byte_perm(vw[u][0][word], vw[u][1][word], sel), a[0], a[1]);
-                    kvCodesToHalf2<C>(__byte_perm(vw[u][2][word], vw[u][3][word], sel), a[2], a[3]);
+                    kvCodesToHalf2<C>(__byte_perm(x.vw[u][0][word], x.vw[u][1][word], sel), a[0], a[1]);
+                    kvCodesToHalf2<C>(__byte_perm(x.vw[u][2][word], x.vw[u][3][word], sel), a[2], a[3]);
                     mma16816<M>(acc[i], a, pb0, pb1);
                 } else {
                     int const piece = i / 4;
                     int const word = i % 4;
-                    uint32_t const v0 = reinterpret_cast<uint32_t const*>(&vq[u][0][piece])[word];
-                    uint32_t const v1 = reinterpret_cast<uint32_t const*>(&vq[u][1][piece])[word];
-                    uint32_t const v2 = reinterpret_cast<uint32_t const*>(&vq[u][2][piece])[word];
-                    uint32_t const v3 = reinterpret_cast<uint32_t const*>(&vq[u][3][piece])[word];
+                    uint32_t const v0 = reinterpret_cast<uint32_t const*>(&x.vq[u][0][piece])[word];
+                    uint32_t const v1 = reinterpret_cast<uint32_t const*>(&x.vq[u][1][piece])[word];
+                    uint32_t const v2 = reinterpret_cast<uint32_t const*>(&x.vq[u][2][piece])[word];
+                    uint32_t const v3 = reinterpret_cast<uint32_t const*>(&x.vq[u][3][piece])[word];
                     uint32_t const a[4] = {__byte_perm(v0, v1, 0x5410u), __byte_perm(v0, v1, 0x7632u),
                                            __byte_perm(v2, v3, 0x5410u), __byte_perm(v2, v3, 0x7632u)};
                     mma16816<M>(acc[i], a, pb0, pb1);
                 }
             }
+        }
+    };
+    constexpr int kStride = WARPS * 16 * TILES;
+    if constexpr (PIPE) {  // two sets of registers in turn (a copy from one to the other costs moves)
+        Tiles a, b;
+        int base = warp * 16 * TILES;
+        load(base, a);
+        while (base < c.n) {
+            load(base + kStride, b);  // past the chunk: nothing is read
+            compute(base, a);
+            base += kStride;
+            if (base >= c.n) break;
+            load(base + kStride, a);
+            compute(base, b);
+            base += kStride;
+        }
+    } else {
+        for (int base = warp * 16 * TILES; base < c.n; base += kStride) {
+            Tiles cur;
+            load(base, cur);
+            compute(base, cur);
         }
     }
 
@@ -825,10 +854,10 @@ void launchCudaCore(DecodeAttentionParams const& p, cudaStream_t stream) {
     }
 }
 
-template <typename T, typename C, int D, int WARPS, int TILES, int MINB>
+template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE = false>
 void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
     size_t const smem = sharedBytes<D, kDecodeAttentionMaxGroup>(p, WARPS);
-    auto kernel = decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB>;
+    auto kernel = decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE>;
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
@@ -859,6 +888,14 @@ void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
 // 16 x 1: 7.48 / 12.79 / 14.77 / 8.14 / 5.52); at b32 L2080 (256 pairs) 8 warps were slower,
 // 99.7 -> 103.4, so more pairs keep four (eight: up to a quarter of the multiprocessors, b1-b4
 // of the 8B shape, measured above).
+// 1-byte codes between those two (b32 L2080: 256 pairs, two blocks of four warps per SM) load
+// the next two tiles while they compute these (PIPE, 232 registers): 8 KB of codes a warp
+// round is too little in flight to cover memory with eight warps an SM. H100, b32 L2080, FP8
+// (with the sm_89+ conversion): 64 -> 58 us, INT8 66 -> 60 (bf16 99: its 16 KB a round already
+// keeps memory busy, and two register sets of it spill). Tried and slower there: 4 tiles a
+// round 73, 8 warps x 2 tiles 69, 4 x 1 tile pipelined 79, 2 or 3 splits a sequence 76-99, a
+// per-warp cp.async ring in shared memory instead of registers (3-4 rounds deep, 117 registers,
+// three blocks an SM) 75-94.
 template <typename T, int D>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     bool const manyWaves = p.batch * p.kvHeads * p.numSplits >= 8LL * multiprocessors();
@@ -873,6 +910,8 @@ void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
                     launchMma<T, C, D, 1, 2, 8>(p, stream);
                 } else if (fewPairs) {
                     launchMma<T, C, D, 8, 2, 1>(p, stream);
+                } else if constexpr (kIsKvCode<C>) {
+                    launchMma<T, C, D, 4, 2, 1, true>(p, stream);
                 } else {
                     launchMma<T, C, D, 4, 2, 1>(p, stream);
                 }
