@@ -893,9 +893,9 @@ void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
 // round is too little in flight to cover memory with eight warps an SM. H100, b32 L2080, FP8
 // (with the sm_89+ conversion): 64 -> 58 us, INT8 66 -> 60 (bf16 99: its 16 KB a round already
 // keeps memory busy, and two register sets of it spill). Tried and slower there: 4 tiles a
-// round 73, 8 warps x 2 tiles 69, 4 x 1 tile pipelined 79, 2 or 3 splits a sequence 76-99, a
-// per-warp cp.async ring in shared memory instead of registers (3-4 rounds deep, 117 registers,
-// three blocks an SM) 75-94.
+// round 73, 8 warps x 2 tiles 69, 4 x 1 tile pipelined 79, 2 or 3 splits a sequence 76-99 (these
+// four before the conversion), a per-warp cp.async ring in shared memory instead of registers
+// (2-4 rounds deep, 117-146 registers, up to three blocks an SM) 75-94.
 template <typename T, int D>
 void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
     bool const manyWaves = p.batch * p.kvHeads * p.numSplits >= 8LL * multiprocessors();
