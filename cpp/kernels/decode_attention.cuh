@@ -518,11 +518,13 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks<T, D, MAXG, THREADS>) deco
 // ---- tensor-core kernel (half precision, head sizes 64 and 128; sm_80 and later) ------------
 
 // Each warp walks tiles of 16 positions with two MMAs (m16n8k16, float accumulators):
-//   S = Q K^T:      M = the group's query heads (rows 0..7 of 16; rows 8..15 stay zero),
-//                   N = 8 positions per MMA (two per tile), K = the head dimension;
+//   S^T = K Q^T:    M = the tile's 16 positions, N = the group's query heads (8), K = the head
+//                   dimension: one MMA a k-step for the whole tile, and Q, the B operand, has no
+//                   zero rows to keep in registers;
 //   O^T += V^T P^T: M = 16 output dims per MMA, N = the 8 heads, K = the tile's 16 positions,
-//                   so no accumulator is spent on the zero rows, and P leaves the S fragment
-//                   exactly where the B operand wants it.
+//                   so no accumulator is spent on zero rows. P^T is the transpose of the S^T
+//                   fragment's two 8 x 8 halves (movmatrix), and a lane's output columns are
+//                   the heads whose softmax it keeps: their rescales need no shuffle.
 // Memory is the bound, so the layout is chosen for the loads, not the MMAs: a lane loads whole
 // 16-byte pieces of K/V rows straight into the registers an MMA reads (no shared memory, no
 // synchronisation in the loop). That works because a dot product may visit its terms in any
@@ -566,13 +568,26 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], 
 #endif
 }
 
+// The 8 x 8 matrix of 16-bit elements whose row lane / 4, columns 2 (lane % 4), +1 are in a
+// lane's word, transposed: the same layout of the transpose.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+
 // C: the cache's element type (T, or __nv_fp8_e4m3 / int8_t codes). With codes, M (the MMA's
 // operand type) is __half, and a lane's K and V pieces are 16 codes (16 bytes) instead of 8:
 //   K: lane t of a quad owns dims 64c + 16t .. 64c + 16t + 15 of its position, four k-steps a
 //      piece (k-step kc reads word kc % 4 of piece kc / 4; Q is permuted the same way);
 //   V: lane g owns the output dims g * D/8 .. g * D/8 + D/8 - 1 of each of its four positions
 //      (16 bytes for D = 128, 8 for D = 64); m-tile i takes dims 2i, 2i + 1 of that run.
-template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE>
+//
+// TILE_BLOCKS (tokensPerBlock >= 16): tiles start at multiples of 16 absolute positions, so each
+// lies in one cache block: one block id and one row address a tile, a lane's rows at fixed
+// offsets from it (the first tile may begin before the chunk: those positions are masked).
+// Without it (smaller blocks), every row looks up its own block.
+template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE, bool TILE_BLOCKS>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(DecodeAttentionParams p) {
     waitForPreviousKernel();  // see launchKernel
     allowNextKernel();
@@ -601,7 +616,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     if (split >= c.splits) return;  // the whole block: this sequence uses fewer splits
     stageBlock<T, C, D, WARPS * 32>(p, c, b, kvh, group, sh);
 
-    // Q as the A operand of every k-step, in the permuted dim order (rows 8..15 zero).
+    // Q as the B operand of every k-step (column g: head g), in the permuted dim order.
     uint32_t qa[KC][2];
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
@@ -614,7 +629,12 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     float const kMul = kCodes ? p.kvScale[0] / kvHalfUnit<C>() : 1.f;
     float const vMul = kCodes ? p.kvScale[1] / kvHalfUnit<C>() : 1.f;
     float const scoreScale = p.scale * kMul * kLog2e;  // scores in log2 units: exp2f below
-    float const slope = (p.alibiSlopes != nullptr && g < group) ? p.alibiSlopes[kvh * group + g] * kLog2e : 0.f;
+    float slope[2];  // heads 2t, 2t+1 (this lane's S^T columns)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int const head = 2 * t + h;
+        slope[h] = (p.alibiSlopes != nullptr && head < group) ? p.alibiSlopes[kvh * group + head] * kLog2e : 0.f;
+    }
     int64_t const vOffset = p.kvHeads * p.tokensPerBlock * D;
 
     // O^T (dims x heads), m-tile i: rows g and g+8 are this lane's output dims dimOf(i, 0 / 1),
@@ -622,8 +642,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     float acc[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    float m = -FLT_MAX;  // running max of row g (log2 units), the same in the quad
-    float l = 0.f;       // this lane's part of row g's sum of exponentials
+    float m[2] = {-FLT_MAX, -FLT_MAX};  // running max of heads 2t, 2t+1 (log2 units), the same for every g
+    float l[2] = {0.f, 0.f};            // this lane's part of their sums of exponentials
 
     // A warp takes TILES tiles of 16 positions at a time: their loads first, all of them, then
     // the math of each: one wait for memory per TILES * 16 positions. PIPE: the next TILES
@@ -632,121 +652,151 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
         uint4 kq[TILES][2][KP];                 // K of positions tile + 8j + g
         uint4 vq[TILES][4][kCodes ? 1 : VP];    // V of positions tile + {2t, 2t+1, 8+2t, 9+2t} (T)
         uint32_t vw[TILES][4][kCodes ? VW : 1];  // the same, codes
+        bool cached[TILES];                     // TILE_BLOCKS: the tile's block is in the cache
+        bool whole[TILES];                      // TILE_BLOCKS: and every position of it is in the chunk
     };
+    // TILE_BLOCKS: the chunk's walk starts at the tile holding its first position.
+    int const lead = TILE_BLOCKS ? (c.begin & 15) : 0;
     auto load = [&](int base, Tiles& x) {
 #pragma unroll
         for (int u = 0; u < TILES; ++u) {
             int const tile = base + 16 * u;
+            C const* kTile = nullptr;  // TILE_BLOCKS: the tile's first K row
+            if constexpr (TILE_BLOCKS) {
+                // Every load is issued: a tile past the chunk or outside the cache reads block 0
+                // (any block is memory of the pool) and is masked in compute.
+                int const block = tile < c.n ? sh.blocks[((c.begin + tile) >> c.tpbShift) - c.firstBlock] : -1;
+                x.cached[u] = block >= 0;
+                x.whole[u] = block >= 0 && tile >= 0 && tile + 16 <= c.n;
+                kTile = kRowOf<C, D>(p, c, max(block, 0), kvh, c.begin + tile);
+            }
+            // A row's piece this lane loads, or nullptr: a masked position, zeros (never with
+            // TILE_BLOCKS, whose loads are all issued).
+            auto rowAt = [&](int pos, int lanePart) -> C const* {
+                if constexpr (TILE_BLOCKS) {  // lane part first: the rest is a load's constant offset
+                    return (kTile + lanePart) + (pos - tile) * D;
+                } else {
+                    int const block = pos < c.n ? blockOf(c, sh.blocks, pos) : -1;
+                    return block >= 0 ? kRowOf<C, D>(p, c, block, kvh, c.begin + pos) + lanePart : nullptr;
+                }
+            };
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                int const pos = tile + 8 * j + g;
-                int const block = pos < c.n ? blockOf(c, sh.blocks, pos) : -1;
-                C const* row = block >= 0 ? kRowOf<C, D>(p, c, block, kvh, c.begin + pos) : nullptr;
+                C const* row = rowAt(tile + 8 * j + g, kCodes ? t * 16 : t * 8);
+                bool const read = TILE_BLOCKS || row != nullptr;
 #pragma unroll
                 for (int i = 0; i < KP; ++i) {
-                    int const offset = kCodes ? i * 64 + t * 16 : i * 32 + t * 8;
-                    x.kq[u][j][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + offset) : make_uint4(0, 0, 0, 0);
+                    x.kq[u][j][i] = read ? *reinterpret_cast<uint4 const*>(row + i * (kCodes ? 64 : 32))
+                                         : make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                int const pos = tile + (r / 2) * 8 + 2 * t + (r % 2);
-                int const block = pos < c.n ? blockOf(c, sh.blocks, pos) : -1;
-                C const* row = block >= 0 ? kRowOf<C, D>(p, c, block, kvh, c.begin + pos) + vOffset : nullptr;
+                C const* row = rowAt(tile + (r / 2) * 8 + 2 * t + (r % 2), kCodes ? g * (D / 8) : g * 8);
+                bool const read = TILE_BLOCKS || row != nullptr;
+                if (read) row += vOffset;
                 if constexpr (kCodes) {
                     if constexpr (VW == 4) {
-                        uint4 const w = row != nullptr ? *reinterpret_cast<uint4 const*>(row + g * 16) : make_uint4(0, 0, 0, 0);
+                        uint4 const w = read ? *reinterpret_cast<uint4 const*>(row) : make_uint4(0, 0, 0, 0);
                         x.vw[u][r][0] = w.x;
                         x.vw[u][r][1] = w.y;
                         x.vw[u][r][2] = w.z;
                         x.vw[u][r][3] = w.w;
                     } else {
-                        uint2 const w = row != nullptr ? *reinterpret_cast<uint2 const*>(row + g * 8) : make_uint2(0, 0);
+                        uint2 const w = read ? *reinterpret_cast<uint2 const*>(row) : make_uint2(0, 0);
                         x.vw[u][r][0] = w.x;
                         x.vw[u][r][1] = w.y;
                     }
                 } else {
 #pragma unroll
                     for (int i = 0; i < VP; ++i) {
-                        x.vq[u][r][i] = row != nullptr ? *reinterpret_cast<uint4 const*>(row + i * 64 + g * 8)
-                                                     : make_uint4(0, 0, 0, 0);
+                        x.vq[u][r][i] = read ? *reinterpret_cast<uint4 const*>(row + i * 64) : make_uint4(0, 0, 0, 0);
                     }
                 }
             }
         }
     };
-    auto compute = [&](int base, Tiles const& x) {
+    auto compute = [&](int base, Tiles& x) {
 #pragma unroll
         for (int u = 0; u < TILES; ++u) {
             int const tile = base + 16 * u;
-            // S: s[j][0..1] are row g's scores of positions tile + 8j + 2t, +1 (s[j][2..3]: zero rows).
-            float s[2][4];
+            if (TILE_BLOCKS && !x.whole[u]) {  // V of masked positions (stale, maybe NaN) is zero: P V
+#pragma unroll                                 // must not see 0 * NaN
+                for (int r = 0; r < 4; ++r) {
+                    int const pos = tile + (r / 2) * 8 + 2 * t + (r % 2);
+                    if (!x.cached[u] || pos < 0 || pos >= c.n) {
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+                        for (int w = 0; w < (kCodes ? VW : 1); ++w) x.vw[u][r][w] = 0u;
 #pragma unroll
-                for (int kc = 0; kc < KC; ++kc) {
-                    uint32_t const a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
-                    if constexpr (kCodes) {
-                        uint4 const& piece = x.kq[u][j][kc / 4];
-                        uint32_t b0, b1;
-                        kvCodesToHalf2<C>(reinterpret_cast<uint32_t const*>(&piece)[kc % 4], b0, b1);
-                        mma16816<M>(s[j], a, b0, b1);
-                    } else {
-                        uint4 const& piece = x.kq[u][j][kc / 2];
-                        if (kc % 2 == 0) {
-                            mma16816<M>(s[j], a, piece.x, piece.y);
-                        } else {
-                            mma16816<M>(s[j], a, piece.z, piece.w);
-                        }
+                        for (int i = 0; i < (kCodes ? 1 : VP); ++i) x.vq[u][r][i] = make_uint4(0, 0, 0, 0);
                     }
                 }
             }
-            // Online softmax of row g over the tile's 16 positions.
-            float tileMax = -FLT_MAX;
+            // S^T = K Q^T: A = K (rows: the tile's 16 positions, k: dims), B = Q^T (n: heads). s[0],
+            // s[1]: position tile + g, heads 2t, 2t+1; s[2], s[3]: position tile + 8 + g, the same.
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    int const pos = tile + 8 * j + 2 * t + e;
-                    bool const visible = pos < c.n && blockOf(c, sh.blocks, pos) >= 0;
-                    float const score = s[j][e] * scoreScale + slope * static_cast<float>(c.begin + pos - c.qPos);
-                    s[j][e] = visible ? score : -FLT_MAX;
-                    tileMax = fmaxf(tileMax, s[j][e]);
+            for (int kc = 0; kc < KC; ++kc) {
+                uint32_t a[4];
+                if constexpr (kCodes) {
+                    int const w = kc % 4;
+                    kvCodesToHalf2<C>(reinterpret_cast<uint32_t const*>(&x.kq[u][0][kc / 4])[w], a[0], a[2]);
+                    kvCodesToHalf2<C>(reinterpret_cast<uint32_t const*>(&x.kq[u][1][kc / 4])[w], a[1], a[3]);
+                } else {
+                    int const w = (kc % 2) * 2;
+                    a[0] = reinterpret_cast<uint32_t const*>(&x.kq[u][0][kc / 2])[w];
+                    a[2] = reinterpret_cast<uint32_t const*>(&x.kq[u][0][kc / 2])[w + 1];
+                    a[1] = reinterpret_cast<uint32_t const*>(&x.kq[u][1][kc / 2])[w];
+                    a[3] = reinterpret_cast<uint32_t const*>(&x.kq[u][1][kc / 2])[w + 1];
                 }
+                mma16816<M>(s, a, qa[kc][0], qa[kc][1]);
             }
-            tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
-            tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
-            float const mNew = fmaxf(m, tileMax);
-            float const rescale = mNew != -FLT_MAX ? exp2f(m - mNew) : 1.f;
-            m = mNew;
-            l *= rescale;
-            float pr[2][2];
+            // Online softmax of heads 2t and 2t+1 over the tile's 16 positions: this lane has two
+            // of them, the lanes of the same t (xor 4, 8, 16) the rest.
+            float tileMax[2] = {-FLT_MAX, -FLT_MAX};
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int e = 0; e < 4; ++e) {
+                int const pos = tile + (e / 2) * 8 + g;
+                bool const visible = TILE_BLOCKS ? x.whole[u] || (x.cached[u] && pos >= 0 && pos < c.n)
+                                                 : pos < c.n && blockOf(c, sh.blocks, pos) >= 0;
+                float const score = s[e] * scoreScale + slope[e % 2] * static_cast<float>(c.begin + pos - c.qPos);
+                s[e] = visible ? score : -FLT_MAX;
+                tileMax[e % 2] = fmaxf(tileMax[e % 2], s[e]);
+            }
+            float rescale[2];
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    pr[j][e] = s[j][e] != -FLT_MAX ? exp2f(s[j][e] - mNew) : 0.f;
-                    l += pr[j][e];
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int offset = 4; offset < 32; offset *= 2) {
+                    tileMax[h] = fmaxf(tileMax[h], __shfl_xor_sync(0xffffffffu, tileMax[h], offset));
                 }
+                float const mNew = fmaxf(m[h], tileMax[h]);
+                rescale[h] = mNew != -FLT_MAX ? exp2f(m[h] - mNew) : 1.f;
+                m[h] = mNew;
+                l[h] *= rescale[h];
             }
-            // Heads 2t and 2t+1 (this lane's output columns) take their rows' rescales; once the
-            // maxima settle no row's changes, and the warp skips the multiplies by 1.
-            if (__any_sync(0xffffffffu, rescale != 1.f)) {
-                float const rescale0 = __shfl_sync(0xffffffffu, rescale, 8 * t);
-                float const rescale1 = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);
+            float pr[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                pr[e] = s[e] != -FLT_MAX ? exp2f(s[e] - m[e % 2]) : 0.f;
+                l[e % 2] += pr[e];
+            }
+            // This lane's output columns are its heads: once the maxima settle no rescale moves,
+            // and the warp skips the multiplies by 1.
+            if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
 #pragma unroll
                 for (int i = 0; i < MT; ++i) {
-                    acc[i][0] *= rescale0;
-                    acc[i][1] *= rescale1;
-                    acc[i][2] *= rescale0;
-                    acc[i][3] *= rescale1;
+                    acc[i][0] *= rescale[0];
+                    acc[i][1] *= rescale[1];
+                    acc[i][2] *= rescale[0];
+                    acc[i][3] *= rescale[1];
                 }
             }
-            // P^T as the B operand (k = positions, n = heads): lane (g, t) holds head g's
-            // positions 2t, 2t+1 and 8+2t, 9+2t, just where the S fragment left them.
-            uint32_t const pb0 = packPair<M>(pr[0][0], pr[0][1]);
-            uint32_t const pb1 = packPair<M>(pr[1][0], pr[1][1]);
+            // P^T as the B operand (k = positions, n = heads): lane (g, t) needs head g's
+            // positions 2t, 2t+1 and 8+2t, 9+2t, the transposes of the 8 x 8 halves of P that the
+            // S^T fragment left (positions g, g + 8; heads 2t, 2t+1).
+            uint32_t const pb0 = transpose8x8(packPair<M>(pr[0], pr[1]));
+            uint32_t const pb1 = transpose8x8(packPair<M>(pr[2], pr[3]));
             // O^T += V^T P^T: A = V^T (rows: dims, k: positions). Lane (g, t) holds dims
             // dimOf(i, h) of positions 2t, 2t+1, 8+2t, 9+2t. Values: dimOf = (idx / 8) * 64 + g * 8
             // + idx % 8 with idx = 2i + h: m-tile i reads word (i % 4) of piece i / 4, its low
@@ -779,10 +829,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     constexpr int kStride = WARPS * 16 * TILES;
     if constexpr (PIPE) {  // two sets of registers in turn (a copy from one to the other costs moves)
         Tiles a, b;
-        int base = warp * 16 * TILES;
+        int base = warp * 16 * TILES - lead;
         load(base, a);
         while (base < c.n) {
-            load(base + kStride, b);  // past the chunk: nothing is read
+            load(base + kStride, b);  // past the chunk: nothing is read (TILE_BLOCKS: block 0, masked)
             compute(base, a);
             base += kStride;
             if (base >= c.n) break;
@@ -791,16 +841,20 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
             base += kStride;
         }
     } else {
-        for (int base = warp * 16 * TILES; base < c.n; base += kStride) {
+        for (int base = warp * 16 * TILES - lead; base < c.n; base += kStride) {
             Tiles cur;
             load(base, cur);
             compute(base, cur);
         }
     }
 
-    // The quad's sums, then this warp's partial into shared memory in the real dim order.
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // The sums over the lanes of a t, then this warp's partial into shared memory in the real
+    // dim order.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int offset = 4; offset < 32; offset *= 2) l[h] += __shfl_xor_sync(0xffffffffu, l[h], offset);
+    }
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
 #pragma unroll
@@ -814,9 +868,13 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
             }
         }
     }
-    if (g < group && t == 0) {
-        sh.stat[(warp * MAXG + g) * 2] = m != -FLT_MAX ? m / kLog2e : -FLT_MAX;  // natural-log units
-        sh.stat[(warp * MAXG + g) * 2 + 1] = l;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int const head = 2 * t + h;
+        if (g == 0 && head < group) {
+            sh.stat[(warp * MAXG + head) * 2] = m[h] != -FLT_MAX ? m[h] / kLog2e : -FLT_MAX;  // natural-log units
+            sh.stat[(warp * MAXG + head) * 2 + 1] = l[h];
+        }
     }
     mergeAndStore<T, D, MAXG>(p, sh.acc, sh.stat, WARPS, b, kvh, split, c.splits, group);
 }
@@ -857,7 +915,8 @@ void launchCudaCore(DecodeAttentionParams const& p, cudaStream_t stream) {
 template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE = false>
 void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
     size_t const smem = sharedBytes<D, kDecodeAttentionMaxGroup>(p, WARPS);
-    auto kernel = decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE>;
+    auto kernel = p.tokensPerBlock >= 16 ? decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE, true>
+                                         : decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE, false>;
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
@@ -889,10 +948,13 @@ void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
 // 99.7 -> 103.4, so more pairs keep four (eight: up to a quarter of the multiprocessors, b1-b4
 // of the 8B shape, measured above).
 // 1-byte codes between those two (b32 L2080: 256 pairs, two blocks of four warps per SM) load
-// the next two tiles while they compute these (PIPE, 232 registers): 8 KB of codes a warp
+// the next two tiles while they compute these (PIPE, 208 registers): 8 KB of codes a warp
 // round is too little in flight to cover memory with eight warps an SM. H100, b32 L2080, FP8
 // (with the sm_89+ conversion): 64 -> 58 us, INT8 66 -> 60 (bf16 99: its 16 KB a round already
-// keeps memory busy, and two register sets of it spill). Tried and slower there: 4 tiles a
+// keeps memory busy, and two register sets of it spill). Then one block id a tile (TILE_BLOCKS)
+// and S^T = K Q^T (half the score MMAs, no zero rows to rebuild): a round of 2 tiles from ~1,010
+// to ~585 instructions on the common path; FP8 58.0 -> 54.3 us, INT8 60.1 -> 54.6, b256 L192 FP8
+// 64.4 -> 60.2, bf16 unchanged (97-98). Tried and slower there: 4 tiles a
 // round 73, 8 warps x 2 tiles 69, 4 x 1 tile pipelined 79, 2 or 3 splits a sequence 76-99 (these
 // four before the conversion), a per-warp cp.async ring in shared memory instead of registers
 // (2-4 rounds deep, 117-146 registers, up to three blocks an SM) 75-94.
