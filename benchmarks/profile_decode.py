@@ -5,6 +5,7 @@ tails, which a batch-1 step of ~300 short kernels pays at every kernel boundary)
 
     python benchmarks/profile_decode.py --model smollm2-135m --batch 1
     python benchmarks/profile_decode.py --model llama-8b --quant fp8 --batch 1
+    python benchmarks/profile_decode.py --model llama-8b --quant fp8 --kv_cache_dtype fp8 --batch 32 --input_len 2048
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import QUANTS, quantized_model, random_models  # noqa: E402
+from bench_generation import KV_CACHE_DTYPES, QUANTS, quantized_model, random_models  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
@@ -30,6 +31,8 @@ def main():
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--quant", choices=list(QUANTS), default="none")
     p.add_argument("--group_size", type=int, default=128, help="INT4 weight-only group")
+    p.add_argument("--kv_cache_dtype", choices=list(KV_CACHE_DTYPES), default="none",
+                   help="KV cache codes (fp8, int8: scales calibrated on the prompts)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input_len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
@@ -39,7 +42,8 @@ def main():
     args = p.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    model, hf = random_models(args.model, args.dtype, dev, with_hf=args.quant == "fp8")
+    calibrate = args.quant == "fp8" or args.kv_cache_dtype != "none"
+    model, hf = random_models(args.model, args.dtype, dev, with_hf=calibrate)
     # Prompts are prefilled 8,192 tokens a step (below): the runs of the eager breakdown start
     # with this many steps of prompt chunks and first tokens before every row decodes.
     max_num_tokens = min(8192, args.batch * args.input_len)
@@ -47,8 +51,10 @@ def main():
     bc = BuildConfig(max_batch_size=max(args.batch, 1), max_input_len=args.input_len,
                      max_seq_len=args.max_seq_len or args.input_len + args.steps + prompt_steps + 8)
     prompts = [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32) for _ in range(args.batch)]
-    if args.quant != "none":  # fp8 calibrates its activation scales on the prompts through `hf`
-        model = quantized_model(model, args.quant, args.group_size, False, hf, prompts)
+    if args.quant != "none" or args.kv_cache_dtype != "none":
+        # fp8 (its activation scales) and a KV cache of codes (its scales) calibrate on the prompts
+        # through `hf`
+        model = quantized_model(model, args.quant, args.group_size, False, hf, prompts, kv=args.kv_cache_dtype)
         del hf
 
     def step_ms(r):
@@ -93,7 +99,8 @@ def main():
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    print(f"{args.model} {args.quant} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
+    kv = "" if args.kv_cache_dtype == "none" else f" kv {args.kv_cache_dtype}"
+    print(f"{args.model} {args.quant}{kv} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
           f"step with graphs {step_ms(graphs):.3f} ms")
     replay_timeline(graph)
     del graphs, cuda_graphs, graph
