@@ -72,10 +72,12 @@ from launch_ranks import run_split  # noqa: E402
 
 import tensorrt_llm.distributed as distributed  # noqa: E402
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.errors import ConfigError  # noqa: E402
 from tensorrt_llm.kv_cache_layout import KVCacheLayout  # noqa: E402
-from tensorrt_llm.mapping import Mapping  # noqa: E402
+from tensorrt_llm.mapping import Mapping, parse_pp_partition  # noqa: E402
 from tensorrt_llm.models.llama.convert import config_from_hf  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
+from tensorrt_llm.models.modeling_utils import with_pp_partition  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -183,11 +185,38 @@ def random_models(name, dtype, device, with_hf):
     return model, hf
 
 
+def add_pp_partition_argument(p) -> None:
+    p.add_argument("--pp_partition", default=None, metavar="N,N,...",
+                   help="decoder layers of each pipeline stage, e.g. 16,16 for llama-8b at --pp_size 2 "
+                        "(default: the split that evens out the stages' weights, the last stage's LM head "
+                        "included: 17,15 there)")
+
+
+def check_pp_partition(p, args) -> None:
+    """--pp_partition as a list, refused (p.error) unless it has --pp_size counts summing to the
+    --model shape's layers."""
+    if args.pp_partition is None:
+        return
+    try:
+        args.pp_partition = parse_pp_partition(args.pp_partition)
+    except ConfigError as e:
+        p.error(str(e))
+    text = ",".join(map(str, args.pp_partition))
+    if len(args.pp_partition) != args.pp_size:
+        p.error(f"--pp_partition {text} has {len(args.pp_partition)} stage(s); --pp_size is {args.pp_size}")
+    layers = SHAPES.get(args.model, {}).get("num_hidden_layers")
+    if layers is not None and sum(args.pp_partition) != layers:
+        p.error(f"--pp_partition {text} sums to {sum(args.pp_partition)}, not {args.model}'s {layers} layers")
+
+
 def meta_rank_engine(name, dtype, mapping, build_config):
     """This rank's engine of the `name` shape split by `mapping`, built over weights on the meta
-    device (shapes only, no memory). Returns (engine, parameters of this rank)."""
+    device (shapes only, no memory); the pipeline stages are mapping.pp_partition, else the
+    balanced split a conversion writes (with_pp_partition). Returns (engine, parameters of
+    this rank)."""
     import transformers
     config = config_from_hf(transformers.LlamaConfig(**SHAPES[name]), dtype=dtype, mapping=mapping)
+    config = with_pp_partition(config)
     model = LLaMAForCausalLM(config)
     torch_dtype = getattr(torch, dtype)
     model.load({pname: torch.empty(p.shape, dtype=torch_dtype, device="meta") for pname, p in model.named_parameters()})
@@ -401,6 +430,7 @@ def main(argv=None):
     p.add_argument("--tp_size", type=int, default=1,
                    help="tensor-parallel ranks (the script starts the --tp_size x --pp_size rank processes)")
     p.add_argument("--pp_size", type=int, default=1, help="pipeline-parallel ranks")
+    add_pp_partition_argument(p)
     p.add_argument("--compare_one_gpu", action="store_true",
                    help="first run the one-rank engine of the same shape on one device (its own process), "
                         "then the --tp_size x --pp_size one, and compare their steps")
@@ -409,6 +439,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     if args.tp_size < 1 or args.pp_size < 1:
         p.error("--tp_size and --pp_size must be >= 1")
+    check_pp_partition(p, args)
     if args.tp_size * args.pp_size > 1 or args.compare_one_gpu:
         if args.model not in SHAPES:
             p.error(f"a multi-rank run builds random weights in memory: --model must be one of {', '.join(SHAPES)}")
@@ -500,7 +531,7 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.world_size))
         device = distributed.device_for(info, args.device)
         mapping = Mapping(world_size=args.tp_size * args.pp_size, rank=info.rank, tp_size=args.tp_size,
-                          pp_size=args.pp_size)
+                          pp_size=args.pp_size, pp_partition=getattr(args, "pp_partition", None))
         distributed.init(mapping, device, info)
     else:
         device = torch.device(args.device)
@@ -547,6 +578,7 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
         del engine
         sync(device)
         result["load_seconds"] = time.perf_counter() - t
+        result["pp_partition"] = runner.mapping.stage_layer_counts(runner.config["num_hidden_layers"])
         engine_bytes = sum(result["per_rank_weight_bytes"])
         result.update(engine_bytes=engine_bytes, params=params, peak_rss_build_bytes=rss_build.peak,
                       per_gpu_weight_bytes=max(result["per_rank_weight_bytes"]))
@@ -605,9 +637,10 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
     result["decode_floor_ms"] = floor_ms
     result["decode_read_floor_ms"] = read_floor_ms
     # The KV cache a step reads: every sequence's context at its mean length over the timed steps,
-    # this rank's layers and KV heads (the pipeline stages in turn), in the pool's bytes.
+    # this rank's KV heads over every layer (the pipeline stages in turn), in the pool's bytes.
     layout = KVCacheLayout.of_engine(runner.config, runner.build_config.tokens_per_block)
-    kv_bytes_per_token = layout.bytes_per_block // layout.tokens_per_block * args.pp_size
+    kv_bytes_per_token = (layout.bytes_per_block // layout.tokens_per_block // layout.num_layers
+                          * runner.config["num_hidden_layers"])
     result["kv_bytes_per_element"] = torch.empty((), dtype=layout.dtype).element_size()
     mean_context = args.input_len + args.output_len / 2
     rows = []

@@ -38,7 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_generation import SHAPES, gguf_models, matmul_rate, random_models, random_rank_engine, sync  # noqa: E402
+from bench_generation import (  # noqa: E402
+    SHAPES,
+    add_pp_partition_argument,
+    check_pp_partition,
+    gguf_models,
+    matmul_rate,
+    random_models,
+    random_rank_engine,
+    sync,
+)
 from launch_ranks import run_split  # noqa: E402
 
 import tensorrt_llm.distributed as distributed  # noqa: E402
@@ -257,12 +266,14 @@ def main(argv=None):
                    help="tensor-parallel ranks (the script starts the --tp_size x --pp_size rank processes, "
                         "each building its own shard of random weights in memory)")
     p.add_argument("--pp_size", type=int, default=1, help="pipeline-parallel ranks")
+    add_pp_partition_argument(p)
     p.add_argument("--compare_one_gpu", action="store_true",
                    help="first run the one-rank engine of the same shape on one device (its own process), "
                         "then the --tp_size x --pp_size one, and compare their output tokens/s")
     args = p.parse_args(argv)
     if args.tp_size < 1 or args.pp_size < 1:
         p.error("--tp_size and --pp_size must be >= 1")
+    check_pp_partition(p, args)
     if args.tp_size * args.pp_size > 1 or args.compare_one_gpu:
         if args.model not in SHAPES:
             p.error(f"a multi-rank run builds random weights in memory: --model must be one of {', '.join(SHAPES)}")
@@ -313,7 +324,8 @@ def run(args):
         if info.world_size > 1 and torch.device(args.device).type == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.world_size))
         device = distributed.device_for(info, args.device)
-        mapping = Mapping(world_size=world, rank=info.rank, tp_size=args.tp_size, pp_size=args.pp_size)
+        mapping = Mapping(world_size=world, rank=info.rank, tp_size=args.tp_size, pp_size=args.pp_size,
+                          pp_partition=getattr(args, "pp_partition", None))
         distributed.init(mapping, device, info)
     else:
         device = torch.device(args.device)
@@ -360,7 +372,8 @@ def run(args):
         runner = ModelRunner.from_dir(engine_dir.name, device=device, **runner_kwargs)
     vocab = runner.vocab_size
     result.update(params=params, kv_blocks=runner.kv_cache.num_blocks, tokens_per_block=args.tokens_per_block,
-                  tp_size=args.tp_size, pp_size=args.pp_size)
+                  tp_size=args.tp_size, pp_size=args.pp_size,
+                  pp_partition=runner.mapping.stage_layer_counts(runner.config["num_hidden_layers"]))
 
     # Warm-up: the attention paths, then the CUDA graphs of every bucket.
     warm = make_workload(argparse.Namespace(**{**vars(args), "num_requests": min(args.max_batch_size, 64),

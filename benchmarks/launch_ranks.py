@@ -77,7 +77,8 @@ def run_split(args, rank_main, fields: dict):
             if launched_here(world) and world > 1:
                 raise SystemExit("--compare_one_gpu starts its own processes: run the script without a launcher")
             print("== one rank (tp_size 1, pp_size 1) ==", flush=True)
-            run_ranks(1, rank_main, argparse.Namespace(**dict(fields, tp_size=1, pp_size=1)), f"{tmp}/one.json")
+            one_rank = argparse.Namespace(**dict(fields, tp_size=1, pp_size=1, pp_partition=None))
+            run_ranks(1, rank_main, one_rank, f"{tmp}/one.json")
             one = json.loads(Path(f"{tmp}/one.json").read_text())
         if world == 1:
             return one, one

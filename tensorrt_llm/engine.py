@@ -196,7 +196,7 @@ class Engine:
             raise EngineError(f"{path}: the graph does not load ({' '.join(str(e).split())[:300]}); "
                               f"rebuild the engine") from None
         check_shapes(network, str(path))
-        check_config_matches_graph(pretrained, build_config, network, str(path))
+        check_config_matches_graph(pretrained, build_config, network, str(path), rank)
         return cls(config, network, rank, refit_map=refit)
 
 

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Optional
 
 from ._utils import _STR_TO_TORCH
 from .build_config import BuildConfig
-from .errors import EngineError
+from .errors import ConfigError, EngineError
 from .kv_cache_layout import KVCacheLayout, blocks_for_tokens
 from .models import MODEL_MAP  # noqa: F401  (registers the known architectures)
 from .models.modeling_utils import PretrainedConfig
@@ -373,13 +373,16 @@ def config_differences(theirs: dict, ours: dict) -> list[str]:
             if k not in a or k not in b or json.dumps(a[k], sort_keys=True) != json.dumps(b[k], sort_keys=True)]
 
 
-def check_config_matches_graph(pretrained: dict, build: dict, network, where: str) -> None:
+def check_config_matches_graph(pretrained: dict, build: dict, network, where: str, rank: int = 0) -> None:
     """Refuse an engine whose configuration disagrees with its graph where the runtime sizes
     buffers from the configuration and kernels index them with the graph's numbers (or the
     other way round): the KV-cache pool layout, the vocabulary, the position tables, the
     batch and token limits."""
     problems = []
-    layout = KVCacheLayout.of_engine(pretrained, build["tokens_per_block"])
+    try:  # the layers of this rank's pipeline stage
+        layout = KVCacheLayout.of_engine(pretrained, build["tokens_per_block"], rank=rank)
+    except ConfigError as e:  # a rank outside the config's world
+        raise EngineError(f"{where}: {e}; rebuild the engine") from None
     max_seq_len = build["max_seq_len"]
     tensors = network._tensors
 

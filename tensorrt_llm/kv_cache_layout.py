@@ -9,10 +9,12 @@ build command (the pool must fit) and the runtime (it allocates the pool) all si
 the same way, from here. The pool itself and its bookkeeping are runtime/kv_cache_manager.py.
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from ._utils import str_dtype_to_torch
+from .mapping import Mapping
 from .quantization.formats import kv_cache_dtype_name
 
 
@@ -47,10 +49,16 @@ class KVCacheLayout:
     dtype_name: str
 
     @classmethod
-    def of_engine(cls, pretrained_config: dict, tokens_per_block: int) -> "KVCacheLayout":
+    def of_engine(cls, pretrained_config: dict, tokens_per_block: int,
+                  rank: Optional[int] = None) -> "KVCacheLayout":
+        """The pool of `rank` (its pipeline stage caches its own layers only: the mapping's
+        pp_layers); rank None: of the stage with the most layers (the largest pool any rank
+        allocates)."""
         cfg = pretrained_config
-        # A pipeline stage caches its own layers only.
-        return cls(num_layers=cfg["num_hidden_layers"] // cfg["mapping"].get("pp_size", 1),
+        mapping = Mapping.from_dict(dict(cfg["mapping"], rank=0))
+        counts = mapping.stage_layer_counts(cfg["num_hidden_layers"])
+        num_layers = max(counts) if rank is None else counts[mapping.with_rank(rank).pp_rank]
+        return cls(num_layers=num_layers,
                    num_kv_heads=max(1, cfg["num_key_value_heads"] // cfg["mapping"]["tp_size"]),
                    head_dim=cfg.get("head_size") or cfg["hidden_size"] // cfg["num_attention_heads"],
                    tokens_per_block=tokens_per_block,

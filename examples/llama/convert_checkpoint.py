@@ -31,6 +31,12 @@ FP8 (W8A8) checkpoints, which need calibration, are written by examples/quantiza
 any of the above; calibrated scales, and int8 (which needs them), come from
 examples/quantization/quantize.py --kv_cache_dtype.
 
+--pp_size N splits the decoder layers over N pipeline stages, the last of which also runs
+the LM head: by default the stages get the layer counts that even out their weights, the
+LM head's included (a Llama-3.1-8B at --pp_size 2: 17 and 15 layers); --pp_partition 16,16
+chooses them by hand (one count per stage, summing to the model's layers). config.json's
+mapping records the split (pp_partition).
+
 The checkpoint is written into a new folder beside --output_dir and renamed into place
 when complete: a failed conversion leaves an earlier --output_dir as it was. An error ends
 in one "error:" line (exit code 2); --debug shows its traceback.
@@ -41,10 +47,17 @@ import time
 from pathlib import Path
 
 from tensorrt_llm.cli import add_debug_argument, run_cli
-from tensorrt_llm.mapping import Mapping
+from tensorrt_llm.errors import ConfigError
+from tensorrt_llm.mapping import Mapping, parse_pp_partition
 from tensorrt_llm.models.llama import convert
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
-from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, check_output_dir, write_checkpoint
+from tensorrt_llm.models.modeling_utils import (
+    MODEL_DTYPES,
+    atomic_output_dir,
+    check_output_dir,
+    with_pp_partition,
+    write_checkpoint,
+)
 from tensorrt_llm.models.quantize import (
     add_kv_cache_argument,
     add_kv_cache_scales,
@@ -71,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel ranks to write")
     parser.add_argument("--pp_size", type=int, default=1,
                         help="pipeline stages (the layers split between them); tp_size x pp_size rank files")
+    parser.add_argument("--pp_partition", metavar="N,N,...",
+                        help="decoder layers of each pipeline stage, e.g. 17,15 (one per stage, summing to "
+                             "the model's layers); default: the split that evens out the stages' weights, "
+                             "the last stage's LM head included")
     add_weight_only_arguments(parser)
     add_kv_cache_argument(parser, calibrated=False)
     add_debug_argument(parser)
@@ -99,8 +116,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def pp_partition_of(args) -> list[int] | None:
+    """--pp_partition as a list of --pp_size layer counts (ConfigError, one line, otherwise; the
+    sum is checked against the model's layers once its config is read)."""
+    if args.pp_partition is None:
+        return None
+    counts = parse_pp_partition(args.pp_partition)
+    if len(counts) != args.pp_size:
+        raise ConfigError(f"--pp_partition {args.pp_partition} has {len(counts)} stage(s); "
+                          f"--pp_size is {args.pp_size}")
+    return counts
+
+
 def main(argv=None):
     args = parse_args(argv)
+    args.pp_partition = pp_partition_of(args)
     start = time.perf_counter()
     check_output_dir(args.output_dir, sources=[args.model_dir or args.gguf_file or args.meta_ckpt_dir])
     mapping = Mapping(world_size=args.tp_size * args.pp_size, tp_size=args.tp_size, pp_size=args.pp_size)
@@ -133,6 +163,14 @@ def main(argv=None):
         def rank_weights(rank):
             return convert.load_weights_from_hf(source, source_config, mapping.with_rank(rank))
 
+    try:  # the layers of each stage, recorded in config.json (the sum checked against the model's)
+        config = with_pp_partition(config, args.pp_partition)
+    except ConfigError as e:
+        if args.pp_partition is None:
+            raise
+        raise ConfigError(f"--pp_partition {','.join(map(str, args.pp_partition))}: "
+                          f"{str(e).removeprefix('PretrainedConfig: ')}") from None
+    mapping = config.mapping
     source_config = config  # what the loaders above read with (a tied head stays tied there)
     if args.use_weight_only and args.gguf_file is None:
         float_weights = rank_weights
@@ -162,7 +200,9 @@ def main(argv=None):
 
     print(f"wrote {args.output_dir}: {config.architecture}, {config.num_hidden_layers} layers, "
           f"hidden {config.hidden_size}, vocab {config.vocab_size}, dtype {config.dtype}, "
-          f"tp_size {mapping.tp_size}, pp_size {mapping.pp_size}")
+          f"tp_size {mapping.tp_size}, pp_size {mapping.pp_size}"
+          + (f" (layers per stage: {', '.join(map(str, mapping.stage_layer_counts(config.num_hidden_layers)))})"
+             if mapping.pp_size > 1 else ""))
     if config.quant_config.quantizes_weights:
         print(f"  quantization: {config.quant_config.quant_algo.value}"
               + (f", group {config.quant_config.group_size}" if config.quant_config.group_size else ""))

@@ -83,6 +83,7 @@ from ..models.modeling_utils import (
     PretrainedConfig,
     atomic_output_dir,
     rank_weights_name,
+    with_pp_partition,
     write_checkpoint,
 )
 from ..tokenizer_utils import TOKENIZER_FILES, save_tokenizer
@@ -264,6 +265,10 @@ def cache_key(path: Path, kind: str, options: dict, dtype: str, target_device: s
     }
     if mapping is not None and mapping.world_size > 1:
         material["mapping"] = {"tp_size": mapping.tp_size, "pp_size": mapping.pp_size}
+        if mapping.pp_size > 1 and kind != "checkpoint":
+            # A conversion's stages are split by weight (with_pp_partition): not an entry of
+            # the even split made before. (A checkpoint folder's split is its own, in its files.)
+            material["mapping"]["pp_partition"] = mapping.pp_partition or "balanced"
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
@@ -327,14 +332,17 @@ def _source(path: Path, kind: str, dtype: str, on_gpu: bool, mapping: Optional[M
         config = convert.config_from_gguf(path, "float32" if dtype == "auto" else dtype, mapping, reader=reader)
         if dtype == "auto":
             config = _with_dtype(config, _auto_dtype(kind, config.dtype, on_gpu))
-        return config, lambda r: convert.load_weights_from_gguf(path, config, mapping.with_rank(r), reader=reader)
+        config = with_pp_partition(config)
+        return config, lambda r: convert.load_weights_from_gguf(path, config, config.mapping.with_rank(r),
+                                                                reader=reader)
     model_type = read_json_object(path / CONFIG_NAME, ConfigError).get("model_type")
     if model_type not in HF_CONVERTERS:  # it was, when detect_kind read the file
         raise ConfigError(f"{path / CONFIG_NAME} changed while being read; try again")
     convert = importlib.import_module(f"tensorrt_llm.models.{HF_CONVERTERS[model_type]}.convert")
     config = convert.config_from_hf(path, None, mapping)  # the source's dtype
     config = _with_dtype(config, _auto_dtype(kind, config.dtype, on_gpu) if dtype == "auto" else dtype)
-    return config, lambda r: convert.load_weights_from_hf(path, config, mapping.with_rank(r))
+    config = with_pp_partition(config)  # the balanced stages (pipeline_parallel_size > 1)
+    return config, lambda r: convert.load_weights_from_hf(path, config, config.mapping.with_rank(r))
 
 
 def _with_dtype(config: PretrainedConfig, dtype: str) -> PretrainedConfig:
@@ -388,7 +396,8 @@ def folder_split(model, tensor_parallel_size: Optional[int] = None,
             return Mapping()
     except (ConfigError, EngineError, CheckpointError, OSError):
         return Mapping()
-    return Mapping(world_size=built.world_size, tp_size=built.tp_size, pp_size=built.pp_size)
+    return Mapping(world_size=built.world_size, tp_size=built.tp_size, pp_size=built.pp_size,
+                   pp_partition=built.pp_partition)
 
 
 def _check_mapping(what: str, built: Mapping, mapping: Optional[Mapping]) -> None:
@@ -502,7 +511,8 @@ def resolve_engine(model, *, dtype: str = "auto", max_batch_size: Optional[int] 
     if kind == "checkpoint":
         built = checkpoint_config(path).mapping
         _check_mapping(f"checkpoint folder {path}", built, asked)
-        mapping = asked or Mapping(world_size=built.world_size, tp_size=built.tp_size, pp_size=built.pp_size)
+        # The checkpoint's split, its layers per stage included (asked for: only the sizes, checked equal).
+        mapping = built.with_rank(0) if asked is None else asked.with_pp_partition(built.pp_partition)
     else:
         mapping = asked or Mapping()
 

@@ -237,7 +237,9 @@ def rank_weights(weights: Iterable[tuple[str, torch.Tensor]], config: Pretrained
     """One rank's weights (our names, config.dtype) from a converter's whole weights: its
     tensor-parallel slice of each weight its pipeline stage holds (stage_name)."""
     if (mapping.world_size, mapping.tp_size, mapping.pp_size) != (
-            config.mapping.world_size, config.mapping.tp_size, config.mapping.pp_size):
+            config.mapping.world_size, config.mapping.tp_size, config.mapping.pp_size) or (
+            mapping.stage_layer_counts(config.num_hidden_layers)
+            != config.mapping.stage_layer_counts(config.num_hidden_layers)):
         raise ConfigError(f"mapping {mapping} does not match the config's {config.mapping}")
     progress = tqdm(weights, desc=f"converting rank {mapping.rank}", unit="tensor", disable=None)
     out = {}

@@ -26,7 +26,7 @@ except ImportError:  # older safetensors
 
 from .._utils import read_json_object, str_dtype_to_torch
 from ..errors import CheckpointError, ConfigError
-from ..mapping import Mapping
+from ..mapping import Mapping, balanced_pp_partition
 from ..quantization.formats import FP8_DTYPE, kv_cache_dtype_name
 from ..quantization.mode import QuantConfig
 
@@ -242,9 +242,31 @@ class PretrainedConfig:
                 what = f"num_key_value_heads ({kv}) (or be a multiple of it)"
             raise ConfigError(f"PretrainedConfig: tp_size ({tp}) must divide {what}; "
                               f"the tp sizes that split this model: {', '.join(map(str, works))}")
-        if self.num_hidden_layers % self.mapping.pp_size:
-            raise ConfigError(f"PretrainedConfig: pp_size ({self.mapping.pp_size}) must divide "
-                              f"num_hidden_layers ({self.num_hidden_layers})")
+        try:
+            self.mapping.stage_layer_counts(self.num_hidden_layers)
+        except ConfigError as e:
+            raise ConfigError(f"PretrainedConfig: {str(e).removeprefix('Mapping: ')}") from None
+
+    @property
+    def decoder_layer_params(self) -> int:
+        """Weights of one decoder layer (its attention and MLP matrices; the norms and biases,
+        a few vectors, left out): what a layer reads and multiplies a token."""
+        q = self.num_attention_heads * self.head_size
+        kv = self.num_key_value_heads * self.head_size
+        mlp_matrices = 3 if self.architecture == "LlamaForCausalLM" else 2  # gated: gate, up, down
+        return self.hidden_size * (2 * q + 2 * kv) + mlp_matrices * self.hidden_size * self.intermediate_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """The LM head's vocab x hidden (shared with the embedding or not, the last stage
+        multiplies by it every token)."""
+        return self.vocab_size * self.hidden_size
+
+    def balanced_pp_partition(self, pp_size: int | None = None) -> list[int]:
+        """Layers per pipeline stage that even out the stages' weights, the last stage's LM
+        head included (mapping.balanced_pp_partition); pp_size defaults to the mapping's."""
+        return balanced_pp_partition(self.num_hidden_layers, pp_size or self.mapping.pp_size,
+                                     self.decoder_layer_params, self.lm_head_params)
 
     @property
     def rotary_dim(self) -> int:
@@ -316,6 +338,22 @@ class PretrainedConfig:
         config = cls.from_json_file(path)
         config.set_rank(rank)
         return config
+
+
+def with_pp_partition(config: PretrainedConfig, pp_partition=None) -> PretrainedConfig:
+    """`config` whose mapping records the layers of each pipeline stage: `pp_partition` (a
+    list of layer counts, checked against the model), or else the balanced one
+    (PretrainedConfig.balanced_pp_partition), unless the mapping already has one. What a new
+    conversion or build of pp_size > 1 writes, so that its config.json says how it is split;
+    a one-stage config is returned as it is (given a partition, it must be [num_hidden_layers])."""
+    m = config.mapping
+    if pp_partition is None:
+        if m.pp_size == 1 or m.pp_partition is not None:
+            return config
+        pp_partition = config.balanced_pp_partition()
+    elif m.pp_size == 1 and list(pp_partition) == [config.num_hidden_layers]:
+        return config
+    return dataclasses.replace(config, mapping=m.with_pp_partition(pp_partition))
 
 
 def check_output_dir(output_dir, sources: Iterable = ()) -> None:

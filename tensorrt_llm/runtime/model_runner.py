@@ -82,7 +82,7 @@ class ModelRunner:
             raise ConfigError(f"rank {engine.rank} is a pipeline stage built to wait for the logits inside its "
                               f"network (an engine of an older version): build the engine again")
 
-        layout = KVCacheLayout.of_engine(cfg, bc.tokens_per_block)
+        layout = KVCacheLayout.of_engine(cfg, bc.tokens_per_block, rank=engine.rank)
         num_layers, num_kv_heads, head_dim = layout.num_layers, layout.num_kv_heads, layout.head_dim
         dtype = layout.dtype
         tpb = bc.tokens_per_block

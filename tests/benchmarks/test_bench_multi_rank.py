@@ -48,9 +48,9 @@ def test_bench_generation_tp2_against_one_rank_in_one_run(tmp_path):
 def test_bench_generation_pp2_floor_is_its_stages_in_turn(tmp_path):
     out = tmp_path / "g.json"
     proc = run("bench_generation.py", *TINY, "--batch_sizes", "2", "--input_len", "8", "--output_len", "4",
-               "--repeats", "1", "--pp_size", "2", "--json", str(out))
+               "--repeats", "1", "--pp_size", "2", "--pp_partition", "1,3", "--json", str(out))
     result = json.loads(out.read_text())
-    assert (result["tp_size"], result["pp_size"]) == (1, 2)
+    assert (result["tp_size"], result["pp_size"], result["pp_partition"]) == (1, 2, [1, 3])
     stages = sum(result["per_rank_weight_bytes"])
     assert result["rows"][0]["floor_ms"] == pytest.approx(stages / (result["copy_bandwidth_GBps"] * 1e9) * 1e3)
     assert proc.stdout.count('{"batch": 2,') == 1
@@ -81,7 +81,8 @@ def test_bench_throughput_pp2_against_one_rank(tmp_path):
                "--max_batch_size", "8", "--max_num_tokens", "128", "--tokens_per_block", "8", "--pp_size", "2",
                "--compare_one_gpu", "--json", str(out))
     result = json.loads(out.read_text())
-    assert (result["tp_size"], result["pp_size"]) == (1, 2)
+    # The balanced default: the LM head (1,024 x 64) weighs ~1.8 of llama-tiny's layers.
+    assert (result["tp_size"], result["pp_size"], result["pp_partition"]) == (1, 2, [3, 1])
     for run_ in (result["inflight"], result["one_gpu"]["inflight"]):
         assert run_["output_tokens"] == 12 * 6 and run_["input_tokens"] == 12 * 8
     assert result["inflight"]["peak_in_flight"] == 2  # the two stages computed at once
@@ -89,6 +90,31 @@ def test_bench_throughput_pp2_against_one_rank(tmp_path):
         result["inflight"]["output_tok_s"] / result["one_gpu"]["inflight"]["output_tok_s"])
     assert proc.stdout.count("| in-flight |") == 2  # rank 0 of each run alone prints
     assert "TP1 x PP2 / 1 GPU:" in proc.stdout
+
+
+def test_llama_8b_pp2_stages_are_balanced_by_default():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_generation import meta_rank_engine
+
+    from tensorrt_llm.builder import BuildConfig
+    from tensorrt_llm.mapping import Mapping
+    bc = BuildConfig(max_batch_size=8, max_input_len=64, max_seq_len=128, max_num_tokens=512)
+    layers = {}
+    for rank, partition in ((0, None), (1, None), (1, [16, 16])):
+        engine, _ = meta_rank_engine("llama-8b", "bfloat16", Mapping(2, rank, 1, 2, pp_partition=partition), bc)
+        layers[rank, partition is None] = engine.network._tensors["kv_cache_pool"].shape[0]
+        assert engine.pretrained_config["mapping"]["pp_partition"] == (partition or [17, 15])
+    assert layers == {(0, True): 17, (1, True): 15, (1, False): 16}
+
+
+@pytest.mark.parametrize("script", ["bench_generation.py", "bench_throughput.py"])
+def test_a_bad_pp_partition_is_refused_before_any_rank_starts(script):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--model", "llama-8b",
+                           "--pp_size", "2", "--pp_partition", "16,15"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].endswith(
+        "error: --pp_partition 16,15 sums to 31, not llama-8b's 32 layers"), proc.stderr
 
 
 def test_bench_throughput_tp2_with_poisson_arrivals(tmp_path):

@@ -308,6 +308,29 @@ def convert_into_its_own_source(work, folder):
     return (CONVERT_LLAMA, "--model_dir", hf / ".", "--output_dir", hf), None
 
 
+@case
+def convert_with_a_pp_partition_not_summing_to_the_layers(work, folder):
+    # The random model has 2 layers.
+    return (CONVERT_LLAMA, "--model_dir", work["hf"], "--output_dir", folder / "out", "--pp_size", "2",
+            "--pp_partition", "2,1"), None
+
+
+@case
+def convert_with_a_pp_partition_of_the_wrong_length(work, folder):
+    return (CONVERT_LLAMA, "--model_dir", work["hf"], "--output_dir", folder / "out", "--pp_size", "2",
+            "--pp_partition", "2"), None
+
+
+def test_convert_with_a_bad_pp_partition(runs):
+    p, folder, _ = runs["convert_with_a_pp_partition_not_summing_to_the_layers"]
+    assert_one_error_line(p, "convert_checkpoint.py",
+                          "--pp_partition 2,1: pp_partition [2, 1] sums to 3, not the number of layers (2)")
+    assert not (folder / "out").exists()
+    p, folder, _ = runs["convert_with_a_pp_partition_of_the_wrong_length"]
+    assert_one_error_line(p, "convert_checkpoint.py", "--pp_partition 2 has 1 stage(s); --pp_size is 2")
+    assert not (folder / "out").exists()
+
+
 def test_convert_a_hf_config_without_hidden_size(runs):
     p, folder, _ = runs["convert_a_hf_config_without_hidden_size"]
     assert_one_error_line(p, "convert_checkpoint.py", "config.json has no hidden_size")

