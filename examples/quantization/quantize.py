@@ -241,6 +241,7 @@ def main(argv=None):
     if args.algorithm == "gptq":
         print(f"rounding by GPTQ (damp {args.gptq_damp})", flush=True)
     config = kv_cache_config(config, args.kv_cache_dtype)
+    LLaMAForCausalLM(config)  # its checks (a group size the widths do not divide) before any calibration
     calibration, hessians = calibrate(args, config) if args.calibrate else (Calibration(), {})
     if args.kv_cache_dtype is not None:
         print(f"KV cache in {args.kv_cache_dtype} (calibrated K/V scales per layer)", flush=True)

@@ -8,6 +8,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tensorrt_llm.errors import ConfigError
+
 from ..models.llama_utils import random_hf_llama
 from .test_cli_errors import save_tokenizer_of_words, words
 from .test_cli_workflow import ROOT, run
@@ -113,6 +115,13 @@ def test_gptq_checkpoint(hf_dir, tmp_path, capsys, qformat, args):
         assert not torch.equal(a.get_tensor(name).view(torch.uint8), b.get_tensor(name).view(torch.uint8))
         assert torch.equal(a.get_tensor("transformer.vocab_embedding.weight"),
                            b.get_tensor("transformer.vocab_embedding.weight"))
+
+
+def test_gptq_checks_the_format_before_calibrating(hf_dir, tmp_path, capsys):
+    with pytest.raises(ConfigError, match="in_features 64 is not a multiple of the group size 128"):
+        quantize("--model_dir", hf_dir, "--qformat", "int4_wo", "--group_size", "128", "--algorithm", "gptq",
+                 "--output_dir", tmp_path / "c")
+    assert "calibrating" not in capsys.readouterr().out and not (tmp_path / "c").exists()
 
 
 def test_gptq_build_run(hf_dir, tmp_path):
