@@ -28,7 +28,9 @@ error is spread over the columns after it through the Cholesky factor of H^-1 (d
 --gptq_damp x mean diag). --gptq_inputs sequential (the default) takes each linear's H from
 inputs that went through the already-quantized linears before it; float from the float
 model's. For fp8, --gptq_quantized_activations takes H from FP8-rounded inputs (as the engine
-computes). It calibrates on --calib_data like the static scales (same samples).
+computes). --gptq_act_order quantizes the inputs most active first (GPTQ's desc_act), with
+the group scales of round-to-nearest fixed up front ("static groups"), so the checkpoint needs
+no input permutation. It calibrates on --calib_data like the static scales (same samples).
 
 Calibration texts (--calib_data) are by default examples/data/calibration_prose.jsonl,
 prose written for the project and disjoint from the articles that eval_ppl.py measures.
@@ -121,6 +123,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "it (sequential, default) or from the float model's (float)")
     p.add_argument("--gptq_quantized_activations", action="store_true",
                    help="--algorithm gptq, --qformat fp8: Hessians from FP8-rounded inputs")
+    p.add_argument("--gptq_act_order", action="store_true",
+                   help="--algorithm gptq: quantize inputs in decreasing order of activity (GPTQ's desc_act), "
+                        "group scales fixed up front from the float groups (no input permutation is stored)")
     p.add_argument("--gptq_damp", type=float, default=None, help="--algorithm gptq: damping, x mean diag(H) (0.01)")
     p.add_argument("--device", default=None, help="where calibration runs: cpu or cuda (default: cuda when present)")
     add_debug_argument(p)
@@ -141,8 +146,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if gptq and args.qformat == "none":
         p.error("--algorithm gptq rounds weights: --qformat none has none to quantize")
     gptq_only = [f for f in ("gptq_inputs", "gptq_damp") if getattr(args, f) is not None]
-    if args.gptq_quantized_activations:
-        gptq_only.append("gptq_quantized_activations")
+    gptq_only += [f for f in ("gptq_quantized_activations", "gptq_act_order") if getattr(args, f)]
     if gptq_only and not gptq:
         p.error(f"--{gptq_only[0]} applies to --algorithm gptq")
     if args.gptq_quantized_activations and args.qformat != "fp8":
@@ -213,7 +217,7 @@ def calibrate(args, config) -> tuple[Calibration, dict]:
 
     def quantize_group(name, w, h):  # a group of linears that share an input, as one weight
         return dequantize(quantize_gptq(w.cpu(), h, config.quant_config.layer(name), per_channel=args.per_channel,
-                                        damp=args.gptq_damp))
+                                        damp=args.gptq_damp, act_order=args.gptq_act_order))
     sequential = args.gptq_inputs == "sequential"
     layers = config.num_hidden_layers
     print(f"GPTQ Hessians ({args.gptq_inputs} inputs{', FP8-rounded' if activation_quant else ''})", flush=True)
@@ -248,7 +252,7 @@ def main(argv=None):
     weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, per_channel=args.per_channel,
                                   input_amax=calibration.input_amax or None,
                                   kv_cache_amax=calibration.kv_cache_amax or None,
-                                  hessians=hessians, gptq_damp=args.gptq_damp)
+                                  hessians=hessians, gptq_damp=args.gptq_damp, gptq_act_order=args.gptq_act_order)
     with atomic_output_dir(args.output_dir, sources=[args.model_dir]) as tmp:
         write_checkpoint(tmp, config, [weights])
         tokenizer_files = save_tokenizer(args.model_dir, tmp)

@@ -109,7 +109,7 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
                         input_amax: Mapping[str, torch.Tensor | float] | None = None,
                         kv_cache_amax: Mapping[str, torch.Tensor] | None = None,
                         hessians: Mapping[str, torch.Tensor] | None = None,
-                        gptq_damp: float = 0.01) -> dict[str, torch.Tensor]:
+                        gptq_damp: float = 0.01, gptq_act_order: bool = False) -> dict[str, torch.Tensor]:
     """One rank's weights with every linear the config's `quantization` section quantizes
     replaced by its quantized tensors (the config of weight_only_config / fp8_config; the
     weights as the float converter wrote them, an untied head taking the embedding's rows).
@@ -122,7 +122,8 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
 
     `hessians` (linear name -> [K, K], quantization/gptq.py's 2 X^T X / n of its calibration
     inputs): those linears are rounded by GPTQ (damping `gptq_damp`) onto the same grid and
-    scales that round-to-nearest uses; the others (and all when None) round to nearest."""
+    scales that round-to-nearest uses (`gptq_act_order`: inputs in decreasing H[k, k] order,
+    gptq.gptq_act_order); the others (and all when None) round to nearest."""
     out = dict(weights)
     if not config.share_embedding_table and "lm_head.weight" not in out:
         out["lm_head.weight"] = out["transformer.vocab_embedding.weight"].clone()
@@ -135,7 +136,8 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
     for name, layer in linears.items():
         if layer.weight_format != "fp8":
             w = out[f"{name}.weight"].float()
-            set_quantized(out, name, quantize_gptq(w, hessians[name], layer, damp=gptq_damp) if name in hessians
+            set_quantized(out, name, quantize_gptq(w, hessians[name], layer, damp=gptq_damp,
+                                                   act_order=gptq_act_order) if name in hessians
                           else quantize(w, layer))
     static = [name for name in fp8 if linears[name].static_activation_scale]
     missing = [name for name in static if input_amax is None or name not in input_amax]

@@ -187,6 +187,27 @@ def gptq(w: torch.Tensor, h: torch.Tensor, grid: Grid, damp: float = DEFAULT_DAM
     return q
 
 
+def gptq_act_order(w: torch.Tensor, h: torch.Tensor, grid: Grid, damp: float = DEFAULT_DAMP,
+                   block_size: int = DEFAULT_BLOCK) -> torch.Tensor:
+    """gptq() walking the inputs in order of decreasing H[k, k] (act-order: the most active
+    inputs first, while the most columns remain to absorb their error), with "static groups":
+    group scales / zeros fitted up front to the float weight's groups in the layer's own input
+    order (round-to-nearest's), so the result stays in that order on that grid and needs no
+    input permutation in the format. Returns the weight in the layer's input order."""
+    k = w.shape[1]
+    w = w.float()
+    if grid.group_size is not None:
+        for start in range(0, k, grid.group_size):
+            grid.fit(w[:, start:start + grid.group_size], start)
+    perm = torch.sort(torch.diag(h), descending=True, stable=True).indices
+    order = perm.tolist()
+    walk = Grid(None, lambda col, j: grid.round(col, order[j]))
+    q_perm = gptq(w[:, perm], h[perm][:, perm], walk, damp, block_size)
+    q = torch.empty_like(q_perm)
+    q[:, perm] = q_perm
+    return q
+
+
 def rtn(w: torch.Tensor, grid: Grid) -> torch.Tensor:
     """Round-to-nearest on the same grid (groups fitted to the float weights): GPTQ's baseline."""
     w = w.float()
@@ -200,21 +221,25 @@ def rtn(w: torch.Tensor, grid: Grid) -> torch.Tensor:
 
 def quantize_gptq(w: torch.Tensor, h: torch.Tensor, layer: LayerQuant, *, per_channel: bool = False,
                   fp8_amax: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                  damp: float = DEFAULT_DAMP, block_size: int = DEFAULT_BLOCK) -> QuantizedWeight:
+                  damp: float = DEFAULT_DAMP, block_size: int = DEFAULT_BLOCK,
+                  act_order: bool = False) -> QuantizedWeight:
     """Linear weight `w` [N, K] quantized by GPTQ with Hessian `h` into `layer`'s format
     (weight_format int8 / int4 / fp8), scales as formats.py's round-to-nearest quantizers
     choose them: FP8 amax / 448 per tensor (`fp8_amax`, a shared larger amax, as
     quantize_fp8's `amax`) or per channel (`per_channel`), with `input_scale` the static
-    activation scale or None."""
+    activation scale or None. `act_order`: see gptq_act_order."""
     w = w.float()
     fmt = layer.weight_format
+
+    def run(grid):
+        return (gptq_act_order if act_order else gptq)(w, h, grid, damp, block_size)
     if fmt == "fp8":
         if per_channel:
             amax = w.abs().amax(dim=1)
         else:
             amax = (w.abs().amax() if fp8_amax is None else torch.as_tensor(fp8_amax, dtype=torch.float32)).reshape(1)
         scale = _over_fp8_max(amax.float())
-        q = gptq(w, h, fp8_grid(scale), damp, block_size)
+        q = run(fp8_grid(scale))
         div = _safe(scale)[:, None] if per_channel else _safe(scale)
         codes = (q / div).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         if input_scale is not None:
@@ -222,14 +247,14 @@ def quantize_gptq(w: torch.Tensor, h: torch.Tensor, layer: LayerQuant, *, per_ch
         return Fp8Weight(codes, scale, input_scale)
     if fmt == "int8":
         grid = int8_grid(w, layer.group_size)
-        q = gptq(w, h, grid, damp, block_size)
+        q = run(grid)
         s = grid.params["scales"]
         div = _safe(s)[:, None] if layer.group_size is None else _safe(s).repeat_interleave(layer.group_size, 1)
         codes = torch.round(q / div).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
         return Int8Weight(codes, s.float(), layer.group_size)
     if fmt == "int4":
         grid = int4_grid(w, layer.group_size)
-        q = gptq(w, h, grid, damp, block_size)
+        q = run(grid)
         s, z = (grid.params[key].float().repeat_interleave(layer.group_size, 1) for key in ("scales", "zeros"))
         codes = torch.round((q - z) / _safe(s)).clamp(0, 15).to(torch.uint8)
         return Int4Weight(pack_int4(codes), grid.params["scales"], grid.params["zeros"], layer.group_size)
@@ -242,5 +267,5 @@ def layer_error(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor) -> float:
     return float(((ref - x.float() @ q.float().t()) ** 2).sum() / (ref ** 2).sum())
 
 
-__all__ = ["HessianAccumulator", "Grid", "fp8_grid", "int8_grid", "int4_grid", "gptq", "rtn", "quantize_gptq",
-           "layer_error", "DEFAULT_DAMP", "QuantAlgo"]
+__all__ = ["HessianAccumulator", "Grid", "fp8_grid", "int8_grid", "int4_grid", "gptq", "gptq_act_order", "rtn",
+           "quantize_gptq", "layer_error", "DEFAULT_DAMP", "QuantAlgo"]

@@ -90,6 +90,7 @@ def test_weight_only_formats(hf_dir, tmp_path):
 
 @pytest.mark.parametrize("qformat,args", [
     ("int4_wo", ["--group_size", "32"]),
+    ("int4_wo", ["--group_size", "32", "--gptq_act_order"]),
     ("int8_wo", ["--gptq_inputs", "float", "--gptq_damp", "0.05"]),
     ("fp8", ["--per_channel", "--gptq_quantized_activations"]),
     ("fp8", ["--dynamic_activations", "--gptq_quantized_activations"]),
@@ -109,7 +110,7 @@ def test_gptq_checkpoint(hf_dir, tmp_path, capsys, qformat, args):
     assert json.loads((rtn / "config.json").read_text()) == json.loads((gptq / "config.json").read_text())
     with safe_open(str(rtn / "rank0.safetensors"), framework="pt") as a, \
             safe_open(str(gptq / "rank0.safetensors"), framework="pt") as b:
-        assert set(a.keys()) == set(b.keys())
+        assert set(b.keys()) == set(a.keys())
         name = "transformer.layers.1.mlp.proj.weight"
         assert a.get_tensor(name).dtype == b.get_tensor(name).dtype
         assert not torch.equal(a.get_tensor(name).view(torch.uint8), b.get_tensor(name).view(torch.uint8))
@@ -127,7 +128,7 @@ def test_gptq_checks_the_format_before_calibrating(hf_dir, tmp_path, capsys):
 def test_gptq_build_run(hf_dir, tmp_path):
     ckpt, engine = tmp_path / "ckpt", tmp_path / "engine"
     run(QUANTIZE, "--model_dir", hf_dir, "--qformat", "int4_wo", "--group_size", "32", "--algorithm", "gptq",
-        "--calib_size", "2", "--output_dir", ckpt)
+        "--gptq_act_order", "--calib_size", "2", "--output_dir", ckpt)
     build_and_run(ckpt, engine)
 
 
@@ -137,6 +138,7 @@ def test_gptq_build_run(hf_dir, tmp_path):
     (["--qformat", "int8_wo", "--algorithm", "gptq", "--gptq_quantized_activations"],
      "--gptq_quantized_activations applies to --qformat fp8"),
     (["--qformat", "none", "--kv_cache_dtype", "fp8", "--algorithm", "gptq"], "--qformat none has none to quantize"),
+    (["--qformat", "int4_wo", "--gptq_act_order"], "--gptq_act_order applies to --algorithm gptq"),
     (["--qformat", "int4_wo", "--algorithm", "gptq", "--gptq_damp", "-1"], "--gptq_damp must be in 0..1"),
     (["--qformat", "int4_wo", "--calib_size", "2"], "--calib_size applies to --qformat fp8, --kv_cache_dtype or"),
     (["--qformat", "fp8", "--dynamic_activations", "--calib_size", "4"], "--dynamic_activations has none"),
