@@ -16,6 +16,12 @@ dyn = calibrated static activation scales (quantize.py's calibration: --calib_si
 through transformers) / dynamic per-token ones (--dynamic_activations; the op computes those,
 so only the weights' rounding varies there). The CPU runs FP8 through fp8_linear's reference
 (about a minute per engine for SmolLM2 on one core).
+
+--algorithm gptq rounds every engine's weights by GPTQ (quantization/gptq.py) instead of to
+nearest, on the same scaled grids: the Hessians are quantize.py --algorithm gptq's (sequential,
+from the calibration texts), taken once at the unscaled grid and used for every rounding.
+Calibration texts are quantize.py's default (examples/data/calibration_prose.jsonl, disjoint
+from the evaluated articles).
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
 from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint  # noqa: E402
 from tensorrt_llm.quantization.formats import FP8_DTYPE, FP8_MAX  # noqa: E402
+from tensorrt_llm.quantization.gptq import fp8_grid, gptq  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
 from tensorrt_llm.tokenizer_utils import load_tokenizer  # noqa: E402
 
@@ -69,6 +76,21 @@ def rescaled(weights: dict, float_weights: dict, factor: float) -> dict:
     return out
 
 
+def gptq_rescaled(weights: dict, float_weights: dict, hessians: dict, factor: float) -> dict:
+    """rescaled(), the codes rounded by GPTQ with each linear's Hessian instead of to nearest."""
+    out = dict(weights)
+    for key, scale in weights.items():
+        if not key.endswith(".weight_scale") or weights[key.removesuffix("_scale")].dtype != FP8_DTYPE:
+            continue
+        name = key.removesuffix(".weight_scale")
+        scale = scale * factor
+        q = gptq(float_weights[f"{name}.weight"].float(), hessians[name], fp8_grid(scale))
+        divisor = scale[:, None] if scale.numel() > 1 else scale
+        out[f"{name}.weight"] = (q / divisor).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        out[key] = scale
+    return out
+
+
 def engine_perplexity(config, weights, prompts, folder: Path) -> float:
     model = LLaMAForCausalLM(config)
     model.load(weights)
@@ -83,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--model_dir", default=default_model(), help="Hugging Face folder or .gguf file")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--roundings", type=int, default=4, help="engines per mode (scale factors 2^(j / N))")
+    p.add_argument("--algorithm", choices=["rtn", "gptq"], default="rtn", help="how the weights are rounded")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
@@ -100,17 +123,30 @@ def main(argv=None) -> int:
         base = engine_perplexity(float_config, float_weights, prompts, Path(tmp) / "float")
         results["float"] = base
         print(f"float: perplexity {base:.3f} ({results['tokens']} predicted tokens)", flush=True)
-        amax = quantize_py.calibrate(qargs) if any(not MODES[m][1] for m in modes) else None
+        gptq_on = args.algorithm == "gptq"
+        amax = None
+        if any(not MODES[m][1] for m in modes) and not gptq_on:
+            amax = quantize_py.calibrate(qargs, fp8_config(float_config))[0].input_amax
         for mode in modes:
             per_channel, dynamic = MODES[mode]
             config = fp8_config(float_config, dynamic_activations=dynamic)
+            hessians = None
+            if gptq_on:  # this mode's quantize.py --algorithm gptq Hessians (and static scales)
+                margs = quantize_py.parse_args(
+                    ["--model_dir", args.model_dir, "--qformat", "fp8", "--output_dir", "unused", "--device", "cpu",
+                     "--algorithm", "gptq", *(["--per_channel"] if per_channel else []),
+                     *(["--dynamic_activations"] if dynamic else [])])
+                calibration, hessians = quantize_py.calibrate(margs, config)
+                amax = calibration.input_amax
             changes = []
             for j in range(args.roundings):
                 factor = 2 ** (j / args.roundings)
                 input_amax = None if dynamic else {k: v * factor for k, v in amax.items()}
                 weights = quantize_checkpoint(LLaMAForCausalLM, config, float_weights, per_channel=per_channel,
                                               input_amax=input_amax)
-                ppl = engine_perplexity(config, rescaled(weights, float_weights, factor), prompts,
+                weights = (gptq_rescaled(weights, float_weights, hessians, factor) if gptq_on
+                           else rescaled(weights, float_weights, factor))
+                ppl = engine_perplexity(config, weights, prompts,
                                         Path(tmp) / f"{mode}_{j}")
                 changes.append(100 * (ppl / base - 1))
                 print(f"{mode} scales x{factor:.3f}: perplexity {ppl:.3f} ({changes[-1]:+.2f}%)", flush=True)

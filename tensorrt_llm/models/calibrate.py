@@ -106,3 +106,129 @@ def calibrate_input_amax(hf_model: torch.nn.Module, samples: Iterable[list[int]]
                          progress: Callable[[int], None] = lambda done: None) -> dict[str, torch.Tensor]:
     """Our linear name -> float32 [1], the max |x| its input reached over `samples` (calibrate)."""
     return calibrate(hf_model, samples, progress).input_amax
+
+
+# ------------------------------------------------------------------------------ GPTQ Hessians
+
+# Our linears that share one input (so one Hessian), by the first HF module of each group, in
+# the order a decoder layer runs them.
+_GROUPS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+           ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+
+
+class _Stop(Exception):
+    pass
+
+
+def _linear_groups(layer_index: int, layer: torch.nn.Module):
+    """[(our names, HF modules)] of a decoder layer, one entry a shared input."""
+    out = []
+    for group in _GROUPS:
+        modules = [layer.get_submodule(m) for m in group]
+        names = sorted({our_linear_name(f"model.layers.{layer_index}.{m}") for m in group})
+        out.append((names, modules))
+    return out
+
+
+@torch.no_grad()
+def collect_hessians(hf_model: torch.nn.Module, samples: Iterable[list[int]],
+                     quantize_group: Optional[Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]] = None,
+                     activation_quant: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None,
+                     progress: Callable[[int], None] = lambda layer: None) -> dict[str, torch.Tensor]:
+    """GPTQ's Hessians, our linear name -> float32 [K, K], 2 X^T X / n of its inputs over
+    `samples` (one per decoder-layer linear; linears that read one input share it).
+
+    Without `quantize_group`, from the float model in one pass. With it, sequentially (the
+    paper's way): layer by layer, and within a layer linear group by group (qkv, dense,
+    gate / up, proj), each group's Hessian is taken from inputs that went through every group
+    quantized before it; `quantize_group(our name of the group's first linear, the group's
+    weights concatenated [N, K] in HF's row order, H)` returns them quantized (dequantized,
+    float32, same rows), and they replace the float weights in `hf_model` (which is changed).
+    `activation_quant(our name, x)`, when given, is applied to each linear's input before its
+    Hessian is taken (and, sequentially, before a quantized linear computes): the W8A8 engine
+    computes with FP8-rounded activations."""
+    from ..quantization.gptq import HessianAccumulator
+    layers = hf_model.model.layers
+    device = next(hf_model.parameters()).device
+    acc: dict[str, HessianAccumulator] = {}
+
+    def record(names):
+        def hook(module, inputs):
+            x = inputs[0].detach()
+            if activation_quant is not None:
+                x = activation_quant(names[0], x)
+            for name in names[:1]:
+                acc.setdefault(name, HessianAccumulator(x.shape[-1])).add(x)
+        return hook
+
+    result: dict[str, torch.Tensor] = {}
+
+    def finish(names):
+        h = acc.pop(names[0]).hessian()
+        for name in names:
+            result[name] = h
+        return h
+
+    if quantize_group is None:
+        hooks = []
+        groups = [g for i, layer in enumerate(layers) for g in _linear_groups(i, layer)]
+        for names, modules in groups:
+            hooks.append(modules[0].register_forward_pre_hook(record(names)))
+        try:
+            for done, ids in enumerate(samples, 1):
+                hf_model(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=False)
+                progress(done)
+        finally:
+            for h in hooks:
+                h.remove()
+        for names, _ in groups:
+            finish(names)
+        return result
+
+    # Sequential: each sample's input of layer 0 (and its keyword arguments), then layer by layer.
+    cache = []
+
+    def capture(module, args, kwargs):
+        cache.append((args[0] if args else kwargs.pop("hidden_states"), {k: v for k, v in kwargs.items()}))
+        raise _Stop
+
+    handle = layers[0].register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        for ids in samples:
+            try:
+                hf_model(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=False)
+            except _Stop:
+                pass
+    finally:
+        handle.remove()
+    if not cache:
+        raise ValueError("calibration needs at least one sample")
+
+    def run_layer(layer, hidden, kwargs):
+        out = layer(hidden, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    for i, layer in enumerate(layers):
+        for names, modules in _linear_groups(i, layer):
+            handle = modules[0].register_forward_pre_hook(record(names))
+            try:
+                for hidden, kwargs in cache:
+                    run_layer(layer, hidden, kwargs)
+            finally:
+                handle.remove()
+            h = finish(names)
+            weight = torch.cat([m.weight.float() for m in modules])
+            quantized = quantize_group(names[0], weight, h).to(weight.device)
+            for m, part in zip(modules, torch.split(quantized, [m.weight.shape[0] for m in modules])):
+                m.weight.copy_(part.to(m.weight.dtype))
+                if activation_quant is not None:
+                    m.forward = _quantized_input_forward(m, names[0], activation_quant)
+        cache = [(run_layer(layer, hidden, kwargs), kwargs) for hidden, kwargs in cache]
+        progress(i + 1)
+    return result
+
+
+def _quantized_input_forward(module: torch.nn.Linear, name: str, activation_quant):
+    def forward(x):
+        return torch.nn.functional.linear(activation_quant(name, x).to(x.dtype), module.weight, module.bias)
+    return forward

@@ -36,6 +36,7 @@ from ..layers.attention import Attention
 from ..layers.linear import QUANT_SCALE_DTYPE, Linear
 from ..layers.mlp import GatedMLP
 from ..quantization.formats import fp8_scale_from_amax, kv_cache_scale_from_amax, quantize, quantize_fp8, to_state_dict
+from ..quantization.gptq import quantize_gptq
 from ..quantization.mode import QuantAlgo, QuantConfig
 from .modeling_utils import PretrainedConfig
 
@@ -106,7 +107,9 @@ def set_quantized(weights: dict[str, torch.Tensor], name: str, w) -> None:
 def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, torch.Tensor], *,
                         per_channel: bool = False,
                         input_amax: Mapping[str, torch.Tensor | float] | None = None,
-                        kv_cache_amax: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                        kv_cache_amax: Mapping[str, torch.Tensor] | None = None,
+                        hessians: Mapping[str, torch.Tensor] | None = None,
+                        gptq_damp: float = 0.01, gptq_act_order: bool = False) -> dict[str, torch.Tensor]:
     """One rank's weights with every linear the config's `quantization` section quantizes
     replaced by its quantized tensors (the config of weight_only_config / fp8_config; the
     weights as the float converter wrote them, an untied head taking the embedding's rows).
@@ -115,7 +118,12 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
     static activation scales come from `input_amax`, linear name -> the calibrated max |x| of
     its input (a ValueError names a linear without one). A quantized KV cache: each attention
     layer's scales from `kv_cache_amax` (attention name -> float32 [2], K and V maxima), or
-    1.0 for FP8 when it is None (INT8 needs it)."""
+    1.0 for FP8 when it is None (INT8 needs it).
+
+    `hessians` (linear name -> [K, K], quantization/gptq.py's 2 X^T X / n of its calibration
+    inputs): those linears are rounded by GPTQ (damping `gptq_damp`) onto the same grid and
+    scales that round-to-nearest uses (`gptq_act_order`: inputs in decreasing H[k, k] order,
+    gptq.gptq_act_order); the others (and all when None) round to nearest."""
     out = dict(weights)
     if not config.share_embedding_table and "lm_head.weight" not in out:
         out["lm_head.weight"] = out["transformer.vocab_embedding.weight"].clone()
@@ -124,9 +132,13 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
     linears = {name: config.quant_config.layer(name) for name, module in model.named_modules()
                if isinstance(module, Linear) and module.weight_format is not None}
     fp8 = [name for name, layer in linears.items() if layer.weight_format == "fp8"]
+    hessians = hessians or {}
     for name, layer in linears.items():
         if layer.weight_format != "fp8":
-            set_quantized(out, name, quantize(out[f"{name}.weight"].float(), layer))
+            w = out[f"{name}.weight"].float()
+            set_quantized(out, name, quantize_gptq(w, hessians[name], layer, damp=gptq_damp,
+                                                   act_order=gptq_act_order) if name in hessians
+                          else quantize(w, layer))
     static = [name for name in fp8 if linears[name].static_activation_scale]
     missing = [name for name in static if input_amax is None or name not in input_amax]
     if missing:
@@ -139,9 +151,12 @@ def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, 
             amax.update(dict.fromkeys(pair, torch.maximum(*(amax[name] for name in pair))))
     for name in fp8:
         input_scale = fp8_scale_from_amax(act_amax[name]) if name in act_amax else None
-        set_quantized(out, name, quantize_fp8(out[f"{name}.weight"].float(), per_channel=per_channel,
-                                              input_scale=input_scale,
-                                              amax=None if per_channel else weight_amax[name]))
+        w, amax = out[f"{name}.weight"].float(), None if per_channel else weight_amax[name]
+        if name in hessians:
+            set_quantized(out, name, quantize_gptq(w, hessians[name], linears[name], per_channel=per_channel,
+                                                   fp8_amax=amax, input_scale=input_scale, damp=gptq_damp))
+        else:
+            set_quantized(out, name, quantize_fp8(w, per_channel=per_channel, input_scale=input_scale, amax=amax))
     return out
 
 

@@ -5,7 +5,10 @@ import importlib.util
 import json
 
 import pytest
+import torch
 from safetensors import safe_open
+
+from tensorrt_llm.errors import ConfigError
 
 from ..models.llama_utils import random_hf_llama
 from .test_cli_errors import save_tokenizer_of_words, words
@@ -85,7 +88,59 @@ def test_weight_only_formats(hf_dir, tmp_path):
     assert config["quantization"]["quant_algo"] == "W4A16" and config["quantization"]["group_size"] == 32
 
 
+@pytest.mark.parametrize("qformat,args", [
+    ("int4_wo", ["--group_size", "32"]),
+    ("int4_wo", ["--group_size", "32", "--gptq_act_order"]),
+    ("int8_wo", ["--gptq_inputs", "float", "--gptq_damp", "0.05"]),
+    ("fp8", ["--per_channel", "--gptq_quantized_activations"]),
+    ("fp8", ["--dynamic_activations", "--gptq_quantized_activations"]),
+])
+def test_gptq_checkpoint(hf_dir, tmp_path, capsys, qformat, args):
+    """--algorithm gptq: same format, scales and tensors as round-to-nearest, other codes."""
+    rtn, gptq = tmp_path / "rtn", tmp_path / "gptq"
+    static = qformat == "fp8" and "--dynamic_activations" not in args
+    quantize("--model_dir", hf_dir, "--qformat", qformat, "--output_dir", rtn,
+             *(["--calib_size", "2"] if static else []),
+             *[a for a in args if not a.startswith("--gptq") and a not in ("float", "0.05")])
+    capsys.readouterr()
+    quantize("--model_dir", hf_dir, "--qformat", qformat, "--algorithm", "gptq", "--calib_size", "2",
+             "--output_dir", gptq, *args)
+    out = capsys.readouterr().out
+    assert "rounding by GPTQ" in out and "GPTQ Hessians" in out and "calibrating on 2 samples" in out
+    assert json.loads((rtn / "config.json").read_text()) == json.loads((gptq / "config.json").read_text())
+    with safe_open(str(rtn / "rank0.safetensors"), framework="pt") as a, \
+            safe_open(str(gptq / "rank0.safetensors"), framework="pt") as b:
+        assert set(b.keys()) == set(a.keys())
+        name = "transformer.layers.1.mlp.proj.weight"
+        assert a.get_tensor(name).dtype == b.get_tensor(name).dtype
+        assert not torch.equal(a.get_tensor(name).view(torch.uint8), b.get_tensor(name).view(torch.uint8))
+        assert torch.equal(a.get_tensor("transformer.vocab_embedding.weight"),
+                           b.get_tensor("transformer.vocab_embedding.weight"))
+
+
+def test_gptq_checks_the_format_before_calibrating(hf_dir, tmp_path, capsys):
+    with pytest.raises(ConfigError, match="in_features 64 is not a multiple of the group size 128"):
+        quantize("--model_dir", hf_dir, "--qformat", "int4_wo", "--group_size", "128", "--algorithm", "gptq",
+                 "--output_dir", tmp_path / "c")
+    assert "calibrating" not in capsys.readouterr().out and not (tmp_path / "c").exists()
+
+
+def test_gptq_build_run(hf_dir, tmp_path):
+    ckpt, engine = tmp_path / "ckpt", tmp_path / "engine"
+    run(QUANTIZE, "--model_dir", hf_dir, "--qformat", "int4_wo", "--group_size", "32", "--algorithm", "gptq",
+        "--gptq_act_order", "--calib_size", "2", "--output_dir", ckpt)
+    build_and_run(ckpt, engine)
+
+
 @pytest.mark.parametrize("args,message", [
+    (["--qformat", "int8_wo", "--gptq_damp", "0.1"], "--gptq_damp applies to --algorithm gptq"),
+    (["--qformat", "fp8", "--gptq_inputs", "float"], "--gptq_inputs applies to --algorithm gptq"),
+    (["--qformat", "int8_wo", "--algorithm", "gptq", "--gptq_quantized_activations"],
+     "--gptq_quantized_activations applies to --qformat fp8"),
+    (["--qformat", "none", "--kv_cache_dtype", "fp8", "--algorithm", "gptq"], "--qformat none has none to quantize"),
+    (["--qformat", "int4_wo", "--gptq_act_order"], "--gptq_act_order applies to --algorithm gptq"),
+    (["--qformat", "int4_wo", "--algorithm", "gptq", "--gptq_damp", "-1"], "--gptq_damp must be in 0..1"),
+    (["--qformat", "int4_wo", "--calib_size", "2"], "--calib_size applies to --qformat fp8, --kv_cache_dtype or"),
     (["--qformat", "fp8", "--dynamic_activations", "--calib_size", "4"], "--dynamic_activations has none"),
     (["--qformat", "int8_wo", "--per_channel"], "--per_channel applies to --qformat fp8"),
     (["--qformat", "fp8", "--group_size", "32"], "--group_size applies to --qformat int8_wo / int4_wo"),
@@ -169,7 +224,7 @@ def test_build_refuses_fp8_kv_cache_for_a_gpu_before_sm89(hf_dir, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--qformat", "none"], "--qformat none quantizes nothing"),
-    (["--qformat", "int8_wo", "--calib_size", "2"], "--calib_size applies to --qformat fp8 or --kv_cache_dtype"),
+    (["--qformat", "int8_wo", "--calib_size", "2"], "--calib_size applies to --qformat fp8, --kv_cache_dtype or"),
     (["--qformat", "fp8", "--kv_cache_dtype", "int4"], "invalid choice"),
 ])
 def test_bad_kv_cache_flags_are_refused(hf_dir, tmp_path, capsys, args, message):
