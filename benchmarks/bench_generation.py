@@ -306,8 +306,13 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
     KV cache (its K / V scales) calibrate by running `hf` (a transformers model of the same
     weights) on the `calibration` token id lists, in one pass."""
     from tensorrt_llm.models.calibrate import calibrate
-    from tensorrt_llm.models.quantize import (add_kv_cache_scales, fp8_config, kv_cache_config, quantize_checkpoint,
-                                              weight_only_config)
+    from tensorrt_llm.models.quantize import (
+        add_kv_cache_scales,
+        fp8_config,
+        kv_cache_config,
+        quantize_checkpoint,
+        weight_only_config,
+    )
     config = model.config
     amax = None
     if quant == "fp8" or kv != "none":

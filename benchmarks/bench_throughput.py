@@ -350,7 +350,6 @@ def run(args):
     runner_kwargs = dict(kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_memory_fraction,
                          enable_chunked_context=not args.no_chunked_context,
                          enable_block_reuse=args.scenario == "reuse", max_num_tokens=args.max_num_tokens)
-    tmp = None
     if ranks:
         # This rank's shard of random weights, built in memory (bench_generation.random_rank_engine).
         engine, params = random_rank_engine(args.model, dtype, device, mapping, bc)

@@ -12,9 +12,13 @@ import torch
 import transformers
 
 from tensorrt_llm.mapping import Mapping
-from tensorrt_llm.models.llama.convert import (config_from_gguf, config_from_hf,
-                                               load_weights_from_gguf, load_weights_from_hf,
-                                               open_gguf)
+from tensorrt_llm.models.llama.convert import (
+    config_from_gguf,
+    config_from_hf,
+    load_weights_from_gguf,
+    load_weights_from_hf,
+    open_gguf,
+)
 from tensorrt_llm.models.modeling_utils import PretrainedConfig, load_checkpoint_weights
 from tensorrt_llm.tokenizer_utils import load_tokenizer, pad_end_ids, save_tokenizer
 

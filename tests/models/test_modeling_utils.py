@@ -4,8 +4,12 @@ import pytest
 import torch
 
 from tensorrt_llm.mapping import Mapping
-from tensorrt_llm.models.modeling_utils import (PretrainedConfig, load_checkpoint_weights,
-                                                pad_vocab_size, save_checkpoint)
+from tensorrt_llm.models.modeling_utils import (
+    PretrainedConfig,
+    load_checkpoint_weights,
+    pad_vocab_size,
+    save_checkpoint,
+)
 
 BASE = dict(architecture="LlamaForCausalLM", dtype="float16", num_hidden_layers=2,
             num_attention_heads=8, num_key_value_heads=2, hidden_size=64, intermediate_size=96,
