@@ -198,12 +198,10 @@ def check_pp_partition(p, args) -> None:
     if args.pp_partition is None:
         return
     try:
-        args.pp_partition = parse_pp_partition(args.pp_partition)
+        args.pp_partition = parse_pp_partition(args.pp_partition, args.pp_size)
     except ConfigError as e:
         p.error(str(e))
     text = ",".join(map(str, args.pp_partition))
-    if len(args.pp_partition) != args.pp_size:
-        p.error(f"--pp_partition {text} has {len(args.pp_partition)} stage(s); --pp_size is {args.pp_size}")
     layers = SHAPES.get(args.model, {}).get("num_hidden_layers")
     if layers is not None and sum(args.pp_partition) != layers:
         p.error(f"--pp_partition {text} sums to {sum(args.pp_partition)}, not {args.model}'s {layers} layers")

@@ -133,9 +133,9 @@ class Mapping:
                 f"tp_size={self.tp_size}, pp_size={self.pp_size}{partition})")
 
 
-def parse_pp_partition(text: str) -> list[int]:
+def parse_pp_partition(text: str, pp_size: int) -> list[int]:
     """A command line's --pp_partition ("17,15": layers per stage) as a list; ConfigError
-    (one line) when it is not comma-separated positive integers."""
+    (one line) when it is not comma-separated positive integers, one per stage of --pp_size."""
     try:
         counts = [int(part) for part in str(text).split(",")]
     except ValueError:
@@ -143,6 +143,9 @@ def parse_pp_partition(text: str) -> list[int]:
     if not counts or any(n < 1 for n in counts):
         raise ConfigError(f"--pp_partition must be comma-separated positive layer counts, one per "
                           f"pipeline stage (e.g. 17,15), got {text!r}")
+    if len(counts) != pp_size:
+        raise ConfigError(f"--pp_partition {','.join(map(str, counts))} has {len(counts)} stage(s); "
+                          f"--pp_size is {pp_size}")
     return counts
 
 

@@ -116,21 +116,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def pp_partition_of(args) -> list[int] | None:
-    """--pp_partition as a list of --pp_size layer counts (ConfigError, one line, otherwise; the
-    sum is checked against the model's layers once its config is read)."""
-    if args.pp_partition is None:
-        return None
-    counts = parse_pp_partition(args.pp_partition)
-    if len(counts) != args.pp_size:
-        raise ConfigError(f"--pp_partition {args.pp_partition} has {len(counts)} stage(s); "
-                          f"--pp_size is {args.pp_size}")
-    return counts
-
-
 def main(argv=None):
     args = parse_args(argv)
-    args.pp_partition = pp_partition_of(args)
+    if args.pp_partition is not None:  # its sum is checked once the model's config is read
+        args.pp_partition = parse_pp_partition(args.pp_partition, args.pp_size)
     start = time.perf_counter()
     check_output_dir(args.output_dir, sources=[args.model_dir or args.gguf_file or args.meta_ckpt_dir])
     mapping = Mapping(world_size=args.tp_size * args.pp_size, tp_size=args.tp_size, pp_size=args.pp_size)
