@@ -157,8 +157,7 @@ def collect_hessians(hf_model: torch.nn.Module, samples: Iterable[list[int]],
             x = inputs[0].detach()
             if activation_quant is not None:
                 x = activation_quant(names[0], x)
-            for name in names[:1]:
-                acc.setdefault(name, HessianAccumulator(x.shape[-1])).add(x)
+            acc.setdefault(names[0], HessianAccumulator(x.shape[-1])).add(x)
         return hook
 
     result: dict[str, torch.Tensor] = {}

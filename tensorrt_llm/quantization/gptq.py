@@ -52,23 +52,27 @@ DEFAULT_BLOCK = 128
 
 class HessianAccumulator:
     """H = 2 X^T X / n over every row x (the last dimension is K) of the batches added (summed
-    in float32: H is damped and only steers the rounding)."""
+    in float32: H is damped and only steers the rounding), on the inputs' device (a GPU's
+    calibration does the products there); `hessian()` is on the CPU."""
 
     def __init__(self, in_features: int):
-        self.h = torch.zeros(in_features, in_features, dtype=torch.float32)
+        self.h = None
+        self.in_features = in_features
         self.rows = 0
 
     def add(self, x: torch.Tensor) -> None:
-        x = x.detach().reshape(-1, x.shape[-1]).float().cpu()
-        if x.shape[1] != self.h.shape[0]:
-            raise ValueError(f"HessianAccumulator: inputs of width {x.shape[1]}, expected {self.h.shape[0]}")
-        self.h += 2 * (x.t() @ x)
+        x = x.detach().reshape(-1, x.shape[-1]).float()
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"HessianAccumulator: inputs of width {x.shape[1]}, expected {self.in_features}")
+        if self.h is None:
+            self.h = torch.zeros(self.in_features, self.in_features, dtype=torch.float32, device=x.device)
+        self.h += 2 * (x.t() @ x.to(self.h.device))
         self.rows += x.shape[0]
 
     def hessian(self) -> torch.Tensor:
         if not self.rows:
             raise ValueError("HessianAccumulator: no inputs were added")
-        return self.h / self.rows
+        return (self.h / self.rows).cpu()
 
 
 @dataclass
