@@ -298,14 +298,17 @@ def engine_label(quant: str, kv: str) -> str:
     return quant if kv == "none" else f"{quant}+kv_{kv}"
 
 
-def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibration=(), kv: str = "none"):
+def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibration=(), kv: str = "none",
+                    quantize_lm_head: bool = False):
     """The model `quant` and `kv` ask for, of the float model's weights (a new model; the float
     one is kept for the other variants). fp8 weights (their activation scales) and a quantized
     KV cache (its K / V scales) calibrate by running `hf` (a transformers model of the same
-    weights) on the `calibration` token id lists, in one pass."""
+    weights) on the `calibration` token id lists, in one pass. `quantize_lm_head`: the LM head
+    in the linears' format too (a GGUF's blocks keep the GGUF's own head)."""
     from tensorrt_llm.models.calibrate import calibrate
     from tensorrt_llm.models.quantize import (
         add_kv_cache_scales,
+        excluded_modules,
         fp8_config,
         kv_cache_config,
         quantize_checkpoint,
@@ -322,14 +325,15 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
         config, weights = load_weight_only_from_gguf(gguf_path(), config)
     elif quant == "fp8":
         weights = {name: p.value for name, p in model.named_parameters()}
-        config = fp8_config(config)
+        config = fp8_config(config, exclude_modules=excluded_modules(quantize_lm_head))
         weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax.input_amax)
     else:
         weights = {name: p.value for name, p in model.named_parameters()}
         if group_size is None and quant == "int4_wo":
             widths = (config.hidden_size, config.intermediate_size)
             group_size = next(g for g in (128, 64, 32) if all(w % g == 0 for w in widths))
-        config = weight_only_config(config, QUANTS[quant], group_size if quant == "int4_wo" else None)
+        config = weight_only_config(config, QUANTS[quant], group_size if quant == "int4_wo" else None,
+                                    excluded_modules(quantize_lm_head))
         weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
     if kv != "none":
         config = kv_cache_config(config, kv)
@@ -422,6 +426,8 @@ def main(argv=None):
     p.add_argument("--quant", default="none",
                    help=f"comma-separated engines to run side by side: {', '.join(QUANTS)}")
     p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None, help="int4_wo's group size")
+    p.add_argument("--quantize_lm_head", action="store_true",
+                   help="the --quant engines' LM head quantized too (by default it stays in --dtype)")
     p.add_argument("--kv_cache_dtype", default="none",
                    help=f"comma-separated KV cache formats, each --quant engine run with each: "
                         f"{', '.join(KV_CACHE_DTYPES)} (fp8 / int8: 1-byte codes with calibrated K and V scales)"),
@@ -453,6 +459,8 @@ def main(argv=None):
     unknown = [q for q in quants if q not in QUANTS]
     if unknown:
         p.error(f"--quant {unknown[0]} is not one of {', '.join(QUANTS)}")
+    if args.quantize_lm_head and all(QUANTS[q] is None for q in quants):
+        p.error("--quantize_lm_head applies to the --quant engines (fp8, int8_wo, int4_wo)")
     kvs = args.kv_cache_dtype.split(",")
     unknown = [k for k in kvs if k not in KV_CACHE_DTYPES]
     if unknown:
@@ -558,6 +566,7 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
                      max_num_tokens=max(max(batch_sizes) * args.input_len, max_input))
     result["quant"] = quant
     result["kv_cache_dtype"] = kv
+    result["quantize_lm_head"] = args.quantize_lm_head and QUANTS[quant] is not None
     if ranks:
         hf = None
         with PeakRSS() as rss_build:
@@ -599,7 +608,7 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
             if QUANTS[quant] is not None or kv != "none":
                 calibration = prompts or [torch.randint(100, 1000, (args.input_len,), dtype=torch.int32)]
                 model = quantized_model(model, quant, args.group_size, args.model == "smollm2-gguf", hf, calibration,
-                                        kv)
+                                        kv, args.quantize_lm_head)
             if args.no_hf:
                 hf = None
             result["weights_seconds"] = time.perf_counter() - t

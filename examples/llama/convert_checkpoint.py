@@ -20,7 +20,8 @@ INT4, activations in --dtype; the config's `quantization` section says which):
     python examples/llama/convert_checkpoint.py --gguf_file model.gguf --output_dir ckpt --use_weight_only
 
 A float source is quantized here (INT8 per output channel unless --group_size; INT4 in
-groups of --group_size, 128 by default), its LM head left float as TensorRT-LLM leaves it; a
+groups of --group_size, 128 by default), its LM head left float as TensorRT-LLM leaves it
+(--quantize_lm_head quantizes it too); a
 GGUF file keeps its Q4_0 / Q4_1 / Q4_K blocks as INT4 and Q8_0 / Q6_K as INT8, exactly
 (--weight_only_precision does not apply), and dequantizes the rest; a tied Q8_0 embedding gives
 the LM head its own INT8 copy (the embedding stays float).
@@ -62,6 +63,7 @@ from tensorrt_llm.models.quantize import (
     add_kv_cache_argument,
     add_kv_cache_scales,
     add_weight_only_arguments,
+    excluded_modules,
     kv_cache_config,
     quantize_checkpoint,
     weight_only_config,
@@ -103,6 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.pp_size < 1:
         parser.error("--pp_size must be >= 1")
     given = [f for f in ("weight_only_precision", "group_size") if getattr(args, f) is not None]
+    given += ["quantize_lm_head"] if args.quantize_lm_head else []
     if given and not args.use_weight_only:
         parser.error(f"--{given[0]} needs --use_weight_only")
     if args.use_weight_only and args.gguf_file is not None and given:
@@ -163,7 +166,8 @@ def main(argv=None):
     source_config = config  # what the loaders above read with (a tied head stays tied there)
     if args.use_weight_only and args.gguf_file is None:
         float_weights = rank_weights
-        config = weight_only_config(source_config, args.weight_only_precision, args.group_size)
+        config = weight_only_config(source_config, args.weight_only_precision, args.group_size,
+                                    excluded_modules(args.quantize_lm_head))
 
         def rank_weights(rank, config=config):
             return quantize_checkpoint(LLaMAForCausalLM, config, float_weights(rank))

@@ -206,9 +206,22 @@ def add_weight_only_arguments(parser) -> None:
     """--use_weight_only, --weight_only_precision, --group_size of the converters."""
     parser.add_argument("--use_weight_only", action="store_true",
                         help="quantize the linear weights (weight-only; a GGUF file keeps its Q4_0 / Q4_1 / "
-                             "Q8_0 blocks as INT4 / INT8); the LM head stays float")
+                             "Q8_0 blocks as INT4 / INT8); the LM head stays float unless --quantize_lm_head")
     parser.add_argument("--weight_only_precision", choices=list(PRECISIONS), default=None,
                         help="with --use_weight_only (not for GGUF files): int8 (W8A16, per output channel "
                              "unless --group_size) or int4 (W4A16, groups of --group_size, 128 by default)")
     parser.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None,
                         help="inputs per quantization group (--use_weight_only)")
+    add_quantize_lm_head_argument(parser)
+
+
+def add_quantize_lm_head_argument(parser) -> None:
+    """--quantize_lm_head (TensorRT-LLM's flag): the LM head in the linears' format too."""
+    parser.add_argument("--quantize_lm_head", action="store_true",
+                        help="quantize the LM head like the other linears (by default it stays float: it is "
+                             "the most sensitive linear, and on an 8B model 1 GB of a 4-bit step's reads)")
+
+
+def excluded_modules(quantize_lm_head: bool) -> list[str] | None:
+    """exclude_modules for a --quantize_lm_head flag: none, or the default (None: DEFAULT_EXCLUDED)."""
+    return [] if quantize_lm_head else None

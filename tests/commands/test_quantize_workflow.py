@@ -66,6 +66,20 @@ def test_fp8_checkpoint(hf_dir, tmp_path, capsys, args, algo, per_channel):
     assert (ckpt / "tokenizer.json").is_file()
 
 
+@pytest.mark.parametrize("qformat,dtype", [("fp8", "torch.float8_e4m3fn"), ("int8_wo", "torch.int8")])
+def test_quantize_lm_head(hf_dir, tmp_path, qformat, dtype):
+    """--quantize_lm_head: the (tied) head quantized in the linears' format, with its own input
+    scale for static FP8; the embedding stays float."""
+    ckpt = tmp_path / "ckpt"
+    quantize("--model_dir", hf_dir, "--qformat", qformat, "--output_dir", ckpt, "--quantize_lm_head")
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["quantization"]["exclude_modules"] == [] and config["share_embedding_table"] is False
+    with safe_open(str(ckpt / "rank0.safetensors"), framework="pt") as f:
+        assert str(f.get_tensor("lm_head.weight").dtype) == dtype
+        assert str(f.get_tensor("transformer.vocab_embedding.weight").dtype) == "torch.float32"
+        assert ("lm_head.input_scale" in f.keys()) == (qformat == "fp8")
+
+
 def test_quantize_build_run(hf_dir, tmp_path):
     ckpt, engine = tmp_path / "ckpt", tmp_path / "engine"
     run(QUANTIZE, "--model_dir", hf_dir, "--qformat", "fp8", "--calib_size", "2", "--output_dir", ckpt)
@@ -147,6 +161,7 @@ def test_gptq_build_run(hf_dir, tmp_path):
     (["--qformat", "fp8", "--calib_size", "0"], "--calib_size must be >= 1"),
     (["--qformat", "fp8", "--calib_data", "missing.jsonl"], "--calib_data missing.jsonl is not a file"),
     (["--qformat", "nvfp4"], "invalid choice"),
+    (["--qformat", "none", "--kv_cache_dtype", "fp8", "--quantize_lm_head"], "--quantize_lm_head needs a --qformat"),
 ])
 def test_bad_flags_are_refused(hf_dir, tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:

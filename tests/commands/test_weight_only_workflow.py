@@ -60,6 +60,27 @@ def test_convert_build_run_int4(hf_dir, tmp_path):
     assert p.stdout.strip()
 
 
+def test_quantize_lm_head(hf_dir, tmp_path):
+    """--quantize_lm_head: the tied head gets its own INT4 copy of the embedding's rows (the
+    embedding stays float), and the engine built from it generates."""
+    ckpt = tmp_path / "ckpt"
+    run(CONVERT, "--model_dir", hf_dir, "--output_dir", ckpt, "--use_weight_only",
+        "--weight_only_precision", "int4", "--group_size", "32", "--quantize_lm_head")
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["quantization"]["exclude_modules"] == [] and config["share_embedding_table"] is False
+    with safe_open(str(ckpt / "rank0.safetensors"), framework="pt") as f:
+        head = f.get_tensor("lm_head.weight")
+        embedding = f.get_tensor("transformer.vocab_embedding.weight")
+        assert str(head.dtype) == "torch.uint8" and str(embedding.dtype) == "torch.float32"
+        assert head.shape[0] == embedding.shape[0] and "lm_head.weight_scale" in f.keys()
+    engine = tmp_path / "engine"
+    run("-m", "tensorrt_llm.commands.build", "--checkpoint_dir", ckpt, "--output_dir", engine,
+        "--max_batch_size", "2", "--max_input_len", "16", "--max_seq_len", "32")
+    p = run("examples/run.py", "--engine_dir", engine, "--tokenizer_dir", ckpt, "--no_chat_template",
+            "--input_text", words(6), "--max_output_len", "6")
+    assert p.stdout.strip()
+
+
 def test_default_conversion_is_unchanged(hf_dir, tmp_path):
     convert("--model_dir", hf_dir, "--output_dir", tmp_path / "ckpt")
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
@@ -68,6 +89,7 @@ def test_default_conversion_is_unchanged(hf_dir, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--group_size", "32"], "--group_size needs --use_weight_only"),
+    (["--quantize_lm_head"], "--quantize_lm_head needs --use_weight_only"),
     (["--use_weight_only", "--weight_only_precision", "int4", "--group_size", "48"], "invalid choice"),
 ])
 def test_bad_flags_are_refused(hf_dir, tmp_path, capsys, args, message):

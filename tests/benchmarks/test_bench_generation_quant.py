@@ -1,0 +1,34 @@
+"""bench_generation.py --quant with --quantize_lm_head as a user runs it (a tiny random Llama on
+the CPU): the head's quantized bytes leave the engine and its decode floor."""
+import json
+import subprocess
+import sys
+
+from .test_bench_multi_rank import ROOT, TINY, run
+
+
+def bench(tmp_path, name, *args):
+    out = tmp_path / f"{name}.json"
+    run("bench_generation.py", *TINY, "--quant", "int4_wo", "--group_size", "32", "--batch_sizes", "1",
+        "--input_len", "8", "--output_len", "4", "--repeats", "1", "--no_hf", "--json", str(out), *args,
+        timeout=300)
+    return json.loads(out.read_text())
+
+
+def test_quantize_lm_head_shrinks_the_engine_and_its_floor(tmp_path):
+    float_head = bench(tmp_path, "float_head")
+    int4_head = bench(tmp_path, "int4_head", "--quantize_lm_head")
+    assert float_head["quantize_lm_head"] is False and int4_head["quantize_lm_head"] is True
+    # llama-tiny's head is its own 1,024 x 64 float32 matrix: as INT4 codes in groups of 32 it is
+    # 4 bits a weight plus a float32 scale and zero a group, 1/8 + 1/16 of its float bytes (the
+    # engine file also gains the new tensors' names).
+    head = 1024 * 64 * 4
+    saved = float_head["engine_bytes"] - int4_head["engine_bytes"]
+    assert abs(saved - head * (1 - 1 / 8 - 1 / 16)) < 0.01 * head
+    assert int4_head["decode_read_floor_ms"] < float_head["decode_read_floor_ms"]
+
+
+def test_quantize_lm_head_needs_a_quantized_engine():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_generation.py"), *TINY, "--quant", "none",
+                           "--quantize_lm_head"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--quantize_lm_head applies to the --quant engines" in proc.stderr
