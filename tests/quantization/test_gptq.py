@@ -131,6 +131,27 @@ def test_hessian_accumulator_is_two_xtx_over_n():
     torch.testing.assert_close(acc.hessian(), 2 * x.t() @ x / 100, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.gpu
+def test_collect_hessians_on_a_gpu_equals_the_cpu():
+    """A GPU calibration sums X^T X on the GPU (the inputs never leave it): the same Hessians,
+    float and sequential, up to float32 summation order; `hessian()` is on the CPU."""
+    from tensorrt_llm.models.calibrate import collect_hessians
+
+    from ..models.llama_utils import random_hf_llama
+    samples = [list(range(1, 12)), list(range(40, 49))]
+    def quantizer(name, w, h):  # as quantize.py's: rounds on the CPU, collect_hessians moves it back
+        w = w.cpu()
+        return rtn(w, int4_grid(w, 32))
+
+    for sequential in (None, quantizer):
+        cpu = collect_hessians(random_hf_llama(seed=0), samples, sequential)
+        gpu = collect_hessians(random_hf_llama(seed=0).cuda(), samples, sequential)
+        assert set(gpu) == set(cpu)
+        for name in cpu:
+            assert gpu[name].device.type == "cpu"
+            torch.testing.assert_close(gpu[name], cpu[name], rtol=1e-3, atol=1e-4)
+
+
 def test_bad_input_is_one_line():
     w = torch.randn(4, 32)
     with pytest.raises(ValueError, match=r"GPTQ: a \[N, K\] weight and a \[K, K\] Hessian"):
