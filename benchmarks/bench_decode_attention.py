@@ -7,12 +7,16 @@ calls it), over a bf16 cache or one of 1-byte codes (FP8 / INT8, with K and V sc
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from tensorrt_llm.functional import rope_cos_sin_cache
-from tensorrt_llm.ops.attention_cuda import decode_attention_cuda
-from tensorrt_llm.quantization.formats import KV_CACHE_STORAGE, kv_cache_scale_from_amax, quantize_kv
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's package, installed or not
+
+from tensorrt_llm.functional import rope_cos_sin_cache  # noqa: E402
+from tensorrt_llm.ops.attention_cuda import decode_attention_cuda  # noqa: E402
+from tensorrt_llm.quantization.formats import KV_CACHE_STORAGE, kv_cache_scale_from_amax, quantize_kv  # noqa: E402
 
 CASES = {  # name: (batch, heads, kv_heads, head_dim, sequence length)
     "smollm2 b1 L150": (1, 9, 3, 64, 150),

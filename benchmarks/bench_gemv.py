@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from tensorrt_llm import kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's package, installed or not
+
+from tensorrt_llm import kernels  # noqa: E402
 
 # name: (n, k, prologue) per model, in decode-step order.
 LAYERS = {

@@ -19,12 +19,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from tensorrt_llm._utils import keep_freed_host_memory
-from tensorrt_llm.quantization.cpu import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's package, installed or not
+
+from tensorrt_llm._utils import keep_freed_host_memory  # noqa: E402
+from tensorrt_llm.quantization.cpu import (  # noqa: E402
     CpuInt8Pack,
     CpuInt8SplitPack,
     int4_weight_only_linear,
@@ -32,7 +36,7 @@ from tensorrt_llm.quantization.cpu import (
     pack_int4_for_cpu,
     pack_int8_for_cpu,
 )
-from tensorrt_llm.quantization.formats import Int4Weight, Int8Weight, pack_int4
+from tensorrt_llm.quantization.formats import Int4Weight, Int8Weight, pack_int4  # noqa: E402
 
 HIDDEN, INTER, VOCAB, LAYERS, KV = 576, 1536, 49152, 30, 192
 # (name, out_features, in_features) as the engine runs them (QKV and gate/up fused)

@@ -29,21 +29,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from tensorrt_llm.ops.activation import silu_and_mul_cuda
-from tensorrt_llm.ops.fp8_linear import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's package, installed or not
+
+from tensorrt_llm.ops.activation import silu_and_mul_cuda  # noqa: E402
+from tensorrt_llm.ops.fp8_linear import (  # noqa: E402
     add_rms_norm_fp8_linear_cuda,
     fp8_linear_cuda,
     fp8_linear_scaled_mm,
     rms_norm_fp8_linear_cuda,
     silu_and_mul_fp8_linear_cuda,
 )
-from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda
-from tensorrt_llm.ops.quantized_linear import cuda_serves, weight_only_linear_cuda
-from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8
+from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda  # noqa: E402
+from tensorrt_llm.ops.quantized_linear import cuda_serves, weight_only_linear_cuda  # noqa: E402
+from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402
 
 # Llama-3.1-8B: (layer, out_features, in_features).
 LAYERS = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
