@@ -31,6 +31,7 @@ def main():
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--quant", choices=list(QUANTS), default="none")
     p.add_argument("--group_size", type=int, default=128, help="INT4 weight-only group")
+    p.add_argument("--quantize_lm_head", action="store_true", help="the --quant engine's LM head quantized too")
     p.add_argument("--kv_cache_dtype", choices=list(KV_CACHE_DTYPES), default="none",
                    help="KV cache codes (fp8, int8: scales calibrated on the prompts)")
     p.add_argument("--batch", type=int, default=1)
@@ -54,7 +55,8 @@ def main():
     if args.quant != "none" or args.kv_cache_dtype != "none":
         # fp8 (its activation scales) and a KV cache of codes (its scales) calibrate on the prompts
         # through `hf`
-        model = quantized_model(model, args.quant, args.group_size, False, hf, prompts, kv=args.kv_cache_dtype)
+        model = quantized_model(model, args.quant, args.group_size, False, hf, prompts, kv=args.kv_cache_dtype,
+                                quantize_lm_head=args.quantize_lm_head)
         del hf
 
     def step_ms(r):
