@@ -15,12 +15,11 @@ Each timing replays a CUDA graph of consecutive calls that cycle through enough 
 weights to overflow the L2 cache, as a decode step's layers do (launch gaps as in the decode
 graph); CUDA events around the replays, after a warm-up, median of the repeats.
 
-With --prologues, each layer read after a norm or an activation in a LLaMA decoder layer is also
-timed with it: `fused us`, the fused op (FP8: rms_norm_fp8_linear before qkv,
-add_rms_norm_fp8_linear before gate_up, silu_and_mul_fp8_linear before down, one kernel where
-fp8_gemv_prologue_serves; INT8 / INT4: the *_weight_only_linear ops, one kernel where
-weight_only_gemv_prologue_serves; else the next column's path), and `unfused us`, the norm's or
-activation's kernel then the linear.
+With --prologues (FP8 formats), each layer read after a norm or an activation in a LLaMA decoder
+layer is also timed with it: `fused us`, the fused op (rms_norm_fp8_linear before qkv,
+add_rms_norm_fp8_linear before gate_up, silu_and_mul_fp8_linear before down: one kernel where
+fp8_gemv_prologue_serves, else the next column's path), and `unfused us`, the norm's or
+activation's kernel then fp8_linear.
 
     python benchmarks/bench_weight_only_gemv.py [--rows 1,8,32] [--formats int4:128,int8:0]
         [--scale-dtype float32] [--prologues] [--json out.json]
@@ -47,13 +46,7 @@ from tensorrt_llm.ops.fp8_linear import (  # noqa: E402
     silu_and_mul_fp8_linear_cuda,
 )
 from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda  # noqa: E402
-from tensorrt_llm.ops.quantized_linear import (  # noqa: E402
-    add_rms_norm_weight_only_linear_cuda,
-    cuda_serves,
-    rms_norm_weight_only_linear_cuda,
-    silu_and_mul_weight_only_linear_cuda,
-    weight_only_linear_cuda,
-)
+from tensorrt_llm.ops.quantized_linear import cuda_serves, weight_only_linear_cuda  # noqa: E402
 from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402
 
 # Llama-3.1-8B: (layer, out_features, in_features).
@@ -116,29 +109,20 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-# Each format's linear and its fused forms (rms_norm, add_rms_norm, silu_and_mul in front).
-FUSED_OPS = {"fp8": (fp8_linear_cuda, rms_norm_fp8_linear_cuda, add_rms_norm_fp8_linear_cuda,
-                     silu_and_mul_fp8_linear_cuda),
-             "weight_only": (weight_only_linear_cuda, rms_norm_weight_only_linear_cuda,
-                             add_rms_norm_weight_only_linear_cuda, silu_and_mul_weight_only_linear_cuda)}
-
-
-def prologue_calls(kind: str, rows: int, k: int, copies: list, fmt: str, group: int) -> tuple[list, list]:
-    """The fused op and the unfused pair (the norm's or activation's kernel, then the format's
-    linear) of `kind` on rows of x, one call per weight copy."""
-    linear, rms_fused, add_fused, act_fused = FUSED_OPS["fp8" if fmt == "fp8" else "weight_only"]
-    kw = {} if fmt == "fp8" else {"weight_format": fmt, "group_size": group}
+def prologue_calls(kind: str, rows: int, k: int, copies: list) -> tuple[list, list]:
+    """The fused op and the unfused pair (the norm's or activation's kernel, then fp8_linear) of
+    `kind` on rows of x, one call per weight copy."""
     x = torch.randn(rows, 2 * k if kind == "silu_and_mul" else k, device="cuda", dtype=torch.bfloat16)
     if kind == "silu_and_mul":
-        return ([lambda q=q: act_fused(x, *q, **kw) for q in copies],
-                [lambda q=q: linear(silu_and_mul_cuda(x), *q, **kw) for q in copies])
+        return ([lambda q=q: silu_and_mul_fp8_linear_cuda(x, *q) for q in copies],
+                [lambda q=q: fp8_linear_cuda(silu_and_mul_cuda(x), *q) for q in copies])
     g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
     if kind == "rms_norm":
-        return ([lambda q=q: rms_fused(x, g, *q, eps=1e-5, **kw) for q in copies],
-                [lambda q=q: linear(rms_norm_cuda(x, g, eps=1e-5), *q, **kw) for q in copies])
+        return ([lambda q=q: rms_norm_fp8_linear_cuda(x, g, *q, eps=1e-5) for q in copies],
+                [lambda q=q: fp8_linear_cuda(rms_norm_cuda(x, g, eps=1e-5), *q) for q in copies])
     r = torch.randn_like(x)
-    return ([lambda q=q: add_fused(x, r, g, *q, eps=1e-5, **kw) for q in copies],
-            [lambda q=q: linear(fused_add_rms_norm_cuda(x, r, g, eps=1e-5)[0], *q, **kw) for q in copies])
+    return ([lambda q=q: add_rms_norm_fp8_linear_cuda(x, r, g, *q, eps=1e-5) for q in copies],
+            [lambda q=q: fp8_linear_cuda(fused_add_rms_norm_cuda(x, r, g, eps=1e-5)[0], *q) for q in copies])
 
 
 def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: torch.dtype, bandwidth: float,
@@ -152,12 +136,12 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
     if fmt == "fp8":
         ours = time_calls([lambda q=q: fp8_linear_cuda(x, *q) for q in copies])
         scaled_mm = time_calls([lambda q=q: fp8_linear_scaled_mm(x, *q) for q in copies])
+        if prologue:
+            fused, unfused = (time_calls(calls) for calls in prologue_calls(prologue, rows, k, copies))
     else:
         assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
         ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group)
                            for q in copies])
-    if prologue:
-        fused, unfused = (time_calls(calls) for calls in prologue_calls(prologue, rows, k, copies, fmt, group))
     del copies, first
     dense_bytes = n * k * 2
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -184,7 +168,7 @@ def main():
     parser.add_argument("--scale-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="dtype of the scales and zeros (engines hold float32)")
     parser.add_argument("--prologues", action="store_true",
-                        help="also time qkv, gate_up and down with the norm / activation in front, fused and not")
+                        help="FP8: also time qkv, gate_up and down with the norm / activation in front, fused and not")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     scale_dtype = getattr(torch, args.scale_dtype)
@@ -199,7 +183,7 @@ def main():
         group = {"tensor": 0, "channel": 1}[group] if fmt == "fp8" else int(group)
         for rows in (int(r) for r in args.rows.split(",")):
             for layer, n, k in LAYERS:
-                prologue = PROLOGUES.get(layer) if args.prologues else None
+                prologue = PROLOGUES.get(layer) if args.prologues and fmt == "fp8" else None
                 r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth, prologue)
                 r["layer"] = layer
                 results.append(r)

@@ -450,8 +450,9 @@ class FuseGateUp(Fusion):
             y = F.fp8_linear(gate.get_input("x"), fused["qweight"], fused["weight_scale"],
                              gate.get_input("input_scale"), fused["bias"])
         else:
+            attrs = {k: v for k, v in gate.raw_inputs.items() if k in ("weight_format", "group_size")}
             y = F.weight_only_linear(gate.get_input("x"), fused["qweight"], fused["scales"], fused["zeros"],
-                                     fused["bias"], **_weight_only_attrs(gate))
+                                     fused["bias"], **attrs)
         op, approximate = _GATED_ACTIVATIONS[act.layer_type]
         out = F.silu_and_mul(y) if op == "silu_and_mul" else F.gelu_and_mul(y, approximate=approximate)
         found["mul"].replace_output_uses_with(net, [out])
@@ -569,35 +570,16 @@ class FuseRopeAttention(Fusion):
 
 # The linear layers a norm or activation fuses into, and their parameters (every input but x).
 _FUSABLE_LINEAR_PARAMS = {"linear": ("weight", "bias"),
-                          "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias"),
-                          "weight_only_linear": ("qweight", "scales", "zeros", "bias")}
-# Each linear's fused forms: (rms_norm, fused_add_rms_norm, silu_and_mul) in front.
-_FUSED_LINEARS = {"linear": ("rms_norm_linear", "add_rms_norm_linear", "silu_and_mul_linear"),
-                  "fp8_linear": ("rms_norm_fp8_linear", "add_rms_norm_fp8_linear", "silu_and_mul_fp8_linear"),
-                  "weight_only_linear": ("rms_norm_weight_only_linear", "add_rms_norm_weight_only_linear",
-                                         "silu_and_mul_weight_only_linear")}
+                          "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias")}
 
 
 def _linear_params(linear: FLayerInfo) -> list:
-    """The parameters of a fusable linear (_FUSABLE_LINEAR_PARAMS), in its order."""
+    """The parameters of a linear or fp8_linear (_FUSABLE_LINEAR_PARAMS), in its order."""
     return [linear.get_input(name) for name in _FUSABLE_LINEAR_PARAMS[linear.layer_type]]
 
 
-def _weight_only_attrs(linear: FLayerInfo) -> dict:
-    """A weight_only_linear's weight_format and group_size (none for the other linears)."""
-    return {k: v for k, v in linear.raw_inputs.items() if k in ("weight_format", "group_size")}
-
-
-def _fused_linear(linear: FLayerInfo, front: int):
-    """The op of `linear` with its input's op fused in front (0 rms_norm, 1 fused_add_rms_norm,
-    2 silu_and_mul), given the linear's own attributes (_weight_only_attrs)."""
-    op = getattr(F, _FUSED_LINEARS[linear.layer_type][front])
-    attrs = _weight_only_attrs(linear)
-    return lambda *args, **kwargs: op(*args, **kwargs, **attrs)
-
-
 def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
-    """The FLayerInfo of the fusable linear (_FUSABLE_LINEAR_PARAMS) that reads `tensor` as its input x, with
+    """The FLayerInfo of the linear (or fp8_linear) that reads `tensor` as its input x, with
     constant parameters, when it is the tensor's only reader and the tensor is no network result;
     else None. Constant parameters are what a fused kernel streams, and they cannot depend on the
     tensor."""
@@ -616,8 +598,7 @@ def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
 class FuseNormLinear(Fusion):
     """rms_norm(x, w) -> linear becomes rms_norm_linear, and fused_add_rms_norm(x, r, w) ->
     linear becomes add_rms_norm_linear (an fp8_linear: rms_norm_fp8_linear and
-    add_rms_norm_fp8_linear; a weight_only_linear: rms_norm_weight_only_linear and
-    add_rms_norm_weight_only_linear), whose sum output takes over every reader of the old sum (the
+    add_rms_norm_fp8_linear), whose sum output takes over every reader of the old sum (the
     residual stream). Only where the norm has a weight and the normalised output has
     that linear as its only reader and is no network or debug output: a norm read twice
     (Phi's parallel attention and MLP) stays as it is. Runs after fuse_add_rms_norm and
@@ -637,18 +618,20 @@ class FuseNormLinear(Fusion):
         norm, linear = found["norm"], found["linear"]
         params = _linear_params(linear)
         eps = norm.get_input("eps")
+        fp8 = linear.layer_type == "fp8_linear"
         if norm.layer_type == "rms_norm":
-            y = _fused_linear(linear, 0)(norm.get_input("x"), norm.get_input("weight"), *params, eps=eps)
+            fused = F.rms_norm_fp8_linear if fp8 else F.rms_norm_linear
+            y = fused(norm.get_input("x"), norm.get_input("weight"), *params, eps=eps)
         else:
-            y, total = _fused_linear(linear, 1)(norm.get_input("x"), norm.get_input("residual"),
-                                                norm.get_input("weight"), *params, eps=eps)
+            fused = F.add_rms_norm_fp8_linear if fp8 else F.add_rms_norm_linear
+            y, total = fused(norm.get_input("x"), norm.get_input("residual"), norm.get_input("weight"), *params,
+                             eps=eps)
             norm.outputs[1].replace_all_uses_with(total)
         linear.replace_output_uses_with(linear.network, [y])
 
 
 class FuseActLinear(Fusion):
-    """silu_and_mul -> linear becomes silu_and_mul_linear (fp8_linear: silu_and_mul_fp8_linear;
-    weight_only_linear: silu_and_mul_weight_only_linear),
+    """silu_and_mul -> linear becomes silu_and_mul_linear (fp8_linear: silu_and_mul_fp8_linear),
     where that linear is the only reader of the activation and the activation no network or
     debug output. Runs after fuse_gate_up, which makes the silu_and_mul."""
 
@@ -663,7 +646,8 @@ class FuseActLinear(Fusion):
 
     def emit(self, found: dict[str, FLayerInfo]) -> None:
         act, linear = found["activation"], found["linear"]
-        y = _fused_linear(linear, 2)(act.get_input("x"), *_linear_params(linear))
+        fused = F.silu_and_mul_fp8_linear if linear.layer_type == "fp8_linear" else F.silu_and_mul_linear
+        y = fused(act.get_input("x"), *_linear_params(linear))
         linear.replace_output_uses_with(linear.network, [y])
 
 

@@ -22,13 +22,12 @@ namespace tensorrt_llm {
 // weight_only_gemv.cu
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                          int bits, int64_t groupSize, GemvPrologueOperands const& prologue, DType dtype,
-                          DType scaleDtype, void* stream);
+                          int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
                                 int64_t k, int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                   bool perChannel, GemvPrologueOperands const& prologue, DType dtype, void* stream);
+                   bool perChannel, Fp8GemvPrologue const& prologue, DType dtype, void* stream);
 void launchFp8Quantize(void* codes, void* rowScales, void const* x, void const* inputScale, int64_t m, int64_t k,
                        int64_t xRowStride, DType dtype, void* stream);
 } // namespace tensorrt_llm
@@ -508,21 +507,9 @@ WeightOnlyShape checkWeightOnlyWeight(Call& c) {
 void checkWeightOnlyGemv(Call& c) {
     WeightOnlyShape const w = checkWeightOnlyWeight(c);
     TensorArg const& x = c["x"];
-    GemvPrologue const prologue = gemvPrologue(c);
-    bool const gated = prologue == GemvPrologue::kSiluAndMul;
-    if (x.size(1) != (gated ? 2 * w.k : w.k)) {
-        throw std::invalid_argument("x " + x.shapeStr() + " does not match in_features " + std::to_string(w.k)
-                                    + (gated ? " (x must be [rows, 2 * in_features])" : ""));
+    if (x.size(1) != w.k) {
+        throw std::invalid_argument("x " + x.shapeStr() + " does not match in_features " + std::to_string(w.k));
     }
-    if (prologue != GemvPrologue::kNone) {
-        if (!weightOnlyGemvPrologueSupports(prologue, x.size(0), w.k, w.bits, w.groupSize, x.dtype, c["scales"].dtype)) {
-            throw std::invalid_argument("weight_only_gemv: a prologue over " + std::to_string(x.size(0))
-                                        + " rows of in_features " + std::to_string(w.k)
-                                        + " is not supported here (weight_only_gemv_prologue_supports)");
-        }
-        c.packed16("x");
-    }
-    checkPrologueOperands(c, prologue, x.size(0), w.k);
     if (w.k > kWeightOnlyGemvMaxK) {
         throw std::invalid_argument("in_features " + std::to_string(w.k) + " is more than the GEMV's "
                                     + std::to_string(kWeightOnlyGemvMaxK) + " (use weight_only_dequantize)");
@@ -536,17 +523,9 @@ void launchWeightOnlyGemvEntry(Call const& c) {
     TensorArg const &x = c["x"], &out = c["out"], &q = c["qweight"];
     int const bits = c.text("weight_format") == "int8" ? 8 : 4;
     if constexpr (kCudaKernels) {
-        GemvPrologueOperands prologue;
-        prologue.kind = gemvPrologue(c);
-        prologue.normWeight = c.ptr("norm_weight");
-        prologue.residual = c.ptr("residual");
-        prologue.residualOut = const_cast<void*>(c.ptr("residual_out"));
-        prologue.residualRowStride = c.has("residual") ? c["residual"].stride(0) : 0;
-        prologue.eps = static_cast<float>(c.real("eps"));
-        int64_t const k = q.size(1) * (32 / bits);
         launchWeightOnlyGemv(out.data(), x.data(), q.data(), c["scales"].data(), c.ptr("zeros"), c.ptr("bias"),
-                             x.size(0), q.size(0), k, x.stride(0), out.stride(0), bits, c.integer("group_size"),
-                             prologue, x.dtype, c["scales"].dtype, c.stream());
+                             x.size(0), q.size(0), x.size(1), x.stride(0), out.stride(0), bits, c.integer("group_size"),
+                             x.dtype, c["scales"].dtype, c.stream());
     }
 }
 
@@ -608,7 +587,7 @@ void checkFp8Gemv(Call& c) {
 void launchFp8GemvEntry(Call const& c) {
     TensorArg const &x = c["x"], &out = c["out"], &q = c["qweight"], &ws = c["weight_scale"];
     if constexpr (kCudaKernels) {
-        GemvPrologueOperands prologue;
+        Fp8GemvPrologue prologue;
         prologue.kind = gemvPrologue(c);
         prologue.normWeight = c.ptr("norm_weight");
         prologue.residual = c.ptr("residual");
@@ -745,17 +724,12 @@ std::vector<Entry> entries() {
          checkGemv, launchGemvEntry},
         {"weight_only_gemv",
          "out = x @ W.T (+ bias) for a few rows of x, W the INT8 / INT4 weight of qweight (its bytes as int32 words), "
-         "scales (and zeros): weight_format 'int8' (group_size 0: per channel) or 'int4'. x goes through gemv's "
-         "prologue first where weight_only_gemv_prologue_supports: 0 none, 1 RMSNorm (of x + residual, written to "
-         "residual_out, when given), 2 SiLU-and-mul (x [rows, 2k]).",
+         "scales (and zeros): weight_format 'int8' (group_size 0: per channel) or 'int4'.",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({kInt32}).contiguous(), tensor("scales").floats().contiguous(),
           optionalTensor("zeros").dtypeOf("scales").contiguous(), optionalTensor("bias").dtypeOf("x").contiguous(),
-          text("weight_format"), integer("group_size"), integer("prologue"),
-          optionalTensor("residual").dtypeOf("x").lastDimContiguous(),
-          optionalTensor("residual_out").dtypeOf("x").contiguous().written(),
-          optionalTensor("norm_weight").dtypeOf("x").contiguous(), real("eps"), stream()},
+          text("weight_format"), integer("group_size"), stream()},
          checkWeightOnlyGemv, launchWeightOnlyGemvEntry},
         {"weight_only_dequantize",
          "out [N, K] = the INT8 / INT4 weight of qweight (its bytes as int32 words), scales (and zeros) in out's "
@@ -845,16 +819,6 @@ PYBIND11_MODULE(bindings, m) {
         },
         py::arg("prologue"), py::arg("rows"), py::arg("k"),
         "Whether fp8_gemv takes this prologue (gemv's codes) for `rows` rows of in_features k.");
-    m.def(
-        "weight_only_gemv_prologue_supports",
-        [](int prologue, int64_t rows, int64_t k, int bits, int64_t groupSize, int dtype, int scaleDtype) {
-            return weightOnlyGemvPrologueSupports(static_cast<GemvPrologue>(prologue), rows, k, bits, groupSize,
-                                                  static_cast<DType>(dtype), static_cast<DType>(scaleDtype));
-        },
-        py::arg("prologue"), py::arg("rows"), py::arg("k"), py::arg("bits"), py::arg("group_size"), py::arg("dtype"),
-        py::arg("scale_dtype"),
-        "Whether weight_only_gemv takes this prologue for `rows` rows of in_features k (bits 4 / 8, group_size 0: "
-        "per channel), x and scales of these dtype codes.");
 
     for (Entry& entry : entries()) define(m, std::move(entry));
 }

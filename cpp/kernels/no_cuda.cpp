@@ -15,6 +15,5 @@ int prepareDevice(int, std::vector<NamedPointer> const&, void*) {
 void restoreDevice(int) noexcept {}
 bool decodeAttentionSupportsHeadDim(int64_t headDim) { return headDim == 64 || headDim == 128 || headDim == 256; }
 bool gemvSupports(int64_t, int64_t, DType) { return false; }
-bool weightOnlyGemvPrologueSupports(GemvPrologue, int64_t, int64_t, int, int64_t, DType, DType) { return false; }
 
 } // namespace tensorrt_llm

@@ -823,11 +823,7 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
     }
 }
 
-// PRO: x's rows computed by a prologue (RMSNorm of x + residual, SiLU-and-mul of x [m, 2k]) as
-// gemv_prologue.cuh computes them, into the staged rows instead of copying x: one kernel where
-// the unfused engine runs the norm or activation kernel, then this one. Every block computes the
-// whole prologue (x is at most kMaxPipeX), while its first codes are in flight.
-template <typename T, int BITS, GemvPrologue PRO = GemvPrologue::kNone>
+template <typename T, int BITS>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKernel(Params p) {
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeStages;
@@ -898,15 +894,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     prefetchScales(0);
     waitForPreviousKernel();
 
-    if constexpr (PRO == GemvPrologue::kNone) {
-        copyXToShared(p, xShared);
-    } else {
-        using P = Pack<T, kVec16<T>>;
-        for (int r = 0; r < p.m; ++r) {  // the row's sum in place, then the prologue's values over it
-            P* row = reinterpret_cast<P*>(xShared + static_cast<int64_t>(r) * p.k);
-            prologueRow<T, PRO, kMmaWarps * 32, 2>(p, r, row, [&](int i, P const& o) { row[i] = o; });
-        }
-    }
+    copyXToShared(p, xShared);
     copyAsyncCommit();
     copyAsyncWait<0>();
     __syncthreads();
@@ -988,9 +976,7 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
         if (!pipelinedGemvEnabled() || q.m > 8 || xBytes > kMaxPipeX) return false;
-        auto kernel = q.prologue == GemvPrologue::kRmsNorm      ? weightOnlyGemvPipelinedKernel<T, BITS, GemvPrologue::kRmsNorm>
-                      : q.prologue == GemvPrologue::kSiluAndMul ? weightOnlyGemvPipelinedKernel<T, BITS, GemvPrologue::kSiluAndMul>
-                                                                : weightOnlyGemvPipelinedKernel<T, BITS>;
+        auto kernel = weightOnlyGemvPipelinedKernel<T, BITS>;
         int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
         size_t const sumBytes = BITS == 4 ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;  // xSum
         size_t const smem = kPipeRingBytes + xBytes + sumBytes;
@@ -1162,39 +1148,14 @@ Params gemvParams(void* out, void const* x, void const* qweight, void const* sca
 
 } // namespace
 
-bool weightOnlyGemvPrologueSupports(GemvPrologue prologue, int64_t rows, int64_t k, int bits, int64_t groupSize,
-                                    DType dtype, DType scaleDtype) {
-    // launchPipelinedGemv's conditions: tensor-core x, float32 scales, not MASKED, x staged.
-    bool const mma = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
-    bool const wholeSteps = groupSize == 0 || groupShiftOf(groupSize, bits) >= 2;
-    return prologue != GemvPrologue::kNone && mma && scaleDtype == DType::kFloat32 && wholeSteps
-           && (bits == 4 || bits == 8) && rows >= 1 && rows <= 8 && k > 0 && k % 128 == 0
-           && static_cast<size_t>(rows * k) * 2 <= kMaxPipeX && pipelinedGemvEnabled();
-}
-
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                          int bits, int64_t groupSize, GemvPrologueOperands const& prologue, DType dtype,
-                          DType scaleDtype, void* stream) {
+                          int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream) {
     if (m == 0 || n == 0) return;
-    if (prologue.kind != GemvPrologue::kNone
-        && !weightOnlyGemvPrologueSupports(prologue.kind, m, k, bits, groupSize, dtype, scaleDtype)) {
-        throw std::invalid_argument("weight_only_gemv: this call takes no prologue (weight_only_gemv_prologue_supports)");
-    }
-    if (prologue.kind != GemvPrologue::kNone && (!aligned16(x) || (xRowStride * dtypeSize(dtype)) % 16 != 0)) {
-        throw std::invalid_argument("weight_only_gemv: a prologue reads x in 16-byte packs: x and its rows on 16-byte "
-                                    "boundaries");
-    }
     Params p = gemvParams(out, x, qweight, scales, bias, m, n, k, xRowStride, outRowStride);
     p.zeros = zeros;
     p.groups = groupSize == 0 ? 1 : static_cast<int>(k / groupSize);
     p.groupShift = groupShiftOf(groupSize, bits);
-    p.prologue = prologue.kind;
-    p.normWeight = prologue.normWeight;
-    p.residual = prologue.residual;
-    p.residualOut = prologue.residualOut;
-    p.residualRowStride = prologue.residualRowStride;
-    p.eps = prologue.eps;
     dispatch(dtype, scaleDtype, bits, "weight_only_gemv", [&](auto t, auto s, auto b) {
         using T = decltype(t);
         auto const st = static_cast<cudaStream_t>(stream);
@@ -1215,7 +1176,7 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
 // FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMV above with FP8 codes.
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                   bool perChannel, GemvPrologueOperands const& prologue, DType dtype, void* stream) {
+                   bool perChannel, Fp8GemvPrologue const& prologue, DType dtype, void* stream) {
     if (m == 0 || n == 0) return;
     if (prologue.kind != GemvPrologue::kNone && !fp8GemvPrologueSupports(prologue.kind, m, k)) {
         throw std::invalid_argument("fp8_gemv: a prologue takes 1.." + std::to_string(kFp8PrologueMaxRows)

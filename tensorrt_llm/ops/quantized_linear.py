@@ -30,10 +30,8 @@ Implementations:
   the output to bfloat16: against the reference that is a relative error of a few 2^-9 per
   output (cpu.py's docstring). INT8 group 16 (GGUF Q6_K) is requantized per row there.
 
-rms_norm_weight_only_linear, add_rms_norm_weight_only_linear and silu_and_mul_weight_only_linear
-are the op with the RMSNorm (after a residual add) or SiLU-and-mul that produces its x fused in
-front (graph_rewriting's fuse_norm_linear and fuse_act_linear make them, as for linear and
-fp8_linear): one pipelined GEMV kernel on a GPU where it serves (the section at the end).
+The fusions of graph_rewriting (gate/up, norm + linear, activation + linear) match `linear`
+layers only, so they never fire on this op.
 """
 from __future__ import annotations
 
@@ -47,17 +45,9 @@ from ..network import Tensor
 from ..quantization import cpu as qcpu
 from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
 from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
-from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
-from .launch import cuda_kernels_available, dtype_code, get_bindings, launch, rows
-from .linear import GEMV_PROLOGUES, linear_shape, on_16_byte_packs
-from .norm import (
-    fused_add_rms_norm_cuda,
-    fused_add_rms_norm_reference,
-    residual_sum_shape,
-    rms_norm_cuda,
-    rms_norm_reference,
-)
-from .op import CPU, CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, define
+from .launch import cuda_kernels_available, launch, rows
+from .linear import linear_shape
+from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_FORMATS = ("int8", "int4")
@@ -71,15 +61,17 @@ def _weight(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.T
     return Int4Weight(qweight, scales, zeros, group_size)
 
 
-def _weight_only_shape(op: str, x_shape, x_dtype: str, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor],
-                       bias: Optional[Tensor], weight_format: str, group_size: int, what: str = "input"):
-    """The output shape of a weight-only linear over an input of x_shape, its weight checked."""
+@define
+def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor] = None,
+                       bias: Optional[Tensor] = None, *, weight_format: str, group_size: int = 0) -> Tensor:
+    """x @ W^T + bias with W the INT8 / INT4 weight of qweight, scales (and zeros)."""
+    op = "weight_only_linear"
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"{op}: weight_format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise ValueError(f"{op}: group_size must be an integer, got {group_size!r}")
-    if x_dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{op}: x must be {' / '.join(FLOAT_DTYPES)}, got {x_dtype}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: x must be {' / '.join(FLOAT_DTYPES)}, got {x.dtype}")
     if qweight.ndim != 2 or any(d < 1 for d in qweight.shape):
         raise ValueError(f"{op}: qweight must be a static [out, in] matrix, got {list(qweight.shape)}")
     if scales.dtype not in FLOAT_DTYPES:
@@ -110,16 +102,8 @@ def _weight_only_shape(op: str, x_shape, x_dtype: str, qweight: Tensor, scales: 
             raise ValueError(f"{op}: INT4 needs zeros of the scales' dtype {scales.dtype}, got "
                              f"{'none' if zeros is None else zeros.dtype}")
         check_shape(op, zeros, (n, k // group_size), "zeros")
-    return linear_shape(op, x_shape, (n, k), bias, dtype=x_dtype, what=what)
-
-
-@define
-def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor] = None,
-                       bias: Optional[Tensor] = None, *, weight_format: str, group_size: int = 0) -> Tensor:
-    """x @ W^T + bias with W the INT8 / INT4 weight of qweight, scales (and zeros)."""
-    shape = _weight_only_shape("weight_only_linear", x.shape, x.dtype, qweight, scales, zeros, bias, weight_format,
-                               group_size)
-    return add_layer("weight_only_linear", [x, qweight, scales, zeros, bias], [(x.dtype, shape)],
+    shape = linear_shape(op, x.shape, (n, k), bias, dtype=x.dtype)
+    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, shape)],
                      weight_format=weight_format, group_size=int(group_size))
 
 
@@ -188,13 +172,6 @@ def cuda_serves(x: torch.Tensor, qweight: torch.Tensor, weight_format: str) -> b
             and qweight.is_contiguous() and qweight.data_ptr() % 16 == 0)
 
 
-def _gemv_launch(out, x2, qweight, scales, zeros, bias, weight_format, group_size, prologue="none",
-                 residual=None, residual_out=None, norm_weight=None, eps=0.0) -> None:
-    words = qweight.view(torch.int32)  # the kernels read the bytes as int32 words, in 16-byte packs
-    launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size),
-           GEMV_PROLOGUES[prologue], residual, residual_out, norm_weight, float(eps))
-
-
 def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                             zeros: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, *,
                             weight_format: str, group_size: int = 0,
@@ -206,18 +183,19 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
     x2 = rows(x)
     m, k = x2.shape
     n = qweight.shape[0]
+    words = qweight.view(torch.int32)  # the kernels read the bytes as int32 words, in 16-byte packs
     scales = scales.contiguous()
     zeros = None if zeros is None else zeros.contiguous()
     bias = None if bias is None else bias.contiguous()
     if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         if m:
-            _gemv_launch(out, x2, qweight, scales, zeros, bias, weight_format, group_size)
+            launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size))
     else:
         # Prompt steps are bound by arithmetic, not by the weight's bytes: a scratch copy of W in
         # x's dtype for cuBLAS's tensor cores costs one more pass over N * K elements.
         w = torch.empty(n, k, dtype=x.dtype, device=x.device)
-        launch("weight_only_dequantize", w, qweight.view(torch.int32), scales, zeros, weight_format, int(group_size))
+        launch("weight_only_dequantize", w, words, scales, zeros, weight_format, int(group_size))
         out = F.linear(x2, w, bias)
     return out.reshape(*x.shape[:-1], n)
 
@@ -228,159 +206,4 @@ def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight
         return weight_only_linear_reference(x, qweight, scales, zeros, bias, weight_format=weight_format,
                                             group_size=group_size)
     return weight_only_matmul_cuda(x, qweight, scales, zeros, bias, weight_format=weight_format,
-                                   group_size=group_size)
-
-
-# ---- the linear with the RMSNorm / SiLU-and-mul that makes its x fused in front ---------------
-# rms_norm_weight_only_linear, add_rms_norm_weight_only_linear and silu_and_mul_weight_only_linear
-# are weight_only_linear after that op, as linear.py's rms_norm_linear family is for a float
-# linear (made by the same fusion passes, graph_rewriting). The reference and the CPU run the two
-# ops one after the other (the CPU's weight-only kernels keep serving the linear); on a GPU, a
-# call weight_only_gemv_prologue_serves runs as one weight-only GEMV that computes its x in front
-# (cpp/kernels/weight_only_gemv.cu, the pipelined kernel: rounded as the rms_norm / silu_and_mul
-# kernels round, so it equals those kernels then the GEMV), else the unfused CUDA ops.
-
-def weight_only_gemv_prologue_serves(prologue: str, x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                                     weight_format: str, group_size: int, *operands: Optional[torch.Tensor]) -> bool:
-    """Whether the weight-only GEMV serves x2 ([M, K]; SiLU-and-mul [M, 2K]) with `prologue` in
-    front: the compiled kernels, the binding's weight_only_gemv_prologue_supports (the pipelined
-    kernel's formats, 1..8 rows that fit its staged x), every operand on 16-byte packs."""
-    if not (x2.is_cuda and cuda_kernels_available() and qweight.is_contiguous() and qweight.data_ptr() % 16 == 0):
-        return False
-    bits = 8 if weight_format == "int8" else 4
-    k = qweight.shape[1] * 8 // bits
-    code, scale_code = dtype_code(x2.dtype), dtype_code(scales.dtype)
-    return (code is not None and scale_code is not None and all(on_16_byte_packs(t) for t in (x2, *operands))
-            and get_bindings().weight_only_gemv_prologue_supports(GEMV_PROLOGUES[prologue], x2.shape[0], k, bits,
-                                                                  int(group_size), code, scale_code))
-
-
-def _fused_gemv(prologue, x2, qweight, scales, zeros, bias, weight_format, group_size, residual=None,
-                norm_weight=None, eps=0.0):
-    """(out [M, N], x2 + residual or None): the weight-only GEMV with `prologue` in front."""
-    out = torch.empty(x2.shape[0], qweight.shape[0], dtype=x2.dtype, device=x2.device)
-    total = None if residual is None else torch.empty_like(residual, memory_format=torch.contiguous_format)
-    _gemv_launch(out, x2, qweight, scales.contiguous(), None if zeros is None else zeros.contiguous(),
-                 None if bias is None else bias.contiguous(), weight_format, group_size, prologue, residual, total,
-                 norm_weight, eps)
-    return out, total
-
-
-@define
-def rms_norm_weight_only_linear(x: Tensor, norm_weight: Tensor, qweight: Tensor, scales: Tensor,
-                                zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None, *, eps: float,
-                                weight_format: str, group_size: int = 0) -> Tensor:
-    """weight_only_linear(rms_norm(x, norm_weight, eps), qweight, scales, zeros, bias, ...)."""
-    op = "rms_norm_weight_only_linear"
-    check_same_dtype(op, x, norm_weight)
-    check_shape(op, norm_weight, x.shape[-1:], "norm_weight")
-    shape = _weight_only_shape(op, x.shape, x.dtype, qweight, scales, zeros, bias, weight_format, group_size)
-    return add_layer(op, [x, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape)], eps=float(eps),
-                     weight_format=weight_format, group_size=int(group_size))
-
-
-@rms_norm_weight_only_linear.implementation(REFERENCE)
-def rms_norm_weight_only_linear_reference(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
-                                          weight_format, group_size=0):
-    return weight_only_linear_reference(rms_norm_reference(x, norm_weight, eps=eps), qweight, scales, zeros, bias,
-                                        weight_format=weight_format, group_size=group_size)
-
-
-@rms_norm_weight_only_linear.implementation(CPU)
-def rms_norm_weight_only_linear_cpu(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
-                                    weight_format, group_size=0):
-    return weight_only_linear_cpu(rms_norm_reference(x, norm_weight, eps=eps), qweight, scales, zeros, bias,
-                                  weight_format=weight_format, group_size=group_size)
-
-
-@rms_norm_weight_only_linear.implementation(CUDA)
-def rms_norm_weight_only_linear_cuda(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
-                                     weight_format, group_size=0):
-    x2 = rows(x)
-    if weight_only_gemv_prologue_serves("rms_norm", x2, qweight, scales, weight_format, group_size, norm_weight,
-                                        bias):
-        out, _ = _fused_gemv("rms_norm", x2, qweight, scales, zeros, bias, weight_format, group_size,
-                             norm_weight=norm_weight, eps=eps)
-        return out.reshape(*x.shape[:-1], qweight.shape[0])
-    return weight_only_linear_cuda(rms_norm_cuda(x, norm_weight, eps=eps), qweight, scales, zeros, bias,
-                                   weight_format=weight_format, group_size=group_size)
-
-
-@define
-def add_rms_norm_weight_only_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, qweight: Tensor, scales: Tensor,
-                                    zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None, *, eps: float,
-                                    weight_format: str, group_size: int = 0) -> tuple[Tensor, Tensor]:
-    """(weight_only_linear(rms_norm(x + residual, norm_weight, eps), qweight, ...), x + residual)."""
-    op = "add_rms_norm_weight_only_linear"
-    check_same_dtype(op, x, residual, norm_weight)
-    total = residual_sum_shape(op, x, residual)
-    check_shape(op, norm_weight, total[-1:], "norm_weight")
-    shape = _weight_only_shape(op, total, x.dtype, qweight, scales, zeros, bias, weight_format, group_size)
-    return add_layer(op, [x, residual, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape), (x.dtype, total)],
-                     eps=float(eps), weight_format=weight_format, group_size=int(group_size))
-
-
-@add_rms_norm_weight_only_linear.implementation(REFERENCE)
-def add_rms_norm_weight_only_linear_reference(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *,
-                                              eps, weight_format, group_size=0):
-    normed, total = fused_add_rms_norm_reference(x, residual, norm_weight, eps=eps)
-    return weight_only_linear_reference(normed, qweight, scales, zeros, bias, weight_format=weight_format,
-                                        group_size=group_size), total
-
-
-@add_rms_norm_weight_only_linear.implementation(CPU)
-def add_rms_norm_weight_only_linear_cpu(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *,
-                                        eps, weight_format, group_size=0):
-    normed, total = fused_add_rms_norm_reference(x, residual, norm_weight, eps=eps)
-    return weight_only_linear_cpu(normed, qweight, scales, zeros, bias, weight_format=weight_format,
-                                  group_size=group_size), total
-
-
-@add_rms_norm_weight_only_linear.implementation(CUDA)
-def add_rms_norm_weight_only_linear_cuda(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *,
-                                         eps, weight_format, group_size=0):
-    x2, r2 = rows(x), rows(residual)
-    if x.shape == residual.shape and weight_only_gemv_prologue_serves(
-            "rms_norm", x2, qweight, scales, weight_format, group_size, r2, norm_weight, bias):
-        out, total = _fused_gemv("rms_norm", x2, qweight, scales, zeros, bias, weight_format, group_size, r2,
-                                 norm_weight, eps)
-        return out.reshape(*x.shape[:-1], qweight.shape[0]), total.reshape(x.shape)
-    normed, total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=eps)
-    return weight_only_linear_cuda(normed, qweight, scales, zeros, bias, weight_format=weight_format,
-                                   group_size=group_size), total
-
-
-@define
-def silu_and_mul_weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor] = None,
-                                    bias: Optional[Tensor] = None, *, weight_format: str,
-                                    group_size: int = 0) -> Tensor:
-    """weight_only_linear(silu_and_mul(x), qweight, ...) for x [..., 2K], the weight [N, K]."""
-    op = "silu_and_mul_weight_only_linear"
-    gated = gated_shape(op, x.shape)
-    shape = _weight_only_shape(op, gated, x.dtype, qweight, scales, zeros, bias, weight_format, group_size,
-                               what=f"input {list(x.shape)} gated to")
-    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, shape)], weight_format=weight_format,
-                     group_size=int(group_size))
-
-
-@silu_and_mul_weight_only_linear.implementation(REFERENCE)
-def silu_and_mul_weight_only_linear_reference(x, qweight, scales, zeros=None, bias=None, *, weight_format,
-                                              group_size=0):
-    return weight_only_linear_reference(silu_and_mul_reference(x), qweight, scales, zeros, bias,
-                                        weight_format=weight_format, group_size=group_size)
-
-
-@silu_and_mul_weight_only_linear.implementation(CPU)
-def silu_and_mul_weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0):
-    return weight_only_linear_cpu(silu_and_mul_reference(x), qweight, scales, zeros, bias,
-                                  weight_format=weight_format, group_size=group_size)
-
-
-@silu_and_mul_weight_only_linear.implementation(CUDA)
-def silu_and_mul_weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0):
-    x2 = rows(x)
-    if weight_only_gemv_prologue_serves("silu_and_mul", x2, qweight, scales, weight_format, group_size, bias):
-        out, _ = _fused_gemv("silu_and_mul", x2, qweight, scales, zeros, bias, weight_format, group_size)
-        return out.reshape(*x.shape[:-1], qweight.shape[0])
-    return weight_only_linear_cuda(silu_and_mul_cuda(x), qweight, scales, zeros, bias, weight_format=weight_format,
                                    group_size=group_size)

@@ -62,7 +62,6 @@ def test_cuda_implementation_is_registered_for_cuda_devices_of_a_kernel_build():
 
 gpu = pytest.mark.gpu
 DEVICE = "cuda"
-NO_PROLOGUE = (0, None, None, None, 0.0)  # weight_only_gemv's prologue, residual, residual_out, norm_weight, eps
 
 
 @pytest.fixture
@@ -119,7 +118,7 @@ def _check(got, want, x, q, bias, dtype, matmul_path, msg):
 
 def _gemv(x, qweight, scales, zeros, bias, fmt, group):
     out = torch.empty(x.shape[0], qweight.shape[0], dtype=x.dtype, device=x.device)
-    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, *NO_PROLOGUE)
+    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group)
     return out
 
 
@@ -253,18 +252,18 @@ def test_binding_refuses_what_the_kernels_cannot_read(needs_kernels):
     words = torch.zeros(8, 8, dtype=torch.int32, device=DEVICE)  # INT4 [8, 64]
     scales = torch.ones(8, 2, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="weight_only_gemv: INT4 weights need zeros"):
-        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32, *NO_PROLOGUE)
+        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32)
     with pytest.raises(ValueError, match="group_size 48"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48, *NO_PROLOGUE)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48)
     with pytest.raises(ValueError, match="16-byte"):
-        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32, *NO_PROLOGUE)
+        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32)
     with pytest.raises(ValueError, match="weight_format"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32, *NO_PROLOGUE)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32)
     big = torch.zeros(1, 65536, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="more than the GEMV"):
         launch("weight_only_gemv", out[:1], big, torch.zeros(8, 8192, dtype=torch.int32, device=DEVICE),
                torch.ones(8, 512, dtype=torch.float16, device=DEVICE),
-               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128, *NO_PROLOGUE)
+               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128)
 
 
 @gpu

@@ -86,41 +86,20 @@ def test_engine_logits_are_those_of_the_dequantized_weights(hf, precision, group
     config, weights = _quantized(hf, precision, group, exclude_modules=[])
     engine = _engine(config, weights, tmp_path / "q")
     ops = [layer.op for layer in engine.network.layers]
-    # gate and fc fuse into one quantized gate_up (their codes, scales and zeros stack by rows);
-    # each norm then fuses into the quantized linear after it (qkv, gate_up, the head: layer 0's
-    # input norm and ln_f are plain rms_norms, the other three follow a residual add) and each
-    # SiLU-and-mul into proj: only the two dense linears stay plain
-    counted = ("weight_only_linear", "rms_norm_weight_only_linear", "add_rms_norm_weight_only_linear",
-               "silu_and_mul_weight_only_linear")
-    assert [ops.count(op) for op in counted] == [2, 2, 3, 2]
-    assert not {"linear", "rms_norm", "fused_add_rms_norm", "silu_and_mul"} & set(ops)
+    # gate and fc fuse into one quantized gate_up (their codes, scales and zeros stack by rows)
+    assert ops.count("weight_only_linear") == 2 * (len(LINEARS) - 1) + 1 and "linear" not in ops
     assert "transformer.layers.0.mlp.gate_up.scales" not in engine.network.weights
     assert engine.network.weights["transformer.layers.0.mlp.gate_up.weight_scale"].shape[0] == 2 * 160
+    # the fusions of a norm or an activation into a float linear cannot apply, and did not fire
     rewrites = engine.config["build_summary"]["rewrites"]["rewrites"]
     assert rewrites["fuse_gate_up"] == 2
-    assert rewrites["fuse_norm_linear"] == 5 and rewrites["fuse_act_linear"] == 2
+    assert rewrites["fuse_norm_linear"] == rewrites["fuse_act_linear"] == 0
     _engine(*_dequantized(config, weights), tmp_path / "f")
     prompt = torch.randint(0, 320, (20,), generator=torch.Generator().manual_seed(0)).tolist()
     q = runner(tmp_path / "q").generate([prompt], max_new_tokens=1, return_context_logits=True)
     f = runner(tmp_path / "f").generate([prompt], max_new_tokens=1, return_context_logits=True)
     lq, lf = q["context_logits"][0], f["context_logits"][0]
     assert (lq - lf).abs().max() <= 0.03 * lf.abs().max()
-
-
-@pytest.mark.parametrize("precision,group", [("int8", None), ("int4", 32)])
-def test_norm_and_activation_fusions_keep_the_logits_bit_for_bit(hf, precision, group, tmp_path):
-    """The *_weight_only_linear ops run the norm or activation, then the same CPU linear."""
-    config, weights = _quantized(hf, precision, group)
-    model = LLaMAForCausalLM(config)
-    model.load(weights)
-    unfused = [p for p in BuildConfig().optimizations if p not in ("fuse_norm_linear", "fuse_act_linear")]
-    build(model, BuildConfig(**BC)).save(tmp_path / "fused")
-    build(model, BuildConfig(**BC, optimizations=unfused)).save(tmp_path / "unfused")
-    prompt = torch.randint(0, 320, (20,), generator=torch.Generator().manual_seed(1)).tolist()
-    fused, plain = (runner(tmp_path / name).generate([prompt], max_new_tokens=4, return_context_logits=True)
-                    for name in ("fused", "unfused"))
-    assert torch.equal(fused["output_ids"], plain["output_ids"])
-    assert torch.equal(fused["context_logits"][0], plain["context_logits"][0])
 
 
 def test_engine_file_weights_are_quantized_and_checked(hf, tmp_path):
@@ -181,9 +160,7 @@ def test_excluded_modules_stay_float(hf, tmp_path):
     assert config.share_embedding_table and "lm_head.weight" not in weights
     assert weights["transformer.layers.1.mlp.proj.weight"].dtype == torch.float32
     engine = _engine(config, weights, tmp_path / "e")
-    ops = [layer.op for layer in engine.network.layers]
-    assert sum(op.endswith("weight_only_linear") for op in ops) == 2 * 3  # qkv, dense, gate_up (fused) a layer
-    assert ops.count("silu_and_mul_linear") == 2  # the float proj's activation fused
+    assert [layer.op for layer in engine.network.layers].count("weight_only_linear") == 2 * 3  # gate_up fused
     out = runner(tmp_path / "e").generate([[1, 2, 3]], max_new_tokens=4)
     assert len(generated(out, 0, 3)) == 4
 

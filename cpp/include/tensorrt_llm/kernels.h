@@ -220,10 +220,9 @@ struct GemvParams {
 bool gemvSupports(int64_t rows, int64_t k, DType dtype);
 void launchGemv(GemvParams const& p, void* stream);
 
-// The prologue of the FP8 and weight-only GEMVs (launchFp8Gemv, launchWeightOnlyGemv in
-// weight_only_gemv.cu): none, or GemvParams's RMSNorm / SiLU-and-mul computed in front of the
-// GEMV (fp8GemvPrologueSupports, weightOnlyGemvPrologueSupports).
-struct GemvPrologueOperands {
+// The FP8 GEMV's prologue (launchFp8Gemv in weight_only_gemv.cu): none, or GemvParams's RMSNorm /
+// SiLU-and-mul computed in front of it (fp8GemvPrologueSupports).
+struct Fp8GemvPrologue {
     GemvPrologue kind = GemvPrologue::kNone;
     void const* normWeight = nullptr;  // [k] (kRmsNorm)
     void const* residual = nullptr;    // [rows, k] or nullptr (kRmsNorm)
@@ -245,12 +244,5 @@ inline bool fp8GemvPrologueSupports(GemvPrologue prologue, int64_t rows, int64_t
     return rows >= 1 && rows <= kFp8PrologueMaxRows && k > 0 && k % 16 == 0
            && rows * width <= kFp8PrologueMaxElements;
 }
-// The weight-only GEMV takes a prologue where its pipelined kernel serves the call (float16 /
-// bfloat16 x, float32 scales, groups of whole 128-input k-steps or per channel, 1..8 rows whose
-// layer inputs fit the kernel's staged x: 8 rows at k = 4,096, 2 at 14,336, and
-// TRTLLM_GEMV_PIPELINE not 0), the prologue's values staged where the kernel stages x. False in a
-// build without CUDA kernels.
-bool weightOnlyGemvPrologueSupports(GemvPrologue prologue, int64_t rows, int64_t k, int bits, int64_t groupSize,
-                                    DType dtype, DType scaleDtype);
 
 } // namespace tensorrt_llm
