@@ -33,7 +33,10 @@ the group scales of round-to-nearest fixed up front ("static groups"), so the ch
 no input permutation. It calibrates on --calib_data like the static scales (same samples).
 On SmolLM2-135M (benchmarks/README.md, 2026-11-27) it took INT4 group 64 from +45% to +21%
 perplexity and INT8 from +0.89% to -0.03%, and moved FP8 by less than the spread of equally
-valid roundings (no mode within 1%); round-to-nearest stays the default.
+valid roundings (no mode within 1%); round-to-nearest stays the default. Keeping some linears
+float does not rescue FP8 there either: its cost is spread over every linear, and only sets
+holding half of the weights float get under 1% (benchmarks/fp8_rounding_spread.py
+--exclude_modules).
 
 Calibration texts (--calib_data) are by default examples/data/calibration_prose.jsonl,
 prose written for the project and disjoint from the articles that eval_ppl.py measures.
