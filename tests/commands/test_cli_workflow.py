@@ -1,4 +1,5 @@
 """The three commands as a user runs them: convert_checkpoint.py, trtllm-build, run.py."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +12,15 @@ from ..models.llama_utils import smollm2_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF = smollm2_gguf()
+
+
+def load_script(path: str):
+    """The repository's script at `path` (relative to the root) as a module, executed afresh: its
+    main run in this process, where a subprocess run costs seconds."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(*args, check=True):

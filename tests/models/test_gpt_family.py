@@ -2,7 +2,6 @@
 converted by examples/convert_checkpoint.py, built and run, give the logits and greedy tokens
 of transformers."""
 import importlib
-import importlib.util
 import os
 from pathlib import Path
 
@@ -16,14 +15,12 @@ from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models import MODEL_MAP, PretrainedConfig
 from tensorrt_llm.models.modeling_utils import load_checkpoint_weights
 
+from ..commands.test_cli_workflow import load_script
 from .llama_utils import DEVICES, generated, hf_greedy, runner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("convert_checkpoint", REPO / "examples" / "convert_checkpoint.py")
-convert_cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(convert_cli)
+convert_cli = load_script("examples/convert_checkpoint.py")
 
 VOCAB = 320
 # name -> (--model_type, transformers config arguments)
