@@ -51,12 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "examples" / "quantization"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import quantize as quantize_py  # noqa: E402  examples/quantization/quantize.py
+from bench_generation import SHAPES  # noqa: E402
 from eval_ppl import article_token_ids, perplexity  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.layers.linear import Linear  # noqa: E402
+from tensorrt_llm.models.llama.convert import config_from_hf  # noqa: E402
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM  # noqa: E402
 from tensorrt_llm.models.quantize import DEFAULT_EXCLUDED, fp8_config, quantize_checkpoint  # noqa: E402
 from tensorrt_llm.quantization.formats import FP8_DTYPE, FP8_MAX  # noqa: E402
@@ -65,9 +68,6 @@ from tensorrt_llm.runtime import ModelRunner  # noqa: E402
 from tensorrt_llm.tokenizer_utils import load_tokenizer  # noqa: E402
 
 MODES = {"pt_static": (False, False), "pt_dyn": (False, True), "pc_static": (True, False), "pc_dyn": (True, True)}
-# Llama-3.1-8B's decoder shape, for the float share of an exclusion on a larger model.
-LLAMA_8B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                num_key_value_heads=8, head_size=128)
 
 
 def default_model() -> str:
@@ -76,15 +76,18 @@ def default_model() -> str:
     return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else ""
 
 
-def linear_params(num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads,
-                  head_size) -> dict[str, int]:
-    """The weight parameters of each decoder linear of a LLaMA (gated MLP) of this shape, by
-    module name."""
-    per_layer = {"attention.qkv": hidden_size * (num_attention_heads + 2 * num_key_value_heads) * head_size,
-                 "attention.dense": num_attention_heads * head_size * hidden_size,
-                 "mlp.gate": hidden_size * intermediate_size, "mlp.fc": hidden_size * intermediate_size,
-                 "mlp.proj": intermediate_size * hidden_size}
-    return {f"transformer.layers.{i}.{name}": n for i in range(num_hidden_layers) for name, n in per_layer.items()}
+def linear_params(config) -> dict[str, int]:
+    """The weight parameters of each decoder linear (not the LM head) of the LLaMA `config`
+    describes, by module name: the model's own Linear shapes (building it allocates nothing)."""
+    return {name: module.weight.shape[0] * module.weight.shape[1]
+            for name, module in LLaMAForCausalLM(config).named_modules()
+            if isinstance(module, Linear) and name != "lm_head"}
+
+
+def llama_8b_config():
+    """Llama-3.1-8B's shape (bench_generation's), for the float share of an exclusion on a larger model."""
+    import transformers
+    return config_from_hf(transformers.LlamaConfig(**SHAPES["llama-8b"]), dtype="float32")
 
 
 def float_share(params: dict[str, int], quant_config) -> float:
@@ -157,14 +160,14 @@ def main(argv=None) -> int:
                                     "--device", "cpu"])
     float_config, float_weights = quantize_py.float_model(qargs)
     exclude = DEFAULT_EXCLUDED + extra
-    linears = [name for name, module in LLaMAForCausalLM(float_config).named_modules() if isinstance(module, Linear)]
-    unmatched = [m for m in extra if not any(fnmatch.fnmatchcase(name, m) for name in linears + ["lm_head"])]
+    params = linear_params(float_config)
+    linears = [*params, "lm_head"]
+    unmatched = [m for m in extra if not any(fnmatch.fnmatchcase(name, m) for name in linears)]
     if unmatched:
         p.error(f"--exclude_modules {unmatched[0]!r} matches no linear of the model (e.g. {linears[0]})")
     exclusion = fp8_config(float_config, exclude_modules=exclude).quant_config
-    shape = {k: getattr(float_config, k) for k in LLAMA_8B}
-    share = {"model": float_share(linear_params(**shape), exclusion),
-             "llama_3.1_8b_shape": float_share(linear_params(**LLAMA_8B), exclusion)}
+    share = {"model": float_share(params, exclusion),
+             "llama_3.1_8b_shape": float_share(linear_params(llama_8b_config()), exclusion)}
     prompts = article_token_ids(load_tokenizer(args.model_dir))
     results = {"model": args.model_dir, "tokens": sum(len(x) - 1 for x in prompts), "exclude_modules": exclude,
                "float_share_of_decoder_linear_weights": share, "modes": {}}

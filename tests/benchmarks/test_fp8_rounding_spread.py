@@ -1,9 +1,7 @@
 """benchmarks/fp8_rounding_spread.py on a tiny random LLaMA (a Hugging Face folder with a word
 tokenizer), on the CPU: --exclude_modules keeps those linears float in the checkpoint and the
 built engine, the JSON records the exclusion and its float share, and bad options are one line."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,17 +11,14 @@ from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_
 from tensorrt_llm.quantization.formats import FP8_DTYPE
 
 from ..commands.test_cli_errors import save_tokenizer_of_words
+from ..commands.test_cli_workflow import load_script
 from ..models.llama_utils import random_hf_llama
 
-ROOT = Path(__file__).resolve().parents[2]
 LINEARS = ["attention.qkv", "attention.dense", "mlp.gate", "mlp.fc", "mlp.proj"]
 
 
 def spread():
-    spec = importlib.util.spec_from_file_location("fp8_rounding_spread", ROOT / "benchmarks" / "fp8_rounding_spread.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/fp8_rounding_spread.py")
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +73,7 @@ def test_linear_params_are_the_weights(hf_dir):
     hf = transformers.LlamaForCausalLM.from_pretrained(hf_dir)
     config = config_from_hf(hf.config, dtype="float32")
     weights = load_weights_from_hf(hf, config)
-    params = spread().linear_params(**{k: getattr(config, k) for k in spread().LLAMA_8B})
+    params = spread().linear_params(config)
     assert params == {name: weights[f"{name}.weight"].numel() for name in params}
     assert len(params) == 2 * len(LINEARS)
 
