@@ -87,19 +87,27 @@ def calibrate(hf_model: torch.nn.Module, samples: Iterable[list[int]],
             if kv_cache and kind in ("k_proj", "v_proj"):
                 attention = name.removesuffix(".qkv")
                 hooks.append(module.register_forward_hook(record_kv(attention, 0 if kind == "k_proj" else 1)))
+    if not _forward_samples(hf_model, samples, hooks, progress):
+        raise ValueError("calibration needs at least one sample")
+    return result
+
+
+def _forward_samples(hf_model: torch.nn.Module, samples: Iterable[list[int]], hooks: list,
+                     progress: Callable[[int], None]) -> int:
+    """One forward pass of `hf_model` per sample (a token id list) with `hooks` (the handles of
+    the hooks that record what the calibration keeps) registered, `progress(samples done)`
+    after each; the hooks are removed at the end. Returns the number of samples."""
     device = next(hf_model.parameters()).device
+    done = 0
     try:
-        done = 0
         for ids in samples:
-            hf_model(input_ids=torch.tensor([ids], dtype=torch.long, device=device))
+            hf_model(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=False)
             done += 1
             progress(done)
     finally:
         for h in hooks:
             h.remove()
-    if not done:
-        raise ValueError("calibration needs at least one sample")
-    return result
+    return done
 
 
 def calibrate_input_amax(hf_model: torch.nn.Module, samples: Iterable[list[int]],
@@ -169,17 +177,9 @@ def collect_hessians(hf_model: torch.nn.Module, samples: Iterable[list[int]],
         return h
 
     if quantize_group is None:
-        hooks = []
         groups = [g for i, layer in enumerate(layers) for g in _linear_groups(i, layer)]
-        for names, modules in groups:
-            hooks.append(modules[0].register_forward_pre_hook(record(names)))
-        try:
-            for done, ids in enumerate(samples, 1):
-                hf_model(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=False)
-                progress(done)
-        finally:
-            for h in hooks:
-                h.remove()
+        _forward_samples(hf_model, samples, [modules[0].register_forward_pre_hook(record(names))
+                                             for names, modules in groups], progress)
         for names, _ in groups:
             finish(names)
         return result
