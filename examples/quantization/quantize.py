@@ -48,7 +48,7 @@ prose written for the project and disjoint from the articles that eval_ppl.py me
 --quantize_lm_head (any --qformat but none): the LM head in the same format too (a tied head gets
 its own quantized copy of the embedding's rows; the embedding stays float). Its rounding costs
 accuracy (an INT8 head alone about half a percent of SmolLM2's perplexity), but on an 8B model
-with a 128K vocabulary the bfloat16 head is 1 GB, a quarter of an INT4 decode step's reads.
+with a 128K vocabulary the bfloat16 head is 1 GB, a fifth of an INT4 decode step's reads.
 --algorithm gptq rounds it to nearest.
 
 --qformat none: the weights stay in --dtype (for --kv_cache_dtype alone).
