@@ -6,6 +6,10 @@ fp8_linear's CUDA implementation (the FP8 GEMV up to FP8_GEMV_MAX_ROWS rows, _sc
 beyond) and, in the column `scaled_mm us`, the _scaled_mm path (quantize x, cuBLASLt) on the
 same rows.
 
+INT8 / INT4 codes are timed in tile order (`--orders tile`, what a runner on a GPU gives its
+engine: ops/quantized_linear.py's tile_codes) and, with `--orders tile,row`, also in row order
+(the engine file's; the `order` column).
+
 For each layer and row count: microseconds per call, the bytes of the quantized weight it reads
 (codes, scales and zeros), those bytes per second, and that as a fraction of the copy
 bandwidth measured in the same run (a torch copy of a 1 GiB buffer: bytes read + written over
@@ -22,7 +26,7 @@ fp8_gemv_prologue_serves, else the next column's path), and `unfused us`, the no
 activation's kernel then fp8_linear.
 
     python benchmarks/bench_weight_only_gemv.py [--rows 1,8,32] [--formats int4:128,int8:0]
-        [--scale-dtype float32] [--prologues] [--json out.json]
+        [--scale-dtype float32] [--prologues] [--orders tile,row] [--json out.json]
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ from tensorrt_llm.ops.fp8_linear import (  # noqa: E402
     silu_and_mul_fp8_linear_cuda,
 )
 from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda  # noqa: E402
-from tensorrt_llm.ops.quantized_linear import cuda_serves, weight_only_linear_cuda  # noqa: E402
+from tensorrt_llm.ops.quantized_linear import cuda_serves, tile_codes, tileable, weight_only_linear_cuda  # noqa: E402
 from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402
 
 # Llama-3.1-8B: (layer, out_features, in_features).
@@ -126,7 +130,7 @@ def prologue_calls(kind: str, rows: int, k: int, copies: list) -> tuple[list, li
 
 
 def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: torch.dtype, bandwidth: float,
-                prologue: str = None) -> dict:
+                prologue: str = None, order: str = "tile") -> dict:
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     first = quantized(fmt, group, n, k, scale_dtype)
     weight_bytes = nbytes(*first)
@@ -140,8 +144,11 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
             fused, unfused = (time_calls(calls) for calls in prologue_calls(prologue, rows, k, copies))
     else:
         assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
-        ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group)
-                           for q in copies])
+        tiled = order == "tile" and tileable(*first[0].shape)
+        if tiled:
+            copies = [(tile_codes(q[0]), *q[1:]) for q in copies]
+        ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group,
+                                                               tiled=tiled) for q in copies])
     del copies, first
     dense_bytes = n * k * 2
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -150,6 +157,8 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
     del dense
     torch.cuda.empty_cache()
     return {"format": fmt, "group_size": group, "rows": rows, "n": n, "k": k,
+            "order": "tile" if fmt != "fp8" and order == "tile" and tileable(n, k * (4 if fmt == "int4" else 8) // 8)
+            else "row",
             "scale_dtype": str(scale_dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
             "us": ours * 1e6, "gb_per_s": weight_bytes / ours / 1e9,
             "of_copy_bandwidth": weight_bytes / ours / bandwidth,
@@ -169,30 +178,36 @@ def main():
                         help="dtype of the scales and zeros (engines hold float32)")
     parser.add_argument("--prologues", action="store_true",
                         help="FP8: also time qkv, gate_up and down with the norm / activation in front, fused and not")
+    parser.add_argument("--orders", default="tile",
+                        help="INT8 / INT4 codes in tile order (a GPU runner's), row order (the engine file's), or both")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    orders = args.orders.split(",")
+    if not orders or any(o not in ("tile", "row") for o in orders):
+        parser.error(f"--orders takes tile and / or row, got {args.orders!r}")
     scale_dtype = getattr(torch, args.scale_dtype)
     bandwidth = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; "
           f"scales and zeros {args.scale_dtype}")
-    print(f"{'format':<9} {'layer':<8} {'rows':>4} {'us':>9} {'MB':>8} {'GB/s':>7} {'of copy':>8} "
+    print(f"{'format':<9} {'layer':<8} {'order':<5} {'rows':>4} {'us':>9} {'MB':>8} {'GB/s':>7} {'of copy':>8} "
           f"{'bf16 us':>9} {'speedup':>8}")
     results = []
     for spec in args.formats.split(","):
         fmt, group = spec.split(":")
         group = {"tensor": 0, "channel": 1}[group] if fmt == "fp8" else int(group)
-        for rows in (int(r) for r in args.rows.split(",")):
-            for layer, n, k in LAYERS:
-                prologue = PROLOGUES.get(layer) if args.prologues and fmt == "fp8" else None
-                r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth, prologue)
-                r["layer"] = layer
-                results.append(r)
-                print(f"{spec:<9} {layer:<8} {rows:>4} {r['us']:>9.2f} {r['weight_bytes'] / 1e6:>8.1f} "
-                      f"{r['gb_per_s']:>7.0f} {r['of_copy_bandwidth']:>8.1%} {r['bf16_matmul_us']:>9.2f} "
-                      f"{r['speedup_vs_bf16']:>7.2f}x"
-                      + (f"  scaled_mm us {r['scaled_mm_us']:.2f}" if r["scaled_mm_us"] else "")
-                      + (f"  {prologue}: fused us {r['fused_us']:.2f}, unfused us {r['unfused_us']:.2f}"
-                         if prologue else ""), flush=True)
+        jobs = [(rows, layer, n, k, order) for rows in (int(r) for r in args.rows.split(","))
+                for layer, n, k in LAYERS for order in (orders if fmt != "fp8" else ["row"])]
+        for rows, layer, n, k, order in jobs:
+            prologue = PROLOGUES.get(layer) if args.prologues and fmt == "fp8" else None
+            r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth, prologue, order)
+            r["layer"] = layer
+            results.append(r)
+            print(f"{spec:<9} {layer:<8} {r['order']:<5} {rows:>4} {r['us']:>9.2f} {r['weight_bytes'] / 1e6:>8.1f} "
+                  f"{r['gb_per_s']:>7.0f} {r['of_copy_bandwidth']:>8.1%} {r['bf16_matmul_us']:>9.2f} "
+                  f"{r['speedup_vs_bf16']:>7.2f}x"
+                  + (f"  scaled_mm us {r['scaled_mm_us']:.2f}" if r["scaled_mm_us"] else "")
+                  + (f"  {prologue}: fused us {r['fused_us']:.2f}, unfused us {r['unfused_us']:.2f}"
+                     if prologue else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth": bandwidth,

@@ -104,7 +104,9 @@ def main():
     kv = "" if args.kv_cache_dtype == "none" else f" kv {args.kv_cache_dtype}"
     print(f"{args.model} {args.quant}{kv} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
           f"step with graphs {step_ms(graphs):.3f} ms")
-    replay_timeline(graph)
+    graph_kernels = replay_timeline(graph)
+    if graph_kernels:
+        step_timeline(graphs, prompts, graph_kernels, args.steps)
     del graphs, cuda_graphs, graph
     torch.cuda.empty_cache()
     eager = ModelRunner.from_dir(tmp.name, device=dev, use_cuda_graph=False, **pool)
@@ -139,14 +141,15 @@ def main():
         print(f"{v:>9.1f} {v / total:>6.1%}  {k[:110]}")
 
 
-def kernel_intervals(prof) -> list[tuple[float, float, str]]:
-    """The kernels a torch.profiler run saw: (start us, end us, name), in start order."""
+def kernel_intervals(prof, categories=("kernel",)) -> list[tuple[float, float, str]]:
+    """The kernels (and the other GPU work of `categories`: gpu_memcpy, gpu_memset) a
+    torch.profiler run saw: (start us, end us, name), in start order."""
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text())["traceEvents"]
     return sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                  if e.get("cat") == "kernel" and "dur" in e)
+                  if e.get("cat") in categories and "dur" in e)
 
 
 def busy_us(kernels) -> float:
@@ -190,6 +193,43 @@ def replay_timeline(graph, replays: int = 20):
     print(f"{'us/replay':>9} {'count':>5}  kernel")
     for name, (t, c) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:20]:
         print(f"{t / n:>9.1f} {c // n:>5}  {name[:110]}")
+    return [name for _, _, name in kernels[per_replay:2 * per_replay]]
+
+
+def step_timeline(runner, prompts, graph_kernels: list[str], steps: int):
+    """A whole decode step of `runner.generate` against its graph: from the start of one
+    replay to the start of the next, the replay's own span, the GPU work queued outside the
+    graph (copies, sampling) and the time the GPU idles. The replays are found by their
+    kernel sequence (`graph_kernels`, one replay's kernels in order)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        runner.generate(prompts, max_new_tokens=steps + 1)
+        torch.cuda.synchronize()
+    work = kernel_intervals(prof, ("kernel", "gpu_memcpy", "gpu_memset"))
+    names = [name for _, _, name in work]
+    n = len(graph_kernels)
+    starts = [i for i in range(len(work) - n + 1) if names[i] == graph_kernels[0]
+              and names[i:i + n] == graph_kernels]
+    if len(starts) < 4:
+        print(f"step timeline: {len(starts)} replays found in the run, too few")
+        return
+    starts = starts[1:-1]  # steady steps only: not the first replay, and each has a next one
+    spans, replays, outside, busy_outside = [], [], {}, []
+    for a, b in zip(starts, starts[1:]):
+        spans.append(work[b][0] - work[a][0])
+        replays.append(work[a + n - 1][1] - work[a][0])
+        between = work[a + n:b]
+        busy_outside.append(busy_us(between) if between else 0.0)
+        for s0, s1, name in between:
+            t, c = outside.get(name, (0.0, 0))
+            outside[name] = (t + s1 - s0, c + 1)
+    k = len(spans)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    print(f"decode step with graphs ({k} steady steps): replay start to replay start {mean(spans):.1f} us, "
+          f"replay span {mean(replays):.1f} us, GPU work outside the graph {mean(busy_outside):.1f} us, "
+          f"GPU idle {mean(spans) - mean(replays) - mean(busy_outside):.1f} us")
+    print(f"{'us/step':>9} {'count':>5}  outside the graph")
+    for name, (t, c) in sorted(outside.items(), key=lambda kv: -kv[1][0])[:15]:
+        print(f"{t / k:>9.1f} {c / k:>5.1f}  {name[:110]}")
 
 
 if __name__ == "__main__":

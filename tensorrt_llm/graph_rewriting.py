@@ -684,3 +684,47 @@ def optimize(network: Network, passes: Optional[list[str]] = None, plan: Optiona
     return {"layers_before": layers_before, "layers_after": network.num_layers, "rewrites": rewrites,
             "dead_layers_removed": dead, "weights_before": weights_before, "weights_after": len(network.weights),
             "weights_removed": pruned}
+
+
+# ---- the GPU's layout of weight-only codes ------------------------------------------------------
+
+
+def tiled_code_weights(network: Network) -> set[str]:
+    """The weights the network's weight-only linears read as codes in tile order."""
+    names = set()
+    for layer in network.layers:
+        if layer.op == "weight_only_linear" and layer.attrs.get("tiled"):
+            parent = network.producer(layer.inputs[1])
+            if parent is not None and parent.op == "constant":
+                names.add(parent.attrs["weight"])
+    return names
+
+
+def tile_weight_only_codes(network: Network) -> int:
+    """Put the codes of each weight-only linear in tile order (ops/quantized_linear.py's
+    tile_codes), the order the GPU kernels read them fastest in, and mark the layer `tiled`.
+    In place: a runner calls it on a network it loaded onto a GPU (one weight at a time: the
+    row-order copy is freed as the next is made). A weight read by any other layer, or of a
+    shape with no tile order, stays as it is. Returns how many weights were reordered."""
+    from .ops.quantized_linear import tile_codes, tileable
+
+    readers: dict[str, int] = {}
+    for layer in network.layers:
+        if layer.op == "constant":
+            readers[layer.attrs["weight"]] = readers.get(layer.attrs["weight"], 0) + 1
+    count = 0
+    for layer in network.layers:
+        if layer.op != "weight_only_linear" or layer.attrs.get("tiled"):
+            continue
+        qweight = network.get_tensor(layer.inputs[1])
+        parent = qweight.get_parent()
+        if parent is None or parent.op != "constant" or qweight.get_users() != [layer]:
+            continue
+        name = parent.attrs["weight"]
+        w = network.weights[name]
+        if readers[name] != 1 or w.ndim != 2 or not tileable(*w.shape):
+            continue
+        network.weights[name] = tile_codes(w)
+        layer.attrs["tiled"] = True
+        count += 1
+    return count

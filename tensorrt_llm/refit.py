@@ -25,7 +25,9 @@ from safetensors import safe_open
 
 from .builder import Engine, read_engine_config
 from .errors import EngineError, TrtLlmError
+from .graph_rewriting import tiled_code_weights
 from .models.modeling_utils import CONFIG_NAME, PretrainedConfig, check_safetensors_file, rank_weights_name
+from .ops.quantized_linear import tile_codes
 from .quantization.formats import FP8_DTYPE
 
 
@@ -112,6 +114,8 @@ def _swap_weights(engine: Engine, path: Path) -> int:
         raise RefitError(f"{path} does not fit rank {engine.rank} of the engine "
                          f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
     weights = engine.network.weights
+    tiled = tiled_code_weights(engine.network)  # an engine saved after a GPU load: codes in tile order
+
     def source(s):
         return tensors[s] if isinstance(s, str) else tensors[s[0]].expand(s[1])  # [name, rows]: [1] repeated
 
@@ -121,7 +125,7 @@ def _swap_weights(engine: Engine, path: Path) -> int:
             raise EngineError(f"the engine's refit map builds {name} as {value.dtype} "
                               f"{list(value.shape)} but the engine holds {weights[name].dtype} "
                               f"{list(weights[name].shape)}: the engine is inconsistent; rebuild it")
-        weights[name] = value
+        weights[name] = tile_codes(value) if name in tiled else value
     return len(refit["sources"])
 
 

@@ -17,7 +17,9 @@ from tensorrt_llm.models.calibrate import calibrate_input_amax
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import save_checkpoint
-from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint
+from tensorrt_llm.graph_rewriting import tile_weight_only_codes, tiled_code_weights
+from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint, weight_only_config
+from tensorrt_llm.ops.quantized_linear import tile_codes
 from tensorrt_llm.refit import RefitError, refit_engine
 from tensorrt_llm.runtime import ModelRunner
 
@@ -156,6 +158,32 @@ def test_an_fp8_engine_with_one_gate_up_scale_refuses_a_checkpoint_with_two(fp8_
     assert ("transformer.layers.1.mlp.fc.weight_scale differs from transformer.layers.1.mlp.gate.weight_scale"
             in str(e.value))
     assert digest(engine) == original
+
+
+def int8_checkpoint(hf, path):
+    config = config_from_hf(hf.config, dtype="float32")
+    weights = load_weights_from_hf(hf, config)
+    config = weight_only_config(config, "int8")
+    save_checkpoint(path, config, [quantize_checkpoint(LLaMAForCausalLM, config, weights)])
+    return path
+
+
+def test_an_engine_saved_with_codes_in_tile_order_takes_a_checkpoint(tmp_path):
+    # A runner on a GPU puts weight-only codes in tile order (graph_rewriting.tile_weight_only_codes);
+    # an engine saved after that keeps them so, and refit puts the new codes in that order too.
+    ckpt_a, ckpt_b = (int8_checkpoint(random_hf_llama(seed=seed, **SHAPE), tmp_path / name)
+                      for seed, name in ((10, "ckpt_a"), (11, "ckpt_b")))
+    engine_b = build_engine(ckpt_b, tmp_path / "engine_b")
+    loaded = Engine.from_dir(build_engine(ckpt_a, tmp_path / "engine_a"))
+    assert tile_weight_only_codes(loaded.network) > 0
+    tiled = tiled_code_weights(loaded.network)
+    loaded.save(tmp_path / "engine")
+    refit_engine(tmp_path / "engine", ckpt_b)
+    refitted, built = Engine.from_dir(tmp_path / "engine"), Engine.from_dir(engine_b)
+    assert tiled_code_weights(refitted.network) == tiled
+    for name, w in built.network.weights.items():
+        assert torch.equal(refitted.network.weights[name], tile_codes(w) if name in tiled else w), name
+    assert torch.equal(outputs(tmp_path / "engine")[0], outputs(engine_b)[0])
 
 
 def test_cli_writes_to_another_folder_and_keeps_the_original(setup, tmp_path):

@@ -22,9 +22,10 @@ namespace tensorrt_llm {
 // weight_only_gemv.cu
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                          int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
+                          int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype, void* stream);
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
-                                int64_t k, int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream);
+                                int64_t k, int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype,
+                                void* stream);
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
                    bool perChannel, Fp8GemvPrologue const& prologue, DType dtype, void* stream);
@@ -466,7 +467,8 @@ void launchGemvEntry(Call const& c) {
 
 // ---- weight_only_gemv / weight_only_dequantize ----
 // The weight as the kernels read it: qweight's bytes (formats.py's INT8 [N, K] or INT4 [N, K / 2])
-// viewed as int32 words [N, K * bits / 32], rows of whole 16-byte packs.
+// viewed as int32 words [N, K * bits / 32], rows of whole 16-byte packs; `tiled`: those packs in
+// tile order (ops/quantized_linear.py's tile_codes: N a multiple of 16, a row a multiple of 4 packs).
 
 constexpr int64_t kWeightOnlyGemvMaxK = 32768;  // a row of x as float32 (and its pack sums) in shared memory
 
@@ -499,6 +501,10 @@ WeightOnlyShape checkWeightOnlyWeight(Call& c) {
     if (bits == 4 && !c.has("zeros")) throw std::invalid_argument("INT4 weights need zeros");
     if (bits == 8 && c.has("zeros")) throw std::invalid_argument("INT8 weights are symmetric: no zeros");
     if (bits == 4) c.shape("zeros", {n, k / group});
+    if (c.flag("tiled") && (n % 16 != 0 || q.size(1) % 16 != 0)) {
+        throw std::invalid_argument("tiled codes need out_features a multiple of 16 (got " + std::to_string(n)
+                                    + ") and rows of a multiple of 64 bytes (got " + std::to_string(q.size(1) * 4) + ")");
+    }
     c.fitsInt("in_features", k);
     c.fitsInt("out_features", n);
     return {bits, n, k, group};
@@ -525,7 +531,7 @@ void launchWeightOnlyGemvEntry(Call const& c) {
     if constexpr (kCudaKernels) {
         launchWeightOnlyGemv(out.data(), x.data(), q.data(), c["scales"].data(), c.ptr("zeros"), c.ptr("bias"),
                              x.size(0), q.size(0), x.size(1), x.stride(0), out.stride(0), bits, c.integer("group_size"),
-                             x.dtype, c["scales"].dtype, c.stream());
+                             c.flag("tiled"), x.dtype, c["scales"].dtype, c.stream());
     }
 }
 
@@ -540,7 +546,8 @@ void launchWeightOnlyDequantizeEntry(Call const& c) {
     int const bits = c.text("weight_format") == "int8" ? 8 : 4;
     if constexpr (kCudaKernels) {
         launchWeightOnlyDequantize(out.data(), q.data(), c["scales"].data(), c.ptr("zeros"), out.size(0), out.size(1),
-                                   bits, c.integer("group_size"), out.dtype, c["scales"].dtype, c.stream());
+                                   bits, c.integer("group_size"), c.flag("tiled"), out.dtype, c["scales"].dtype,
+                                   c.stream());
     }
 }
 
@@ -724,19 +731,20 @@ std::vector<Entry> entries() {
          checkGemv, launchGemvEntry},
         {"weight_only_gemv",
          "out = x @ W.T (+ bias) for a few rows of x, W the INT8 / INT4 weight of qweight (its bytes as int32 words), "
-         "scales (and zeros): weight_format 'int8' (group_size 0: per channel) or 'int4'.",
+         "scales (and zeros): weight_format 'int8' (group_size 0: per channel) or 'int4'; tiled: the codes in tile "
+         "order (tile_codes).",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({kInt32}).contiguous(), tensor("scales").floats().contiguous(),
           optionalTensor("zeros").dtypeOf("scales").contiguous(), optionalTensor("bias").dtypeOf("x").contiguous(),
-          text("weight_format"), integer("group_size"), stream()},
+          text("weight_format"), integer("group_size"), flag("tiled"), stream()},
          checkWeightOnlyGemv, launchWeightOnlyGemvEntry},
         {"weight_only_dequantize",
          "out [N, K] = the INT8 / INT4 weight of qweight (its bytes as int32 words), scales (and zeros) in out's "
-         "dtype: W = code * scale (+ zero) in float32, rounded once.",
+         "dtype: W = code * scale (+ zero) in float32, rounded once; tiled: the codes in tile order (tile_codes).",
          {tensor("out").rank(2).floats().contiguous().written(), tensor("qweight").rank(2).dtypes({kInt32}).contiguous(),
           tensor("scales").floats().contiguous(), optionalTensor("zeros").dtypeOf("scales").contiguous(),
-          text("weight_format"), integer("group_size"), stream()},
+          text("weight_format"), integer("group_size"), flag("tiled"), stream()},
          checkWeightOnlyDequantize, launchWeightOnlyDequantizeEntry},
         {"fp8_gemv",
          "out = x @ W.T (+ bias) for a few rows of float16 / bfloat16 x, W the FP8 E4M3 weight of qweight (its bytes "

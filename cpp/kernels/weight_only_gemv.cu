@@ -95,11 +95,26 @@ struct Params {
     void* residualOut;
     int64_t residualRowStride;
     float eps;
+    // INT8 / INT4: the codes in tile order (packIndex) instead of row order.
+    bool tiled;
 };
 
 __device__ __forceinline__ uint4 loadStreaming(uint4 const* ptr) {
     // Weights are read once per step: keep them from evicting what is reused (x, the KV cache).
     return __ldcs(ptr);
+}
+
+// Where pack `pack` of weight row `row` is, in 16-byte packs from qweight. Row order: row * numPacks +
+// pack. Tile order (ops/quantized_linear.py's tile_codes; n a multiple of 16, numPacks of 4): the
+// packs as [n / 16][numPacks / 4][2][8][4], i.e. (tile of 16 rows, k-step of 4 packs, half, row
+// in the half, pack in the k-step): the 1 KB a warp of the tensor-core kernels reads for one tile
+// and k-step (lane 4g + t: rows g and g + 8, pack t) is contiguous, and so is a tile's whole row
+// block. Read in row order, a k-step is 16 pieces of 64 bytes, one per row, 2 KB to 28 KB apart.
+__device__ __forceinline__ int64_t packIndex(Params const& p, int64_t row, int pack, int numPacks) {
+    if (!p.tiled) return row * numPacks + pack;
+    int64_t const tile = row >> 4;
+    int const r = static_cast<int>(row & 15);
+    return (((tile * (numPacks >> 2) + (pack >> 2)) * 2 + (r >> 3)) * 8 + (r & 7)) * 4 + (pack & 3);
 }
 
 // Inputs 4j .. 4j + 3 of a pack as exact floats (the codes; INT8 codes are signed).
@@ -189,7 +204,6 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 1 : 2) weightOnlyGemvKerne
         __syncthreads();
 
         for (int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; n < p.n; n += totalWarps) {
-            uint4 const* wRow = p.qweight + n * numPacks;
             int64_t const groupRow = n * p.groups;
             float acc[MT];
 #pragma unroll
@@ -202,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, MT == 8 ? 1 : 2) weightOnlyGemvKerne
                 for (int u = 0; u < U; ++u) {
                     int const pack = pack0 + u * 32;
                     if (pack < numPacks) {
-                        w[u] = loadStreaming(wRow + pack);
+                        w[u] = loadStreaming(p.qweight + packIndex(p, n, pack, numPacks));
                         int64_t const g = groupRow + (pack >> p.groupShift);
                         s[u] = toFloat(scales[g]);
                         if constexpr (BITS == 4) z[u] = toFloat(zeros[g]);
@@ -649,8 +663,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
     for (int64_t n0 = firstRow; n0 < p.n; n0 = LOOP ? n0 + tileStride : p.n) {
         int64_t const rowA = n0 + g, rowB = n0 + g + 8;
         bool const okA = rowA < p.n, okB = rowB < p.n;
-        uint4 const* wA = p.qweight + rowA * numPacks;
-        uint4 const* wB = p.qweight + rowB * numPacks;
 
         float acc[NT][4];
 #pragma unroll
@@ -666,8 +678,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
             for (int u = 0; u < U; ++u) {
                 int const pack = 4 * (step0 + u * kMmaWarps) + t;
                 bool const in = pack < numPacks;
-                wa[u] = in && okA ? loadStreaming(wA + pack) : make_uint4(0, 0, 0, 0);
-                wb[u] = in && okB ? loadStreaming(wB + pack) : make_uint4(0, 0, 0, 0);
+                wa[u] = in && okA ? loadStreaming(p.qweight + packIndex(p, rowA, pack, numPacks)) : make_uint4(0, 0, 0, 0);
+                wb[u] = in && okB ? loadStreaming(p.qweight + packIndex(p, rowB, pack, numPacks)) : make_uint4(0, 0, 0, 0);
                 // The k-step's group (every lane the same; masked: the group of the lane's own pack, which
                 // the lanes of each group read from its first lane).
                 if constexpr (FP8) continue;  // scales once per output, at the end
@@ -823,8 +835,8 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
     }
 }
 
-template <typename T, int BITS>
-__global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKernel(Params p) {
+template <typename T, int BITS, int MINB>
+__global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeStages;
     constexpr int XW = 16 / BITS;  // uint4 of x per pack per row of x
@@ -857,8 +869,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
     // group per item (empty past the last), so that "item i has landed" is a count of groups. The
     // next item's codes advance by additions (a division per item was a tenth of the loop).
     int issued = 0, issueC = 0, issueTile = 0;
-    uint4 const* issueA = p.qweight + rowOf(0, g) * numPacks + 4 * warp + t;  // rows g, g + 8
-    uint4 const* issueB = p.qweight + rowOf(0, g + 8) * numPacks + 4 * warp + t;
+    int const advance = 4 * kMmaWarps * (p.tiled ? 16 : 1);  // the warp's next k-step of a tile
+    uint4 const* issueA = p.qweight + packIndex(p, rowOf(0, g), 4 * warp + t, numPacks);  // rows g, g + 8
+    uint4 const* issueB = p.qweight + packIndex(p, rowOf(0, g + 8), 4 * warp + t, numPacks);
     auto issue = [&]() {
         if (issued < items) {
             bool const inK = 4 * (warp + kMmaWarps * issueC) + t < numPacks;
@@ -868,11 +881,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) weightOnlyGemvPipelinedKern
             if (++issueC == perTile) {
                 issueC = 0;
                 ++issueTile;
-                issueA = p.qweight + rowOf(issueTile, g) * numPacks + 4 * warp + t;
-                issueB = p.qweight + rowOf(issueTile, g + 8) * numPacks + 4 * warp + t;
+                issueA = p.qweight + packIndex(p, rowOf(issueTile, g), 4 * warp + t, numPacks);
+                issueB = p.qweight + packIndex(p, rowOf(issueTile, g + 8), 4 * warp + t, numPacks);
             } else {
-                issueA += 4 * kMmaWarps;
-                issueB += 4 * kMmaWarps;
+                issueA += advance;
+                issueB += advance;
             }
         }
         ++issued;
@@ -967,6 +980,27 @@ bool pipelinedGemvEnabled() {
     return enabled;
 }
 
+// The pipelined kernel with at least MINB blocks an SM, on a grid of the blocks that fit at once
+// (at most one a tile).
+template <typename T, int BITS, int MINB>
+void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB>;
+    size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
+    int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
+    size_t const sumBytes = BITS == 4 ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;  // xSum
+    size_t const smem = kPipeRingBytes + xBytes + sumBytes;
+    constexpr size_t kMaxSum = kMaxPipeX / sizeof(T) / 128 * 8 * sizeof(float);  // 128 inputs a k-step
+    static_assert(kPipeRingBytes + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
+                  "the pipelined GEMV's shared memory beyond an H100 block's");
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kPipeRingBytes + kMaxPipeX + kMaxSum));
+    int perSm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
+    unsigned const blocks =
+        static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{std::max(1, perSm)} * multiprocessors()));
+    launchKernel("weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
+}
+
 // Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales, groups of whole
 // k-steps (or per channel), up to 8 rows whose x fits kMaxPipeX. False elsewhere.
 template <typename T, typename S, int BITS, bool FP8, bool MASKED>
@@ -976,20 +1010,19 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
         if (!pipelinedGemvEnabled() || q.m > 8 || xBytes > kMaxPipeX) return false;
-        auto kernel = weightOnlyGemvPipelinedKernel<T, BITS>;
-        int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
-        size_t const sumBytes = BITS == 4 ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;  // xSum
-        size_t const smem = kPipeRingBytes + xBytes + sumBytes;
-        constexpr size_t kMaxSum = kMaxPipeX / sizeof(T) / 128 * 8 * sizeof(float);  // 128 inputs a k-step
-        static_assert(kPipeRingBytes + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
-                      "the pipelined GEMV's shared memory beyond an H100 block's");
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kPipeRingBytes + kMaxPipeX + kMaxSum));
-        int perSm = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
-        unsigned const blocks =
-            static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{std::max(1, perSm)} * multiprocessors()));
-        launchKernel("weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
+        // Three blocks an SM (at most 80 registers a thread) where two a SM would leave tiles for a
+        // second round: INT4 beyond 2 tiles an SM, INT8 (whose kernel keeps fewer codes in flight
+        // within 80 registers) beyond 8. H100, batch 1, codes in tile order, 2 -> 3 blocks an SM,
+        // us: INT4 qkv (384 tiles) 9.79 -> 8.98, gate_up 29.80 -> 29.40, lm_head 139.7 -> 124.7, but
+        // o and down (256 tiles, one round either way) 6.61 -> 7.78 and 20.41 -> 23.78; INT8 gate_up
+        // 43.06 -> 41.68, lm_head 206.7 -> 205.9, qkv 9.31 -> 11.08. Deeper rings (6 or 8 slots) and
+        // four blocks an SM (64 registers) were no faster anywhere.
+        int64_t const twoRounds = int64_t{BITS == 4 ? 2 : 8} * multiprocessors();
+        if (tiles > twoRounds) {
+            launchPipelined<T, BITS, 3>(q, tiles, stream);
+        } else {
+            launchPipelined<T, BITS, 2>(q, tiles, stream);
+        }
         return true;
     }
 }
@@ -1068,14 +1101,24 @@ void launchGemvMma(Params p, cudaStream_t stream) {
 template <typename T, typename S, int BITS>
 __global__ void weightOnlyDequantizeKernel(T* __restrict__ out, uint4 const* __restrict__ qweight,
                                            S const* __restrict__ scales, S const* __restrict__ zeros, int64_t n,
-                                           int numPacks, int groups, int groupShift) {
+                                           int numPacks, int groups, int groupShift, bool tiled) {
     waitForPreviousKernel();  // see launchKernel
     allowNextKernel();
     constexpr int C = kCodes<BITS>;
     int64_t const total = n * numPacks;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-        int64_t const row = i / numPacks;
-        int const pack = static_cast<int>(i - row * numPacks);
+        // Pack i of the storage (packIndex's inverse in tile order): read in order, written where it goes.
+        int64_t row;
+        int pack;
+        if (tiled) {
+            int64_t const block = i >> 6;  // (tile, k-step)
+            int64_t const tile = block / (numPacks >> 2);
+            row = tile * 16 + ((i >> 5) & 1) * 8 + ((i >> 2) & 7);
+            pack = static_cast<int>(block - tile * (numPacks >> 2)) * 4 + static_cast<int>(i & 3);
+        } else {
+            row = i / numPacks;
+            pack = static_cast<int>(i - row * numPacks);
+        }
         int64_t const g = row * groups + (pack >> groupShift);
         float const s = toFloat(scales[g]);
         uint4 const w = loadStreaming(qweight + i);
@@ -1092,7 +1135,7 @@ __global__ void weightOnlyDequantizeKernel(T* __restrict__ out, uint4 const* __r
             }
         }
         constexpr int V = kVec16<T>;
-        Pack<T, V>* dst = reinterpret_cast<Pack<T, V>*>(out + i * C);
+        Pack<T, V>* dst = reinterpret_cast<Pack<T, V>*>(out + (row * numPacks + pack) * C);
 #pragma unroll
         for (int c = 0; c < C / V; ++c) {
             Pack<T, V> o;
@@ -1150,10 +1193,11 @@ Params gemvParams(void* out, void const* x, void const* qweight, void const* sca
 
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                          int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream) {
+                          int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype, void* stream) {
     if (m == 0 || n == 0) return;
     Params p = gemvParams(out, x, qweight, scales, bias, m, n, k, xRowStride, outRowStride);
     p.zeros = zeros;
+    p.tiled = tiled;
     p.groups = groupSize == 0 ? 1 : static_cast<int>(k / groupSize);
     p.groupShift = groupShiftOf(groupSize, bits);
     dispatch(dtype, scaleDtype, bits, "weight_only_gemv", [&](auto t, auto s, auto b) {
@@ -1205,7 +1249,8 @@ void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* we
 }
 
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
-                                int64_t k, int bits, int64_t groupSize, DType dtype, DType scaleDtype, void* stream) {
+                                int64_t k, int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype,
+                                void* stream) {
     if (n == 0) return;
     int const numPacks = static_cast<int>(k / (128 / bits));
     int const groups = groupSize == 0 ? 1 : static_cast<int>(k / groupSize);
@@ -1217,7 +1262,7 @@ void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scal
         using S = decltype(s);
         launchKernel("weight_only_dequantize", weightOnlyDequantizeKernel<T, S, decltype(b)::value>, blocks, 256, 0,
                      static_cast<cudaStream_t>(stream), static_cast<T*>(out), static_cast<uint4 const*>(qweight), static_cast<S const*>(scales),
-            static_cast<S const*>(zeros), n, numPacks, groups, shift);
+            static_cast<S const*>(zeros), n, numPacks, groups, shift, tiled);
     });
 }
 

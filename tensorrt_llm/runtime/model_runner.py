@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 from pathlib import Path
 from typing import Optional
@@ -11,9 +12,11 @@ import torch
 from .. import distributed
 from ..engine import Engine, check_config_copy, read_engine_config
 from ..errors import ConfigError, RequestError
+from ..graph_rewriting import tile_weight_only_codes
 from ..kv_cache_layout import KVCacheLayout
 from ..logger import logger
 from ..mapping import Mapping
+from ..ops.launch import cuda_kernels_available
 from .cuda_graph import CudaGraphDecoder
 from .executor import Executor
 from .generation import GenerationSession
@@ -49,6 +52,12 @@ def _device(device) -> torch.device:
     return device
 
 
+def tile_order_enabled() -> bool:
+    """Whether runners on a GPU put weight-only codes in tile order: yes unless TRTLLM_TILE_CODES=0
+    (for comparing the two orders in one build, as TRTLLM_GEMV_PIPELINE=0 compares the GEMVs)."""
+    return os.environ.get("TRTLLM_TILE_CODES", "1") != "0"
+
+
 class ModelRunner:
 
     def __init__(self, engine: Engine, device: torch.device,
@@ -77,6 +86,9 @@ class ModelRunner:
         bc = engine.build_config
         self.config = cfg
         self.build_config = bc
+        if torch.device(device).type == "cuda" and cuda_kernels_available() and tile_order_enabled():
+            # Weight-only codes in the order the GPU kernels read them fastest (in place).
+            tile_weight_only_codes(engine.network)
         self.session = Session.from_engine(engine, device)
         if not self.mapping.is_last_pp_rank() and "logits" in engine.network.outputs:
             raise ConfigError(f"rank {engine.rank} is a pipeline stage built to wait for the logits inside its "

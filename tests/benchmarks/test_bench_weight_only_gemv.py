@@ -22,3 +22,15 @@ def test_fp8_prologues_are_timed_for_the_layers_they_feed(tmp_path):
         assert timed == (r["prologue"] is not None), name
         assert r["us"] > 0 and (not timed or (r["fused_us"] > 0 and r["unfused_us"] > 0)), name
     assert "add_rms_norm: fused us" in proc.stdout
+
+
+@pytest.mark.gpu
+def test_codes_are_timed_in_tile_and_row_order(tmp_path):
+    out = tmp_path / "gemv.json"
+    run("bench_weight_only_gemv.py", "--rows", "1", "--formats", "int8:0", "--orders", "tile,row", "--json",
+        str(out), timeout=300)
+    layers = json.loads(out.read_text())["layers"]
+    assert [(r["layer"], r["order"]) for r in layers] == [(name, order) for name in ("qkv", "o", "gate_up", "down",
+                                                                                    "lm_head")
+                                                          for order in ("tile", "row")]
+    assert all(r["us"] > 0 for r in layers)

@@ -25,5 +25,7 @@ def test_fp8_kv_cache_step_is_profiled():
                "--input_len", "48", "--steps", "8", timeout=600)
     out = proc.stdout
     assert "graph replay" in out and "step without graphs" in out
+    # whole steps against their graph: with 8 steps there are steady steps between the first and last
+    assert "decode step with graphs (" in out and "GPU work outside the graph" in out
     assert "GPU time of one decode step (eager, 4 rows)" in out
     assert "decode_attention" in out.lower() or "decodeattention" in out.lower()

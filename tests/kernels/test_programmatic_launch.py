@@ -20,14 +20,16 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 
 # bf16 (the fused-prologue GEMVs, RMSNorm, SiLU-and-mul, decode attention) and INT8 / INT4
-# weight-only (the tensor-core GEMV) engines of one random model, three prompts of different
-# lengths, 24 greedy tokens each; prints the tokens and a digest of the logits' bytes.
+# weight-only (the tensor-core GEMV, codes in tile order) engines of one random model, three prompts
+# of different lengths, 24 greedy tokens each; prints the tokens, a digest of the logits' bytes and
+# how many weights the runner put in tile order.
 SCRIPT = r"""
 import hashlib, json, sys, tempfile
 import torch
 sys.path.insert(0, sys.argv[1])
 from tests.models.llama_utils import random_hf_llama
 from tensorrt_llm.builder import BuildConfig, build
+from tensorrt_llm.graph_rewriting import tiled_code_weights
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.quantize import quantize_checkpoint, weight_only_config
@@ -53,7 +55,8 @@ for quant in ("none", "int8", "int4"):
     r = runner.generate(prompts, max_new_tokens=24, output_generation_logits=True)
     logits = r["generation_logits"].float().cpu().contiguous()
     out[quant] = {"tokens": r["output_ids"].tolist(),
-                  "logits": hashlib.sha256(logits.numpy().tobytes()).hexdigest()}
+                  "logits": hashlib.sha256(logits.numpy().tobytes()).hexdigest(),
+                  "tiled": len(tiled_code_weights(runner.engine.network))}
 print(json.dumps(out))
 """
 
@@ -69,6 +72,9 @@ def _run(pdl: str) -> dict:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_decode_runs_equal_with_and_without_programmatic_launch():
     with_pdl, without = _run("1"), _run("0")
+    assert with_pdl["none"]["tiled"] == 0
+    # qkv, o, gate_up, down of 3 layers; the float head stays float
+    assert with_pdl["int8"]["tiled"] == with_pdl["int4"]["tiled"] == 12
     for quant in ("none", "int8", "int4"):
         assert with_pdl[quant]["tokens"] == without[quant]["tokens"], quant
         assert with_pdl[quant]["logits"] == without[quant]["logits"], quant

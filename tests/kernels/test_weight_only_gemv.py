@@ -35,6 +35,7 @@ from tensorrt_llm.ops.quantized_linear import (
     weight_only_linear_cuda,
     weight_only_linear_reference,
     weight_only_matmul_cuda,
+    tile_codes,
 )
 from tensorrt_llm.quantization import dequantize, quantize_int4, quantize_int8, quantized_linear_reference
 from tensorrt_llm.quantization.formats import Int4Weight
@@ -116,9 +117,9 @@ def _check(got, want, x, q, bias, dtype, matmul_path, msg):
                                       f"{tol.flatten()[worst]:.3g} at {worst} (expected {want.flatten()[worst]:.4g})")
 
 
-def _gemv(x, qweight, scales, zeros, bias, fmt, group):
+def _gemv(x, qweight, scales, zeros, bias, fmt, group, tiled=False):
     out = torch.empty(x.shape[0], qweight.shape[0], dtype=x.dtype, device=x.device)
-    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group)
+    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled)
     return out
 
 
@@ -206,7 +207,7 @@ def test_dequantize_kernel_is_exact(gen, needs_kernels, fmt, group, scale_dtype,
     q = _weight(gen, fmt, group, 333, 512, scale_dtype)
     qw, s, z = _on_device(q)
     out = torch.empty(333, 512, dtype=dtype, device=DEVICE)
-    launch("weight_only_dequantize", out, qw.view(torch.int32), s, z, fmt, group)
+    launch("weight_only_dequantize", out, qw.view(torch.int32), s, z, fmt, group, False)
     assert torch.equal(out.cpu(), dequantize(q).to(dtype))
 
 
@@ -252,18 +253,24 @@ def test_binding_refuses_what_the_kernels_cannot_read(needs_kernels):
     words = torch.zeros(8, 8, dtype=torch.int32, device=DEVICE)  # INT4 [8, 64]
     scales = torch.ones(8, 2, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="weight_only_gemv: INT4 weights need zeros"):
-        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32)
+        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32, False)
     with pytest.raises(ValueError, match="group_size 48"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48, False)
     with pytest.raises(ValueError, match="16-byte"):
-        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32)
+        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32, False)
     with pytest.raises(ValueError, match="weight_format"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32, False)
+    # Tile order needs whole tiles of 16 rows and k-steps of 64 bytes: [8, 32 bytes] has neither.
+    with pytest.raises(ValueError, match="tiled codes need out_features a multiple of 16"):
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 32, True)
+    with pytest.raises(ValueError, match="tiled codes"):
+        launch("weight_only_dequantize", torch.empty(8, 64, dtype=torch.float16, device=DEVICE), words, scales,
+               scales, "int4", 32, True)
     big = torch.zeros(1, 65536, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="more than the GEMV"):
         launch("weight_only_gemv", out[:1], big, torch.zeros(8, 8192, dtype=torch.int32, device=DEVICE),
                torch.ones(8, 512, dtype=torch.float16, device=DEVICE),
-               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128)
+               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128, False)
 
 
 @gpu
@@ -337,3 +344,36 @@ def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_pat
         diff = (new - old).abs()
         assert (diff <= step + 1e-6 * old.abs().max()).all(), f"{case}: the kernels differ by {diff.max():.3g}"
         assert (diff > 0).float().mean() < 0.05, f"{case}: {(diff > 0).float().mean():.1%} of the outputs differ"
+
+
+# Shapes with a tile order (out_features a multiple of 16, rows of whole 64-byte k-steps), one of
+# them with K = 384 (INT4: 3 k-steps, warps with none) and one of 128 tiles.
+_TILED_SHAPES = [(16, 384), (96, 1024), (1008, 1536), (2048, 4096)]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt,group", [("int8", 0), ("int8", 64), ("int4", 32), ("int4", 128)])
+def test_tile_order_gives_row_orders_bits(gen, needs_kernels, fmt, group, dtype):
+    # The same codes in tile order: every kernel (the pipelined GEMV up to 8 rows, the tensor-core
+    # GEMV beyond and with float16 scales, the float32-activation kernel, the dequantization of
+    # prompt steps) reads them where row order has them, and sums the same products in the same
+    # order: the same output bits.
+    for n, k in _TILED_SHAPES:
+        for scale_dtype in (torch.float32, torch.float16):
+            q = _weight(gen, fmt, group, n, k, scale_dtype)
+            qw, s, z = _on_device(q)
+            tiled = tile_codes(qw)
+            assert not torch.equal(tiled, qw)
+            for m in (1, 3, 8, 9, 32, 65):
+                x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+                want = _gemv(x, qw, s, z, None, fmt, group) if m <= GEMV_MAX_ROWS else None
+                if want is not None:
+                    got = _gemv(x, tiled, s, z, None, fmt, group, tiled=True)
+                    assert torch.equal(got, want), f"gemv {fmt}/{group} {m}x{n}x{k} {dtype} scales {scale_dtype}"
+                got = weight_only_linear_cuda(x, tiled, s, z, weight_format=fmt, group_size=group, tiled=True)
+                ref = weight_only_linear_cuda(x, qw, s, z, weight_format=fmt, group_size=group)
+                assert torch.equal(got, ref), f"op {fmt}/{group} {m}x{n}x{k} {dtype} scales {scale_dtype}"
+            out = torch.empty(n, k, dtype=dtype, device=DEVICE)
+            launch("weight_only_dequantize", out, tiled.view(torch.int32), s, z, fmt, group, True)
+            assert torch.equal(out.cpu(), dequantize(q).to(dtype))

@@ -7,7 +7,15 @@ import torch
 from tensorrt_llm import functional as F
 from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import CPU, OPS, implementations
-from tensorrt_llm.ops.quantized_linear import cpu_pack, weight_only_linear_cpu, weight_only_linear_reference
+from tensorrt_llm.graph_rewriting import tile_weight_only_codes, tiled_code_weights
+from tensorrt_llm.ops.quantized_linear import (
+    cpu_pack,
+    tile_codes,
+    tileable,
+    untile_codes,
+    weight_only_linear_cpu,
+    weight_only_linear_reference,
+)
 from tensorrt_llm.quantization import dequantize, quantize_int4, quantize_int8, quantized_linear_reference
 from tensorrt_llm.runtime.session import Session
 
@@ -111,6 +119,8 @@ def test_shape_rule():
               group_size=64), "x"),
         (dict(qweight=qw4, scales=s, zeros=s, weight_format="int4", group_size=48), "group size"),
         (dict(qweight=qw8, scales=torch.ones(16), weight_format="int2"), "weight_format"),
+        (dict(qweight=qw8[:, :48], scales=torch.ones(16), weight_format="int8", tiled=True), "no tile order"),
+        (dict(qweight=qw8, scales=torch.ones(16), weight_format="int8", tiled=1), "tiled must be"),
     ]
     for kwargs, what in bad:
         n = Network("bad")
@@ -121,3 +131,64 @@ def test_shape_rule():
             with pytest.raises(ValueError, match="weight_only_linear"):
                 OP(x, **args)
             del k
+
+
+# ---- tile order ----
+
+
+def test_tile_order_puts_each_pack_where_the_kernels_read_it():
+    # Pack p (16 bytes) of row r goes to (((r // 16) * steps + p // 4) * 2 + r % 16 // 8) * 32
+    # + (r % 8) * 4 + p % 4 (packIndex in cpp/kernels/weight_only_gemv.cu), steps = packs // 4.
+    n, packs = 48, 8
+    codes = torch.randint(0, 256, (n, 16 * packs), dtype=torch.uint8)
+    tiled = tile_codes(codes)
+    assert tiled.shape == codes.shape and tiled.dtype == codes.dtype
+    flat = tiled.view(-1, 16)
+    steps = packs // 4
+    for r in range(n):
+        for p in range(packs):
+            at = (((r // 16) * steps + p // 4) * 2 + r % 16 // 8) * 32 + (r % 8) * 4 + p % 4
+            assert torch.equal(flat[at], codes[r, 16 * p:16 * (p + 1)])
+    assert torch.equal(untile_codes(tiled), codes)
+    signed = codes.view(torch.int8)
+    assert torch.equal(untile_codes(tile_codes(signed)), signed) and tile_codes(signed).dtype == torch.int8
+
+
+def test_tile_order_needs_whole_tiles_and_k_steps():
+    assert tileable(16, 64) and tileable(4096, 2048)
+    assert not tileable(40, 64) and not tileable(16, 96)
+    with pytest.raises(ValueError, match="no tile order"):
+        tile_codes(torch.zeros(40, 64, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("fmt,group", CASES)
+def test_codes_in_tile_order_give_row_orders_outputs(fmt, group):
+    # The reference and the CPU kernels read tile order as row order: the same bits.
+    _, (qw, s, z) = _weight(fmt, 48, 256, group)
+    x = torch.randn(5, 256)
+    for impl in (weight_only_linear_reference, weight_only_linear_cpu):
+        want = impl(x, qw, s, z, weight_format=fmt, group_size=group)
+        got = impl(x, tile_codes(qw), s, z, weight_format=fmt, group_size=group, tiled=True)
+        assert torch.equal(got, want), impl.__name__
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 0), ("int4", 32)])
+def test_tile_weight_only_codes_reorders_a_network_in_place(fmt, group):
+    net, (qw, s, z) = _network(fmt, group)
+    x = torch.randn(5, 128)
+    before = Session(net, device="cpu").run({"x": x})["y"]
+    assert tiled_code_weights(net) == set()
+    assert tile_weight_only_codes(net) == 1
+    layer = next(layer for layer in net.layers if layer.op == "weight_only_linear")
+    assert layer.attrs["tiled"] is True
+    assert torch.equal(net.weights["w"], tile_codes(qw)) and tiled_code_weights(net) == {"w"}
+    assert tile_weight_only_codes(net) == 0  # already in tile order
+    assert torch.equal(Session(net, device="cpu").run({"x": x})["y"], before)
+    # the layer's attribute travels with the graph
+    assert Network.from_dict(net.to_dict(), net.weights).layers[-1].attrs.get("tiled") is True
+
+
+def test_tile_weight_only_codes_leaves_shapes_without_a_tile_order():
+    net, (qw, _, _) = _network("int8", 0, n=40)  # 40 rows: no whole tiles
+    assert tile_weight_only_codes(net) == 0
+    assert torch.equal(net.weights["w"], qw)
