@@ -15,7 +15,7 @@ kernels read them in. A step of the GEMV reads, per tile of 16 output features a
 16-byte packs, 16 rows x 64 bytes; in row order those are 16 pieces 2-28 KB apart, in tile
 order one contiguous 1 KB, and a tile's whole row block is one stream (H100, batch 1, each
 layer alone, INT4 group 128: gate_up 33.9 -> 29.6 us, lm_head 162 -> 138; INT8 gate_up 47.2
--> 43.3). Engines keep row order; `tile_weight_only_codes` (graph_rewriting.py) reorders
+-> 43.3). The builder writes row order; `tile_weight_only_codes` (graph_rewriting.py) reorders
 a network's codes in place when a runner loads it onto a GPU. Every implementation reads both
 orders (the reference and the CPU pack restore row order first).
 
