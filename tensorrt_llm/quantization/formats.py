@@ -264,15 +264,60 @@ def _finite_in(t: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
     return out
 
 
+# The grids' arithmetic, one home for round-to-nearest (below) and GPTQ (gptq.py): scales from a
+# weight's extremes, codes from a weight and its scales.
+
+def int8_scale(amax: torch.Tensor) -> torch.Tensor:
+    """Symmetric INT8: the scale that maps |w| max to 127."""
+    return amax / INT8_MAX
+
+
+def int8_codes(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """round(w / scale) in -127..127 (round half to even), as floats; scale broadcast to w."""
+    return torch.round(w / _safe(scale)).clamp(-INT8_MAX, INT8_MAX)
+
+
+def int4_scale_zero(lo: torch.Tensor, hi: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric INT4 of a group with minimum lo and maximum hi: (scale, zero) = ((hi - lo) / 15,
+    lo), each rounded to scale_dtype (a ValueError when that overflows it)."""
+    return _finite_in((hi - lo) / 15, scale_dtype, "INT4 scales"), _finite_in(lo, scale_dtype, "INT4 zeros")
+
+
+def int4_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """round((w - zero) / scale) in 0..15, as floats; scale and zero (float32) broadcast to w."""
+    return torch.round((w - zero) / _safe(scale)).clamp(0, 15)
+
+
+def fp8_weight_scale(w: torch.Tensor, per_channel: bool = False,
+                     amax: torch.Tensor | float | None = None) -> torch.Tensor:
+    """FP8 E4M3 weight scale, float32: amax / 448 per tensor [1] or per output channel [N]; a
+    given `amax` (per tensor) is used instead of w's own, which it must not be below."""
+    if amax is not None:
+        if per_channel:
+            raise ValueError("quantize_fp8: a given amax is per tensor; per-channel scales come from the weight")
+        amax = torch.as_tensor(amax, dtype=torch.float32).reshape(1)
+        if amax < w.abs().amax():
+            raise ValueError(f"quantize_fp8: amax {float(amax)} is below the weight's own {float(w.abs().amax())}")
+    elif per_channel:
+        amax = w.abs().amax(dim=1)
+    else:
+        amax = w.abs().amax().reshape(1)
+    return _over_fp8_max(amax.float())
+
+
+def fp8_codes(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w / scale rounded to E4M3 (saturating at +-448); scale broadcast to w."""
+    return (w / _safe(scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
 def quantize_int8(w: torch.Tensor, group_size: int | None = None,
                   scale_dtype: torch.dtype = torch.float32) -> Int8Weight:
     """Symmetric INT8: scale = amax / 127 per output channel (or per group), codes
     round(w / scale) in -127..127 (round half to even)."""
     w = _as_matrix(w)
     blocks = w[:, None, :] if group_size is None else _groups(w, group_size, INT8_GROUP_SIZES)
-    scale = _finite_in(blocks.abs().amax(dim=-1) / INT8_MAX, scale_dtype, "INT8 scales")
-    q = torch.round(blocks / _safe(scale.float())[..., None]).clamp(-INT8_MAX, INT8_MAX)
-    q = q.reshape(w.shape).to(torch.int8)
+    scale = _finite_in(int8_scale(blocks.abs().amax(dim=-1)), scale_dtype, "INT8 scales")
+    q = int8_codes(blocks, scale.float()[..., None]).reshape(w.shape).to(torch.int8)
     return Int8Weight(q, scale[:, 0] if group_size is None else scale, group_size)
 
 
@@ -283,10 +328,8 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128,
     in 0..15. Rows and groups of equal values get scale 0 and code 0 (exact)."""
     w = _as_matrix(w)
     blocks = _groups(w, group_size, INT4_GROUP_SIZES)
-    lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)
-    zero = _finite_in(lo, scale_dtype, "INT4 zeros")
-    scale = _finite_in((hi - lo) / 15, scale_dtype, "INT4 scales")
-    codes = torch.round((blocks - zero.float()[..., None]) / _safe(scale.float())[..., None]).clamp(0, 15)
+    scale, zero = int4_scale_zero(blocks.amin(dim=-1), blocks.amax(dim=-1), scale_dtype)
+    codes = int4_codes(blocks, scale.float()[..., None], zero.float()[..., None])
     return Int4Weight(pack_int4(codes.reshape(w.shape).to(torch.uint8)), scale, zero, group_size)
 
 
@@ -299,19 +342,8 @@ def quantize_fp8(w: torch.Tensor, per_channel: bool = False,
     the |w| max to scale by instead of w's own: a larger one shared with linears that run as
     one GEMM, so that they keep one per-tensor scale."""
     w = _as_matrix(w)
-    if amax is not None:
-        if per_channel:
-            raise ValueError("quantize_fp8: a given amax is per tensor; per-channel scales come from the weight")
-        amax = torch.as_tensor(amax, dtype=torch.float32).reshape(1)
-        if amax < w.abs().amax():
-            raise ValueError(f"quantize_fp8: amax {float(amax)} is below the weight's own {float(w.abs().amax())}")
-    elif per_channel:
-        amax = w.abs().amax(dim=1)
-    else:
-        amax = w.abs().amax().reshape(1)
-    scale = _over_fp8_max(amax.float())
-    divisor = _safe(scale)[:, None] if per_channel else _safe(scale)
-    q = (w / divisor).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    scale = fp8_weight_scale(w, per_channel, amax)
+    q = fp8_codes(w, scale[:, None] if per_channel else scale)
     if input_scale is not None:
         input_scale = torch.as_tensor(input_scale, dtype=torch.float32).reshape(1)
     return Fp8Weight(q, scale, input_scale)

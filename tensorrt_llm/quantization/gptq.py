@@ -32,16 +32,18 @@ from typing import Callable
 import torch
 
 from .formats import (
-    FP8_DTYPE,
-    FP8_MAX,
-    INT8_MAX,
     Fp8Weight,
     Int4Weight,
     Int8Weight,
     QuantizedWeight,
     _groups,
-    _over_fp8_max,
     _safe,
+    fp8_codes,
+    fp8_weight_scale,
+    int4_codes,
+    int4_scale_zero,
+    int8_codes,
+    int8_scale,
     pack_int4,
 )
 from .mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES, LayerQuant, QuantAlgo
@@ -89,11 +91,12 @@ class Grid:
 
 def fp8_grid(scale: torch.Tensor) -> Grid:
     """FP8 E4M3 with a fixed float32 scale, [1] (per tensor) or [N] (per output channel)."""
-    s = _safe(scale.float().reshape(-1))
+    scale = scale.float().reshape(-1)
+    s = _safe(scale)
 
     def rnd(col, k):
-        return (col / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * s
-    return Grid(None, rnd, params={"scale": scale.float().reshape(-1)})
+        return fp8_codes(col, scale).float() * s
+    return Grid(None, rnd, params={"scale": scale})
 
 
 def int8_grid(w: torch.Tensor, group_size: int | None = None) -> Grid:
@@ -101,18 +104,18 @@ def int8_grid(w: torch.Tensor, group_size: int | None = None) -> Grid:
     or per group (amax / 127 of the group's updated weights)."""
     n, k = w.shape
     if group_size is None:
-        scales = w.abs().amax(dim=1) / INT8_MAX
+        scales = int8_scale(w.abs().amax(dim=1))
     else:
         _groups(w, group_size, INT8_GROUP_SIZES)
         scales = torch.zeros(n, k // group_size)
     g = Grid(group_size, None, params={"scales": scales})
 
     def fit(block, start):
-        scales[:, start // group_size] = block.abs().amax(dim=1) / INT8_MAX
+        scales[:, start // group_size] = int8_scale(block.abs().amax(dim=1))
 
     def rnd(col, j):
-        s = _safe(scales if group_size is None else scales[:, j // group_size])
-        return torch.round(col / s).clamp(-INT8_MAX, INT8_MAX) * s
+        s = scales if group_size is None else scales[:, j // group_size]
+        return int8_codes(col, s) * _safe(s)
     g.round = rnd
     if group_size is not None:
         g.fit = fit
@@ -128,14 +131,12 @@ def int4_grid(w: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch
     zeros = torch.zeros(n, k // group_size, dtype=scale_dtype)
 
     def fit(block, start):
-        lo, hi = block.amin(dim=1), block.amax(dim=1)
-        zeros[:, start // group_size] = lo.to(scale_dtype)
-        scales[:, start // group_size] = ((hi - lo) / 15).to(scale_dtype)
+        scales[:, start // group_size], zeros[:, start // group_size] = int4_scale_zero(
+            block.amin(dim=1), block.amax(dim=1), scale_dtype)
 
     def rnd(col, j):
         s, z = scales[:, j // group_size].float(), zeros[:, j // group_size].float()
-        code = torch.round((col - z) / _safe(s)).clamp(0, 15)
-        return code * s + z
+        return int4_codes(col, s, z) * s + z
     return Grid(group_size, rnd, fit, {"scales": scales, "zeros": zeros})
 
 
@@ -238,14 +239,8 @@ def quantize_gptq(w: torch.Tensor, h: torch.Tensor, layer: LayerQuant, *, per_ch
     def run(grid):
         return (gptq_act_order if act_order else gptq)(w, h, grid, damp, block_size)
     if fmt == "fp8":
-        if per_channel:
-            amax = w.abs().amax(dim=1)
-        else:
-            amax = (w.abs().amax() if fp8_amax is None else torch.as_tensor(fp8_amax, dtype=torch.float32)).reshape(1)
-        scale = _over_fp8_max(amax.float())
-        q = run(fp8_grid(scale))
-        div = _safe(scale)[:, None] if per_channel else _safe(scale)
-        codes = (q / div).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        scale = fp8_weight_scale(w, per_channel, None if per_channel else fp8_amax)
+        codes = fp8_codes(run(fp8_grid(scale)), scale[:, None] if per_channel else scale)
         if input_scale is not None:
             input_scale = torch.as_tensor(input_scale, dtype=torch.float32).reshape(1)
         return Fp8Weight(codes, scale, input_scale)
@@ -253,14 +248,13 @@ def quantize_gptq(w: torch.Tensor, h: torch.Tensor, layer: LayerQuant, *, per_ch
         grid = int8_grid(w, layer.group_size)
         q = run(grid)
         s = grid.params["scales"]
-        div = _safe(s)[:, None] if layer.group_size is None else _safe(s).repeat_interleave(layer.group_size, 1)
-        codes = torch.round(q / div).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-        return Int8Weight(codes, s.float(), layer.group_size)
+        per_input = s[:, None] if layer.group_size is None else s.repeat_interleave(layer.group_size, 1)
+        return Int8Weight(int8_codes(q, per_input).to(torch.int8), s.float(), layer.group_size)
     if fmt == "int4":
         grid = int4_grid(w, layer.group_size)
         q = run(grid)
         s, z = (grid.params[key].float().repeat_interleave(layer.group_size, 1) for key in ("scales", "zeros"))
-        codes = torch.round((q - z) / _safe(s)).clamp(0, 15).to(torch.uint8)
+        codes = int4_codes(q, s, z).to(torch.uint8)
         return Int4Weight(pack_int4(codes), grid.params["scales"], grid.params["zeros"], layer.group_size)
     raise ValueError(f"GPTQ: no grid for weight format {fmt!r}")
 
