@@ -270,6 +270,33 @@ void launchTopKTopPSampleEntry(Call const& c) {
     if constexpr (kCudaKernels) launchTopKTopPSample(p, c.stream());
 }
 
+// ---- argmax_rows ----
+
+void checkArgmaxRows(Call& c) {
+    TensorArg const& logits = c["logits"];
+    if (logits.size(1) < 1 || logits.size(1) > kSamplingMaxVocab) {
+        throw std::invalid_argument("logits " + logits.shapeStr() + " must have 1.."
+                                    + std::to_string(kSamplingMaxVocab) + " tokens per row");
+    }
+    c.fitsInt("batch", logits.size(0));
+    c.shape("out", {logits.size(0)});
+    c.shape("workspace", {argmaxRowsWorkspace(logits.size(0), logits.size(1))});
+}
+
+void launchArgmaxRowsEntry(Call const& c) {
+    TensorArg const& logits = c["logits"];
+    ArgmaxRowsParams p{};
+    p.out = static_cast<int32_t*>(c["out"].data());
+    p.logits = logits.data();
+    p.workspace = static_cast<unsigned long long*>(c["workspace"].data());
+    p.batch = logits.size(0);
+    p.vocab = logits.size(1);
+    p.logitsRowStride = logits.stride(0);
+    p.dtype = logits.dtype;
+    if (p.batch == 0) return;
+    if constexpr (kCudaKernels) launchArgmaxRows(p, c.stream());
+}
+
 // ---- decode_attention ----
 
 void checkDecodeAttention(Call& c) {
@@ -700,6 +727,12 @@ std::vector<Entry> entries() {
           tensor("top_p").dtypes({kFloat32}).contiguous(), tensor("uniform").dtypes({kFloat32}).contiguous(),
           stream()},
          checkTopKTopPSample, launchTopKTopPSampleEntry},
+        {"argmax_rows",
+         "out[b] = the index of row b's first largest logit (logits [B, V]; NaN counts as the largest, as in "
+         "torch.argmax): greedy decoding's token. workspace: int64 [B * ceil(V / 4096)], the rows' chunk maxima.",
+         {tensor("out").dtypes({kInt32}).contiguous(), tensor("logits").rank(2).floats().lastDimContiguous(),
+          tensor("workspace").dtypes({DType::kInt64}).contiguous().written(), stream()},
+         checkArgmaxRows, launchArgmaxRowsEntry},
         {"decode_attention",
          "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache (q's dtype, or int8 / "
          "uint8 FP8 codes under kv_scale [2]); with k_new/v_new the step's rows are rotated (with rotary_cos_sin) "

@@ -7,6 +7,7 @@
     y = kernels.silu_and_mul(x); y = kernels.gelu_and_mul(x, "tanh")
     kernels.paged_kv_write_(key, value, kv_cache, block_tables, cu_seqlens, past_lengths)
     tokens = kernels.top_k_top_p_sample(logits, temperature, top_k, top_p, torch.rand(B))  # int32 [B]
+    tokens = kernels.argmax_rows(logits)                    # greedy: int32 [B]
     y = kernels.gemv(x, w); y, summed = kernels.rms_norm_gemv(x, norm_w, w, None, 1e-6, residual)
     y = kernels.silu_and_mul_gemv(x, w)   # a linear layer of 1..4 rows with its input's op fused
 
@@ -18,6 +19,7 @@ from ..ops.launch import bindings_available, build_info, cuda_kernels_available,
 from ..ops.rotary import rope_cos_sin_cache
 from . import reference
 from .ops import (
+    argmax_rows,
     decode_attention,
     gelu_and_mul,
     gemv,
@@ -32,7 +34,7 @@ from .ops import (
 )
 
 __all__ = [
-    "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul", "gemv",
+    "argmax_rows", "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul", "gemv",
     "gemv_supported", "get_bindings", "paged_kv_write_", "reference", "rms_norm", "rms_norm_gemv", "rope_cos_sin_cache",
     "rotary_embedding_", "silu_and_mul", "silu_and_mul_gemv", "top_k_top_p_sample",
 ]

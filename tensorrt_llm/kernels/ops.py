@@ -230,6 +230,43 @@ def top_k_top_p_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
     return torch.ops.trtllm.top_k_top_p_sample(logits, temperature, top_k, top_p, uniform)
 
 
+# ---- argmax_rows ---------------------------------------------------------------------------------
+
+# kArgmaxChunk of cpp/include/tensorrt_llm/kernels.h: the logits one block reduces (the binding
+# checks the workspace's size against it).
+_ARGMAX_CHUNK = 4096
+
+
+def _argmax_rows_cuda(logits):
+    b, v = logits.shape
+    out = torch.empty(b, dtype=torch.int32, device=logits.device)
+    if b:
+        workspace = torch.empty(b * -(-v // _ARGMAX_CHUNK), dtype=torch.int64, device=logits.device)
+        launch("argmax_rows", out, logits if v == 1 or logits.stride(1) == 1 else logits.contiguous(), workspace)
+    return out
+
+
+@torch.library.custom_op("trtllm::argmax_rows", mutates_args=())
+def _argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    return reference.argmax_rows(logits)
+
+
+@_argmax_rows.register_kernel("cuda")
+def _(logits):
+    return _compiled(_argmax_rows_cuda, reference.argmax_rows, logits)
+
+
+@_argmax_rows.register_fake
+def _(logits):
+    return torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """int32 [B]: the index of each row's first largest logit (logits [B, V], float32/16 or
+    bfloat16, any row stride), torch.argmax's answer (NaN counts as the largest)."""
+    return torch.ops.trtllm.argmax_rows(logits)
+
+
 # ---- decode_attention ---------------------------------------------------------------------------
 
 @torch.library.custom_op("trtllm::decode_attention", mutates_args=("kv_cache",))

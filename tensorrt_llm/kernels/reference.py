@@ -79,6 +79,11 @@ def paged_kv_write_(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
         kv_cache[blocks, 1, :, slots] = value[start:end]
 
 
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """int32 [B]: each row's first largest logit, NaN counting as the largest (torch.argmax)."""
+    return logits.argmax(dim=-1).to(torch.int32)
+
+
 MASS_BITS = 40  # top_k_top_p_sample weighs tokens in fixed point: the row maximum weighs 2**40
 
 

@@ -1,5 +1,6 @@
 """top_k_top_p_sample: its reference against the runtime's sampling_distribution (CPU), and the
-CUDA kernel against the reference, token for token (GPU: `pytest -m gpu`).
+CUDA kernel against the reference, token for token (GPU: `pytest -m gpu`). argmax_rows (greedy
+decoding's kernel): torch.argmax's answer, NaN and ties included.
 
 The kernel and the reference weigh tokens with the same integer masses, so they draw the same
 token from the same uniform number. Only the masses' exp() may round differently on the two
@@ -17,7 +18,13 @@ import torch
 from tensorrt_llm import kernels
 from tensorrt_llm.kernels import reference
 from tensorrt_llm.ops.launch import tensor_arg
-from tensorrt_llm.runtime.sampling import SamplingConfig, choose, make_generator, sampling_distribution
+from tensorrt_llm.runtime.sampling import (
+    SamplingConfig,
+    argmax_rows,
+    choose,
+    make_generator,
+    sampling_distribution,
+)
 
 TEMPERATURES = [0.0, 0.7, 1.3]
 TOP_KS = [0, 1, 5, 50, 1024]
@@ -138,6 +145,14 @@ def test_op_on_the_cpu_is_the_reference():
     assert tokens.dtype == torch.int32 and tokens.shape == (len(GRID),)
     assert torch.equal(tokens, reference.top_k_top_p_sample(logits, *params, uniform))
     torch.library.opcheck(torch.ops.trtllm.top_k_top_p_sample.default, (logits, *params, uniform))
+
+
+def test_argmax_rows_on_the_cpu_is_torch_argmax():
+    logits = random_logits(5, 300, seed=4)
+    logits[1, [7, 9]] = float("nan")
+    tokens = kernels.argmax_rows(logits)
+    assert tokens.dtype == torch.int32 and torch.equal(tokens.long(), logits.argmax(dim=-1))
+    torch.library.opcheck(torch.ops.trtllm.argmax_rows.default, (logits,))
 
 
 def test_compiled_module_checks_arguments_before_any_launch():
@@ -365,3 +380,27 @@ def test_choose_uses_the_kernel_without_host_syncs(compiled, seed):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert_matches_reference(tokens, logits, *row_params(combos, "cuda"), uniform, f"seed={seed}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1, 1000, 8193, 49152, 128256, 151937])
+def test_argmax_rows_kernel_is_torch_argmax(compiled, seed, vocab, dtype):
+    """Every row kind: ties at the maximum (the first wins), two values only, -inf rows, NaNs
+    (the first NaN wins, as in torch.argmax), -0 tied with +0, and rows read with a stride."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 12
+    logits = torch.randn(rows, vocab + 5, generator=gen)
+    for b in range(6 if vocab >= 1024 else 0):  # make_hard's kinds need a vocabulary of top_k's sizes
+        make_hard(logits[b, :vocab], b, gen)
+    if vocab > 9:
+        logits[6, [vocab - 1, 9]] = float("nan")
+        logits[7, :vocab] = -1.0
+        logits[7, [vocab - 1, 3]] = -0.0
+        logits[7, 5] = 0.0  # -0 at 3 and +0 at 5 are equal: 3
+        logits[8, vocab - 1] = float("inf")
+    strided = logits.to(dtype).cuda()[:, :vocab]  # a row stride of vocab + 5
+    want = strided.argmax(dim=-1)
+    got = kernels.argmax_rows(strided)
+    assert got.dtype == torch.int32 and torch.equal(got.long(), want), f"seed={seed}"
+    assert torch.equal(argmax_rows(strided).long(), want)  # the runtime's greedy choice takes the kernel

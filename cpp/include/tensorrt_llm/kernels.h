@@ -142,6 +142,21 @@ struct TopKTopPSampleParams {
 };
 void launchTopKTopPSample(TopKTopPSampleParams const& p, void* stream);
 
+// Each row's first largest logit (torch.argmax: NaN the largest): each chunk of a row reduced by
+// a block into the workspace, then the best chunk of each row.
+struct ArgmaxRowsParams {
+    int32_t* out;                   // [batch] token ids
+    void const* logits;             // [batch, vocab], row stride logitsRowStride, last dim contiguous
+    unsigned long long* workspace;  // [argmaxRowsWorkspace(batch, vocab)]
+    int64_t batch;
+    int64_t vocab;
+    int64_t logitsRowStride;
+    DType dtype;
+};
+constexpr int64_t kArgmaxChunk = 4096;  // logits a block reduces
+inline int64_t argmaxRowsWorkspace(int64_t batch, int64_t vocab) { return batch * ((vocab + kArgmaxChunk - 1) / kArgmaxChunk); }
+void launchArgmaxRows(ArgmaxRowsParams const& p, void* stream);
+
 // Decode attention over the paged cache: one query token per sequence at position
 // sequenceLengths[b] - 1, all query heads of a KV head together. With kNew/vNew, the step's
 // K/V rows are written into the cache by the same launch (rotated first when cosSin is given,
