@@ -22,6 +22,7 @@ from . import functional as F
 from .functional import record_signature as record_signature
 from .network import Layer, Network, Tensor, current_net, net_guard
 from .ops import IMPLEMENTATION_ATTR, OPS, call_arguments, signature_of
+from .ops.quantized_linear import tile_codes, tileable
 
 # ---- FLayerInfo -------------------------------------------------------------------------------
 
@@ -706,8 +707,6 @@ def tile_weight_only_codes(network: Network) -> int:
     In place: a runner calls it on a network it loaded onto a GPU (one weight at a time: the
     row-order copy is freed as the next is made). A weight read by any other layer, or of a
     shape with no tile order, stays as it is. Returns how many weights were reordered."""
-    from .ops.quantized_linear import tile_codes, tileable
-
     readers: dict[str, int] = {}
     for layer in network.layers:
         if layer.op == "constant":
