@@ -240,16 +240,21 @@ void launchPagedKvWriteEntry(Call const& c) {
     if constexpr (kCudaKernels) launchPagedKvWrite(p, c.stream());
 }
 
-// ---- top_k_top_p_sample ----
+// ---- top_k_top_p_sample, argmax_rows ----
 
-void checkTopKTopPSample(Call& c) {
+// The rows of logits [batch, vocab] both sampling kernels take (vocab within kSamplingMaxVocab).
+int64_t checkSamplingLogits(Call& c) {
     TensorArg const& logits = c["logits"];
-    int64_t const batch = logits.size(0);
     if (logits.size(1) < 1 || logits.size(1) > kSamplingMaxVocab) {
         throw std::invalid_argument("logits " + logits.shapeStr() + " must have 1.."
                                     + std::to_string(kSamplingMaxVocab) + " tokens per row");
     }
-    c.fitsInt("batch", batch);
+    c.fitsInt("batch", logits.size(0));
+    return logits.size(0);
+}
+
+void checkTopKTopPSample(Call& c) {
+    int64_t const batch = checkSamplingLogits(c);
     for (char const* name : {"out", "temperature", "top_k", "top_p", "uniform"}) c.shape(name, {batch});
 }
 
@@ -270,17 +275,10 @@ void launchTopKTopPSampleEntry(Call const& c) {
     if constexpr (kCudaKernels) launchTopKTopPSample(p, c.stream());
 }
 
-// ---- argmax_rows ----
-
 void checkArgmaxRows(Call& c) {
-    TensorArg const& logits = c["logits"];
-    if (logits.size(1) < 1 || logits.size(1) > kSamplingMaxVocab) {
-        throw std::invalid_argument("logits " + logits.shapeStr() + " must have 1.."
-                                    + std::to_string(kSamplingMaxVocab) + " tokens per row");
-    }
-    c.fitsInt("batch", logits.size(0));
-    c.shape("out", {logits.size(0)});
-    c.shape("workspace", {argmaxRowsWorkspace(logits.size(0), logits.size(1))});
+    int64_t const batch = checkSamplingLogits(c);
+    c.shape("out", {batch});
+    c.shape("workspace", {argmaxRowsWorkspace(batch, c["logits"].size(1))});
 }
 
 void launchArgmaxRowsEntry(Call const& c) {
