@@ -17,7 +17,9 @@ its time), which is the layer's floor; and the bfloat16 matmul's time and its ra
 
 Each timing replays a CUDA graph of consecutive calls that cycle through enough copies of the
 weights to overflow the L2 cache, as a decode step's layers do (launch gaps as in the decode
-graph); CUDA events around the replays, after a warm-up, median of the repeats.
+graph); CUDA events around the replays, after a warm-up, median of the repeats. With
+--l2_resident, the same graph length on the first copy alone, whose weights stay in L2: the
+kernel's own limit, apart from DRAM's.
 
 With --prologues (FP8 formats), each layer read after a norm or an activation in a LLaMA decoder
 layer is also timed with it: `fused us`, the fused op (rms_norm_fp8_linear before qkv,
@@ -26,7 +28,7 @@ fp8_gemv_prologue_serves, else the next column's path), and `unfused us`, the no
 activation's kernel then fp8_linear.
 
     python benchmarks/bench_weight_only_gemv.py [--rows 1,8,32] [--formats int4:128,int8:0]
-        [--scale-dtype float32] [--prologues] [--orders tile,row] [--json out.json]
+        [--scale-dtype float32] [--prologues] [--orders tile,row] [--l2_resident] [--json out.json]
 """
 from __future__ import annotations
 
@@ -130,7 +132,7 @@ def prologue_calls(kind: str, rows: int, k: int, copies: list) -> tuple[list, li
 
 
 def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: torch.dtype, bandwidth: float,
-                prologue: str = None, order: str = "tile") -> dict:
+                prologue: str = None, order: str = "tile", l2_resident: bool = False) -> dict:
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     first = quantized(fmt, group, n, k, scale_dtype)
     weight_bytes = nbytes(*first)
@@ -138,18 +140,23 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
                         for _ in range(max(1, -(-L2_OVERFLOW // weight_bytes)) - 1)]
     scaled_mm = fused = unfused = None
     if fmt == "fp8":
-        ours = time_calls([lambda q=q: fp8_linear_cuda(x, *q) for q in copies])
+        calls = [lambda q=q: fp8_linear_cuda(x, *q) for q in copies]
+        ours = time_calls(calls)
         scaled_mm = time_calls([lambda q=q: fp8_linear_scaled_mm(x, *q) for q in copies])
         if prologue:
-            fused, unfused = (time_calls(calls) for calls in prologue_calls(prologue, rows, k, copies))
+            fused, unfused = (time_calls(pair) for pair in prologue_calls(prologue, rows, k, copies))
     else:
         assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
         tiled = order == "tile" and tileable(*first[0].shape)
         if tiled:
             copies = [(tile_codes(q[0]), *q[1:]) for q in copies]
-        ours = time_calls([lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group,
-                                                               tiled=tiled) for q in copies])
-    del copies, first
+        calls = [lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group, tiled=tiled)
+                 for q in copies]
+        ours = time_calls(calls)
+    # The same weights every call, so that they stay in L2: what the layer takes when its bytes
+    # cost (almost) nothing to fetch, i.e. the kernel's own limit.
+    hot = time_calls([calls[0]] * len(calls)) if l2_resident else None
+    del calls, copies, first
     dense_bytes = n * k * 2
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
              for _ in range(max(2, -(-L2_OVERFLOW // dense_bytes)))]
@@ -161,6 +168,7 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
             else "row",
             "scale_dtype": str(scale_dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
             "us": ours * 1e6, "gb_per_s": weight_bytes / ours / 1e9,
+            "l2_resident_us": None if hot is None else hot * 1e6,
             "of_copy_bandwidth": weight_bytes / ours / bandwidth,
             "bf16_matmul_us": torch_bf16 * 1e6, "bf16_matmul_bytes": dense_bytes,
             "speedup_vs_bf16": torch_bf16 / ours,
@@ -180,6 +188,9 @@ def main():
                         help="FP8: also time qkv, gate_up and down with the norm / activation in front, fused and not")
     parser.add_argument("--orders", default="tile",
                         help="INT8 / INT4 codes in tile order (a GPU runner's), row order (the engine file's), or both")
+    parser.add_argument("--l2_resident", action="store_true",
+                        help="also time each layer on the same weights every call (held in L2): the kernel's "
+                             "own limit, against the `us` column's weights streamed from DRAM")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     orders = args.orders.split(",")
@@ -199,13 +210,14 @@ def main():
                 for layer, n, k in LAYERS for order in (orders if fmt != "fp8" else ["row"])]
         for rows, layer, n, k, order in jobs:
             prologue = PROLOGUES.get(layer) if args.prologues and fmt == "fp8" else None
-            r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth, prologue, order)
+            r = bench_layer(fmt, group, rows, n, k, scale_dtype, bandwidth, prologue, order, args.l2_resident)
             r["layer"] = layer
             results.append(r)
             print(f"{spec:<9} {layer:<8} {r['order']:<5} {rows:>4} {r['us']:>9.2f} {r['weight_bytes'] / 1e6:>8.1f} "
                   f"{r['gb_per_s']:>7.0f} {r['of_copy_bandwidth']:>8.1%} {r['bf16_matmul_us']:>9.2f} "
                   f"{r['speedup_vs_bf16']:>7.2f}x"
                   + (f"  scaled_mm us {r['scaled_mm_us']:.2f}" if r["scaled_mm_us"] else "")
+                  + (f"  L2-resident us {r['l2_resident_us']:.2f}" if args.l2_resident else "")
                   + (f"  {prologue}: fused us {r['fused_us']:.2f}, unfused us {r['unfused_us']:.2f}"
                      if prologue else ""), flush=True)
     if args.json:

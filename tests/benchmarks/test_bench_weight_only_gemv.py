@@ -34,3 +34,14 @@ def test_codes_are_timed_in_tile_and_row_order(tmp_path):
                                                                                     "lm_head")
                                                           for order in ("tile", "row")]
     assert all(r["us"] > 0 for r in layers)
+
+
+@pytest.mark.gpu
+def test_l2_resident_weights_are_timed_beside_streamed_ones(tmp_path):
+    out = tmp_path / "gemv.json"
+    proc = run("bench_weight_only_gemv.py", "--rows", "1", "--formats", "int4:128", "--l2_resident", "--json",
+               str(out), timeout=300)
+    layers = json.loads(out.read_text())["layers"]
+    assert [r["layer"] for r in layers] == ["qkv", "o", "gate_up", "down", "lm_head"]
+    assert all(r["us"] > 0 and r["l2_resident_us"] > 0 for r in layers)
+    assert "L2-resident us" in proc.stdout
