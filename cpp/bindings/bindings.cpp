@@ -843,6 +843,7 @@ PYBIND11_MODULE(bindings, m) {
     m.attr("__version__") = buildInfo().version;
     m.attr("cuda_kernels_compiled") = cudaKernelsCompiled();
     m.attr("DECODE_ATTENTION_MAX_CHUNK_BLOCKS") = kDecodeAttentionMaxChunkBlocks;
+    m.attr("ARGMAX_CHUNK") = kArgmaxChunk;  // argmax_rows: logits a block reduces, one workspace entry each
 
     m.def("build_info", &buildInfoDict,
           "Package version, git commit, CUDA version and compiled GPU architectures (empty for a CPU-only build).");

@@ -123,12 +123,24 @@ __device__ Mass blockSum(SharedState& s, Mass v) {
     return total;
 }
 
-__device__ Mass blockMax(SharedState& s, Mass v) {
+// A (key, index) pair in 64 bits whose unsigned order is the larger key, then the lower index: the
+// key in the high half, the complement of the index in the low half.
+__device__ __forceinline__ Mass packKeyIndex(uint32_t key, int64_t i) {
+    return (Mass{key} << 32) | (0xffffffffu - static_cast<uint32_t>(i));
+}
+__device__ __forceinline__ int64_t indexOf(Mass packed) { return 0xffffffffu - static_cast<uint32_t>(packed); }
+
+__device__ __forceinline__ Mass warpMax(Mass v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
         Mass const other = __shfl_xor_sync(kFullMask, v, offset);
         v = other > v ? other : v;
     }
+    return v;
+}
+
+__device__ Mass blockMax(SharedState& s, Mass v) {
+    v = warpMax(v);
     if (threadIdx.x % 32 == 0) s.warpValues[threadIdx.x / 32] = v;
     __syncthreads();
     v = s.warpValues[0];
@@ -242,8 +254,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool const limitK = !greedy && topK > 0 && topK < vocab;
     bool const limitP = !greedy && topP > 0.f && topP < 1.f;
 
-    // Pass 1: the argmax (the largest key, then the lowest index: keys in the high half, the
-    // complement of the index in the low half), with the first digit's counts for top-k.
+    // Pass 1: the argmax (the largest key, then the lowest index: packKeyIndex), with the first
+    // digit's counts for top-k.
     if (limitK) clearHistogram(s);
     Mass best = 0;
     for (int64_t base = 0; base < vocab; base += kThreads) {
@@ -251,14 +263,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         int bin = -1;
         if (i < vocab) {
             uint32_t const key = keyAt(row, i);
-            Mass const packed = (Mass{key} << 32) | (0xffffffffu - static_cast<uint32_t>(i));
+            Mass const packed = packKeyIndex(key, i);
             best = packed > best ? packed : best;
             bin = static_cast<int>(key >> digitShift(0));
         }
         if (limitK) histogramAdd(s, bin, 0, false);
     }
     best = blockMax(s, best);  // its barrier also completes the histogram
-    int64_t const argmax = 0xffffffffu - static_cast<uint32_t>(best & 0xffffffffu);
+    int64_t const argmax = indexOf(best);
     if (greedy) {
         if (threadIdx.x == 0) out[rowIndex] = static_cast<int32_t>(argmax);
         return;
@@ -347,17 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kArgmaxThreads = 256;
 
 __device__ __forceinline__ Mass argmaxPacked(float v, int64_t i) {
-    uint32_t const key = v != v ? 0xffffffffu : orderKey(v);  // NaN above everything
-    return (Mass{key} << 32) | (0xffffffffu - static_cast<uint32_t>(i));
-}
-
-__device__ __forceinline__ Mass warpMax(Mass v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        Mass const other = __shfl_xor_sync(kFullMask, v, offset);
-        v = other > v ? other : v;
-    }
-    return v;
+    return packKeyIndex(v != v ? 0xffffffffu : orderKey(v), i);  // NaN above everything
 }
 
 template <typename T>
@@ -403,7 +405,7 @@ __global__ void argmaxFinishKernel(int32_t* __restrict__ out, Mass const* __rest
     Mass b = 0;
     for (int c = lane; c < chunks; c += 32) b = best[row * chunks + c] > b ? best[row * chunks + c] : b;
     b = warpMax(b);
-    if (lane == 0) out[row] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(b & 0xffffffffu));
+    if (lane == 0) out[row] = static_cast<int32_t>(indexOf(b));
 }
 
 } // namespace

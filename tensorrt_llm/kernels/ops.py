@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 
 from ..ops import activation, attention_cuda, linear, norm, rotary
-from ..ops.launch import cuda_kernels_available, launch
+from ..ops.launch import cuda_kernels_available, get_bindings, launch
 from . import reference
 
 _warned_fallback = False
@@ -232,16 +232,12 @@ def top_k_top_p_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 
 # ---- argmax_rows ---------------------------------------------------------------------------------
 
-# kArgmaxChunk of cpp/include/tensorrt_llm/kernels.h: the logits one block reduces (the binding
-# checks the workspace's size against it).
-_ARGMAX_CHUNK = 4096
-
-
 def _argmax_rows_cuda(logits):
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.int32, device=logits.device)
     if b:
-        workspace = torch.empty(b * -(-v // _ARGMAX_CHUNK), dtype=torch.int64, device=logits.device)
+        # One entry per block of the binding's ARGMAX_CHUNK logits of a row (it checks the size).
+        workspace = torch.empty(b * -(-v // get_bindings().ARGMAX_CHUNK), dtype=torch.int64, device=logits.device)
         launch("argmax_rows", out, logits if v == 1 or logits.stride(1) == 1 else logits.contiguous(), workspace)
     return out
 

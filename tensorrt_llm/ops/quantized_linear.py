@@ -65,6 +65,9 @@ WEIGHT_FORMATS = ("int8", "int4")
 # Tile order: a tile of 16 rows (output features), a k-step of 4 packs of 16 bytes.
 TILE_ROWS = 16
 TILE_STEP_BYTES = 64
+_PACK_BYTES = 16  # the kernels' loads
+# A tile in row order as [half (rows g, g + 8 of the mma), row in the half, k-step, pack, byte].
+_ROW_ORDER = (2, TILE_ROWS // 2, -1, TILE_STEP_BYTES // _PACK_BYTES, _PACK_BYTES)
 
 
 def tileable(n: int, row_bytes: int) -> bool:
@@ -82,7 +85,7 @@ def tile_codes(qweight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"tile_codes: a [{n}, {b}] weight has no tile order (rows a multiple of {TILE_ROWS}, "
                          f"row bytes of {TILE_STEP_BYTES})")
     u = qweight.contiguous().view(torch.uint8)
-    tiles = u.view(n // 16, 2, 8, b // 64, 4, 16).permute(0, 3, 1, 2, 4, 5).contiguous()
+    tiles = u.view(n // TILE_ROWS, *_ROW_ORDER).permute(0, 3, 1, 2, 4, 5).contiguous()
     return tiles.view(n, b).view(qweight.dtype)
 
 
@@ -90,7 +93,8 @@ def untile_codes(qweight: torch.Tensor) -> torch.Tensor:
     """tile_codes' inverse: the codes in row order."""
     n, b = qweight.shape
     u = qweight.contiguous().view(torch.uint8)
-    rows_ = u.view(n // 16, b // 64, 2, 8, 4, 16).permute(0, 2, 3, 1, 4, 5).contiguous()
+    half, row, _, packs, pack_bytes = _ROW_ORDER
+    rows_ = u.view(n // TILE_ROWS, -1, half, row, packs, pack_bytes).permute(0, 2, 3, 1, 4, 5).contiguous()
     return rows_.view(n, b).view(qweight.dtype)
 
 
