@@ -275,6 +275,66 @@ void launchTopKTopPSampleEntry(Call const& c) {
     if constexpr (kCudaKernels) launchTopKTopPSample(p, c.stream());
 }
 
+// ---- host_weight_only_gemv ----
+
+int hostWeightOnlyBits(Call const& c) {
+    std::string const& format = c.text("weight_format");
+    if (format != "int8" && format != "int4") {
+        throw std::invalid_argument("weight_format must be 'int8' or 'int4', got '" + format + "'");
+    }
+    return format == "int4" ? 4 : 8;
+}
+
+void checkHostWeightOnlyGemv(Call& c) {
+    int const bits = hostWeightOnlyBits(c);
+    TensorArg const& x = c["x"];
+    TensorArg const& qweight = c["qweight"];
+    int64_t const m = x.size(0), k = x.size(1), n = qweight.size(0), group = c.integer("group_size");
+    if (qweight.dtype != (bits == 4 ? DType::kUInt8 : DType::kInt8)) {
+        throw std::invalid_argument(std::string("qweight must be ") + (bits == 4 ? "uint8" : "int8") + " codes of "
+                                    + c.text("weight_format"));
+    }
+    if (group < 0 || (bits == 4 && group == 0)) {
+        throw std::invalid_argument("group_size must be > 0 (INT4) or >= 0 (INT8, 0: per channel), got "
+                                    + std::to_string(group));
+    }
+    if (!hostWeightOnlyGemvServes(bits, k, group)) {
+        throw std::invalid_argument("no kernel for in_features " + std::to_string(k) + " in groups of "
+                                    + std::to_string(group) + " (groups of a multiple of " + (bits == 4 ? "32" : "16")
+                                    + " inputs that divide in_features)");
+    }
+    c.shape("qweight", {n, bits == 4 ? k / 2 : k});
+    int64_t const groups = group > 0 ? k / group : 1;
+    if (c["scales"].numel() != n * groups) {
+        throw std::invalid_argument(c["scales"].describe() + " must hold " + std::to_string(n * groups)
+                                    + " scales ([out_features, in_features / group_size])");
+    }
+    if (bits == 4 && !c.has("zeros")) throw std::invalid_argument("INT4 takes zeros");
+    if (bits == 8 && c.has("zeros")) throw std::invalid_argument("INT8 takes no zeros");
+    if (c.has("zeros")) c.shape("zeros", c["scales"].shape);
+    c.shape("out", {m, n});
+    c.shape("bias", {n});
+}
+
+void launchHostWeightOnlyGemvEntry(Call const& c) {
+    HostWeightOnlyGemvParams p{};
+    p.out = static_cast<float*>(const_cast<void*>(c.ptr("out")));
+    p.x = static_cast<float const*>(c.ptr("x"));
+    p.qweight = c.ptr("qweight");
+    p.scales = static_cast<float const*>(c.ptr("scales"));
+    p.zeros = static_cast<float const*>(c.ptr("zeros"));
+    p.bias = static_cast<float const*>(c.ptr("bias"));
+    p.m = c["x"].size(0);
+    p.n = c["qweight"].size(0);
+    p.k = c["x"].size(1);
+    p.xRowStride = c["x"].stride(0);
+    p.outRowStride = c["out"].stride(0);
+    p.groupSize = c.integer("group_size");
+    p.bits = hostWeightOnlyBits(c);
+    if (p.m == 0 || p.n == 0) return;
+    hostWeightOnlyGemv(p);
+}
+
 void checkArgmaxRows(Call& c) {
     int64_t const batch = checkSamplingLogits(c);
     c.shape("out", {batch});
@@ -725,6 +785,17 @@ std::vector<Entry> entries() {
           tensor("top_p").dtypes({kFloat32}).contiguous(), tensor("uniform").dtypes({kFloat32}).contiguous(),
           stream()},
          checkTopKTopPSample, launchTopKTopPSampleEntry},
+        {"host_weight_only_gemv",
+         "out = x @ W^T + bias on the host CPU (AVX2 + FMA, one thread), W the INT8 / INT4 weight of qweight, scales "
+         "(and zeros) as formats.py lays them out (INT4: uint8 [N, K / 2]; INT8: int8 [N, K]; group_size 0: per "
+         "channel); x, out float32 [M, K] / [M, N].",
+         {tensor("out").rank(2).dtypes({kFloat32}).lastDimContiguous().written(),
+          tensor("x").rank(2).dtypes({kFloat32}).lastDimContiguous(),
+          tensor("qweight").rank(2).dtypes({DType::kInt8, DType::kUInt8}).contiguous(),
+          tensor("scales").dtypes({kFloat32}).contiguous(), optionalTensor("zeros").dtypes({kFloat32}).contiguous(),
+          optionalTensor("bias").rank(1).dtypes({kFloat32}).contiguous(), text("weight_format"),
+          integer("group_size")},
+         checkHostWeightOnlyGemv, launchHostWeightOnlyGemvEntry, /*host=*/true},
         {"argmax_rows",
          "out[b] = the index of row b's first largest logit (logits [B, V]; NaN counts as the largest, as in "
          "torch.argmax): greedy decoding's token. workspace: int64 [B * ceil(V / 4096)], the rows' chunk maxima.",
@@ -844,6 +915,13 @@ PYBIND11_MODULE(bindings, m) {
     m.attr("cuda_kernels_compiled") = cudaKernelsCompiled();
     m.attr("DECODE_ATTENTION_MAX_CHUNK_BLOCKS") = kDecodeAttentionMaxChunkBlocks;
     m.attr("ARGMAX_CHUNK") = kArgmaxChunk;  // argmax_rows: logits a block reduces, one workspace entry each
+    m.def("host_weight_only_gemv_available", &hostWeightOnlyGemvAvailable,
+          "Whether this CPU runs host_weight_only_gemv (AVX2 and FMA).");
+    m.def(
+        "host_weight_only_gemv_serves",
+        [](int bits, int64_t k, int64_t groupSize) { return hostWeightOnlyGemvServes(bits, k, groupSize); },
+        py::arg("bits"), py::arg("k"), py::arg("group_size"),
+        "Whether host_weight_only_gemv takes in_features k in groups of group_size (0: per channel, INT8).");
 
     m.def("build_info", &buildInfoDict,
           "Package version, git commit, CUDA version and compiled GPU architectures (empty for a CPU-only build).");

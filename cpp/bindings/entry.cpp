@@ -200,6 +200,14 @@ static void run(Entry const& e, py::args const& args, py::kwargs const& kwargs) 
         if (e.check) e.check(c);
         Binder::checkLayouts(e, c);
         std::vector<TensorArg const*> all = Binder::tensors(e, c);
+        if (e.host) {
+            for (TensorArg const* t : all) {
+                if (t->device >= 0) throw std::invalid_argument(t->describe() + " must be a host (CPU) tensor");
+            }
+            py::gil_scoped_release release;
+            e.launch(c);
+            return;
+        }
         int const device = checkSameCudaDevice(e.name, all);
         DeviceScope scope(device, all, reinterpret_cast<uintptr_t>(c.stream()));
         py::gil_scoped_release release;

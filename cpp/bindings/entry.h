@@ -13,7 +13,8 @@
 //   3. runs the entry's check (the relations the Args cannot state: shapes in terms of other
 //      arguments' sizes, scalars' ranges, what the kernel supports),
 //   4. checks each tensor's layout: last dim contiguous, contiguous, not overlapping if written,
-//   5. checks that every tensor is CUDA memory of one device and makes it current,
+//   5. checks that every tensor is CUDA memory of one device and makes it current (a host entry:
+//      that every tensor is host memory),
 //   6. releases the GIL and runs the entry's launch.
 // Errors are ValueError / TypeError / RuntimeError whose message starts with the entry's name.
 #pragma once
@@ -115,6 +116,7 @@ struct Entry {
     std::vector<Arg> args;
     std::function<void(Call&)> check;         // may be empty
     std::function<void(Call const&)> launch;  // runs without the GIL
+    bool host = false;  // a host (CPU) kernel: every tensor host memory, no device or stream (step 5)
 };
 
 // Adds the entry to the module as a function named entry.name.

@@ -5,8 +5,9 @@
 calls the binding entry `silu_and_mul` with each torch.Tensor as the tuple the binding takes,
 `(data_ptr, dtype_code, shape, strides, device)` (strides in elements, device -1 for host
 memory), None and plain values as they are, and the current CUDA stream of the first tensor's
-device as `stream`. The binding checks every argument (cpp/bindings: each entry's argument
-spec) before anything reaches the GPU; nothing is checked again here.
+device as `stream` (host kernels, on CPU tensors, take none). The binding checks every argument
+(cpp/bindings: each entry's argument spec) before anything reaches the kernel; nothing is
+checked again here.
 
 The module is loaded lazily, so that `import tensorrt_llm` never needs it.
 """
@@ -88,11 +89,16 @@ def stream_of(t: torch.Tensor) -> int:
 
 def launch(kernel: str, *args, **kwargs) -> None:
     """Call binding entry `kernel`: tensors as tensor tuples, on the current stream of the
-    first tensor's device (see the module's docstring)."""
+    first tensor's device (see the module's docstring); a host kernel (CPU tensors) takes no
+    stream."""
     first = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
-    args = [tensor_arg(a) if isinstance(a, torch.Tensor) else a for a in args]
-    kwargs = {k: tensor_arg(a) if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
-    getattr(get_bindings(), kernel)(*args, stream=stream_of(first), **kwargs)
+    # New names: args and kwargs keep the tensors alive through the call (a temporary argument's
+    # host memory, once freed, is reused at once; CUDA memory only in stream order).
+    positional = [tensor_arg(a) if isinstance(a, torch.Tensor) else a for a in args]
+    named = {k: tensor_arg(a) if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
+    if first.device.type == "cuda":
+        named["stream"] = stream_of(first)
+    getattr(get_bindings(), kernel)(*positional, **named)
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,16 @@ Implementations:
   cuBLAS: the weight's rounding to float16 / bfloat16 is that path's extra error. A call the
   kernels' 16-byte packs cannot read (an INT8 in_features not a multiple of 16, a weight not on
   a 16-byte boundary) runs the reference instead, deliberately.
-- cpu: torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` through
-  quantization/cpu.py, the weight packed once per weight tensor (at the first call) and kept
-  while that tensor lives. The kernels take bfloat16 activations, scales and zeros and round
-  the output to bfloat16: against the reference that is a relative error of a few 2^-9 per
-  output (cpu.py's docstring). INT8 group 16 (GGUF Q6_K) is requantized per row there.
+- cpu: up to HOST_GEMV_MAX_ROWS rows (decode), where the CPU has AVX2 + FMA and the groups are
+  whole blocks of 32 inputs, our host kernel (cpp/kernels/host_weight_only_gemv.cpp): x
+  quantized per block of 32 inputs to int8 as llama.cpp does, integer dot products, float32
+  scales (a relative error of at most 1/254 of a block's largest |x| per input). Otherwise,
+  and for prompt rows, torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` through
+  quantization/cpu.py (vectorized for AVX-512 only: on an AVX2 CPU slower than float32). Both
+  packs are made once per weight tensor (at its first call of that kind) and kept while the
+  tensor lives. torch's kernels take bfloat16 activations, scales and zeros and round the output
+  to bfloat16: against the reference a relative error of a few 2^-9 per output (cpu.py's
+  docstring). INT8 group 16 (GGUF Q6_K) is requantized per row there.
 
 The fusions of graph_rewriting (gate/up, norm + linear, activation + linear) match `linear`
 layers only, so they never fire on this op.
@@ -54,7 +59,7 @@ from ..network import Tensor
 from ..quantization import cpu as qcpu
 from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
 from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
-from .launch import cuda_kernels_available, launch, rows
+from .launch import bindings_available, cuda_kernels_available, get_bindings, launch, rows
 from .linear import linear_shape
 from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
 
@@ -181,24 +186,58 @@ def _forget(key: int, packs: dict = _PACKS) -> None:
         del packs[key]
 
 
+# Rows of x the host GEMV takes (decode); more run torch's kernels, which read the weight once.
+HOST_GEMV_MAX_ROWS = 8
+
+
+def host_gemv_serves(weight_format: str, in_features: int, group_size: int) -> bool:
+    """Whether the host kernel runs this weight here: the bindings built, a CPU with AVX2 + FMA,
+    groups of whole 32-input blocks."""
+    if not bindings_available():
+        return False
+    b = get_bindings()
+    return (b.host_weight_only_gemv_available()
+            and b.host_weight_only_gemv_serves(4 if weight_format == "int4" else 8, in_features, group_size))
+
+
+def _host_pack(w) -> tuple:
+    """The host kernel's operands of a formats.py weight: row-order codes, float32 scales (and
+    zeros), contiguous."""
+    zeros = getattr(w, "zeros", None)
+    return (w.qweight.contiguous(), w.scales.float().contiguous(),
+            None if zeros is None else zeros.float().contiguous())
+
+
 def cpu_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], weight_format: str,
-             group_size: int, tiled: bool = False):
-    """The CPU kernel's layout of this weight (tiled: from codes in tile order), made at the first
-    call and reused while the qweight tensor lives unchanged (a refit writes new tensors or bumps
-    their version)."""
+             group_size: int, tiled: bool = False, host: bool = False):
+    """The CPU kernel's layout of this weight (host: the host GEMV's operands, else torch's pack;
+    tiled: from codes in tile order), made at the first call of its kind and reused while the
+    qweight tensor lives unchanged (a refit writes new tensors or bumps their version)."""
     key = id(qweight)
     stamp = (qweight.data_ptr(), qweight._version, scales.data_ptr(), scales._version)
     entry = _PACKS.get(key)
-    if entry is not None and entry[0]() is qweight and entry[1] == stamp:
-        return entry[2]
-    w = _weight(untile_codes(qweight) if tiled else qweight, scales, zeros, weight_format, group_size)
-    pack = qcpu.pack_int8_for_cpu(w) if weight_format == "int8" else qcpu.pack_int4_for_cpu(w)
-    _PACKS[key] = (weakref.ref(qweight, lambda _ref, key=key, forget=_forget: forget(key)), stamp, pack)
-    return pack
+    if entry is None or entry[0]() is not qweight or entry[1] != stamp:
+        entry = (weakref.ref(qweight, lambda _ref, key=key, forget=_forget: forget(key)), stamp, {})
+        _PACKS[key] = entry
+    packs = entry[2]
+    if host not in packs:
+        w = _weight(untile_codes(qweight) if tiled else qweight, scales, zeros, weight_format, group_size)
+        packs[host] = (_host_pack(w) if host else qcpu.pack_int8_for_cpu(w) if weight_format == "int8"
+                       else qcpu.pack_int4_for_cpu(w))
+    return packs[host]
 
 
 @weight_only_linear.implementation(CPU)
 def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False):
+    k = x.shape[-1]
+    m = x.numel() // k if k else 0
+    if 0 < m <= HOST_GEMV_MAX_ROWS and host_gemv_serves(weight_format, k, group_size):
+        q, s, z = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled, host=True)
+        x2 = x.reshape(m, k).float().contiguous()
+        out = torch.empty(m, q.shape[0], dtype=torch.float32)
+        launch("host_weight_only_gemv", out, x2, q, s, z, None if bias is None else bias.float().contiguous(),
+               weight_format, int(group_size))
+        return out.to(x.dtype).reshape(*x.shape[:-1], q.shape[0])
     pack = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled)
     if weight_format == "int8":
         return qcpu.int8_weight_only_linear(x, pack, bias)

@@ -157,6 +157,24 @@ constexpr int64_t kArgmaxChunk = 4096;  // logits a block reduces
 inline int64_t argmaxRowsWorkspace(int64_t batch, int64_t vocab) { return batch * ((vocab + kArgmaxChunk - 1) / kArgmaxChunk); }
 void launchArgmaxRows(ArgmaxRowsParams const& p, void* stream);
 
+// Weight-only INT8 / INT4 GEMV on the host CPU (AVX2 + FMA; kernels/host_weight_only_gemv.cpp),
+// compiled in every build: out = x @ W^T + bias in float32, W = code * scale (+ zero, INT4) as
+// formats.py's layouts (INT4: [n, k / 2] bytes, input 2j in the low nibble; INT8: int8 [n, k]).
+struct HostWeightOnlyGemvParams {
+    float* out;            // [m, n], row stride outRowStride
+    float const* x;        // [m, k], row stride xRowStride
+    void const* qweight;   // contiguous
+    float const* scales;   // [n, k / G] contiguous (per channel: [n])
+    float const* zeros;    // INT4: [n, k / G]
+    float const* bias;     // [n] or nullptr
+    int64_t m, n, k, xRowStride, outRowStride;
+    int64_t groupSize;     // G; 0: per channel (INT8)
+    int bits;              // 4 or 8
+};
+bool hostWeightOnlyGemvAvailable();  // this CPU runs it (AVX2 and FMA)
+bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize);  // its shapes: G % 32 (INT4) / 16 (INT8)
+void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p);
+
 // Decode attention over the paged cache: one query token per sequence at position
 // sequenceLengths[b] - 1, all query heads of a KV head together. With kNew/vNew, the step's
 // K/V rows are written into the cache by the same launch (rotated first when cosSin is given,

@@ -1,0 +1,158 @@
+// Weight-only INT8 / INT4 GEMV on the host CPU (decode rows), with AVX2 and FMA, one thread.
+//
+// Why ours: PyTorch's CPU int4pack / int8pack kernels are vectorized for AVX-512; on an AVX2-only
+// CPU (an AMD EPYC of the 2-core machine) they were slower than float32 F.linear on every decoder
+// layer of SmolLM2 (qkv 161 / 142 us against 98.5), so a quantized engine decoded barely faster
+// than float32. A first form of this kernel, codes to floats and float32 FMAs (x kept float32),
+// was bound by those conversions: qkv 90 us, no faster than float32 either.
+//
+// So, as llama.cpp does for its Q4 / Q8 dot products: each row of x is quantized per block of 32
+// inputs to int8 (scale = the block's largest |x| / 127), and each block's 32 products are summed
+// in integers (maddubs + madd: unsigned INT4 codes, or |INT8 code| against x with the code's sign),
+// then scaled once by weight scale x block scale in a float32 FMA; INT4's zeros meet the float
+// sums of x per group. x's rounding is the one difference from formats.py's W x: a relative error
+// of at most 1/254 of each block's largest |x| per input (PyTorch's CPU path rounds x to bfloat16).
+// INT4 bytes hold inputs 2j (low nibble) and 2j + 1 (high): x's codes are staged with each
+// block's even inputs first, then its odd ones, the order of the nibbles of a block's 16 bytes.
+#include "tensorrt_llm/kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+namespace tensorrt_llm {
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // inputs of x per int8 scale
+
+// A row of x as int8 codes per block of kBlock inputs (llama.cpp's Q8_0: scale = the block's
+// largest |x| / 127, codes round(x / scale)), in the order the weight's codes meet them, and
+// (INT4) its float sums per weight group for the zeros.
+struct XBlocks {
+    std::vector<int8_t> codes;
+    std::vector<float> scales, groupSums;
+};
+
+// even: INT4's order, each block's even inputs then its odd ones (the low nibbles of a block's 16
+// bytes, then the high ones).
+void quantizeX(float const* x, int64_t k, int64_t group, bool even, XBlocks& out) {
+    out.codes.resize(static_cast<size_t>(k));
+    out.scales.resize(static_cast<size_t>(k / kBlock));
+    out.groupSums.assign(static_cast<size_t>(k / group), 0.f);
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+        float const* v = x + b * kBlock;
+        float amax = 0.f;
+        for (int i = 0; i < kBlock; ++i) {
+            amax = std::max(amax, std::fabs(v[i]));
+            out.groupSums[b * kBlock / group] += v[i];
+        }
+        float const scale = amax / 127.f;
+        float const inverse = scale > 0.f ? 1.f / scale : 0.f;
+        out.scales[b] = scale;
+        int8_t* q = out.codes.data() + b * kBlock;
+        for (int i = 0; i < kBlock; ++i) {
+            int const place = even ? (i % 2) * (kBlock / 2) + i / 2 : i;
+            q[place] = static_cast<int8_t>(std::lrintf(v[i] * inverse));
+        }
+    }
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define TRTLLM_HOST_AVX2 1
+#define TRTLLM_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define TRTLLM_HOST_AVX2 0
+#define TRTLLM_AVX2
+#endif
+
+#if TRTLLM_HOST_AVX2
+TRTLLM_AVX2 inline float horizontalSum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// The 8 int32 sums of 4 adjacent products of 32 unsigned bytes u and 32 signed bytes v, as floats.
+TRTLLM_AVX2 inline __m256 dot32(__m256i u, __m256i v) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
+}
+
+// One row of W (INT4, groups of G codes) against one quantized row of x.
+TRTLLM_AVX2 float int4Row(uint8_t const* codes, float const* scales, float const* zeros, XBlocks const& x, int64_t k,
+                          int64_t group) {
+    __m256 total = _mm256_setzero_ps();
+    float zeroTerm = 0.f;
+    __m128i const low = _mm_set1_epi8(0x0F);
+    int64_t const blocksPerGroup = group / kBlock;
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+        int64_t const gi = b / blocksPerGroup;
+        __m128i const bytes = _mm_loadu_si128(reinterpret_cast<__m128i const*>(codes + b * kBlock / 2));
+        __m128i const lo = _mm_and_si128(bytes, low);                     // inputs 0, 2, .., 30 of the block
+        __m128i const hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);  // inputs 1, 3, .., 31
+        __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
+        total = _mm256_fmadd_ps(dot32(_mm256_set_m128i(hi, lo), xq), _mm256_set1_ps(scales[gi] * x.scales[b]), total);
+        if (b % blocksPerGroup == 0) zeroTerm += zeros[gi] * x.groupSums[gi];
+    }
+    return horizontalSum(total) + zeroTerm;
+}
+
+// One row of W (INT8, groups of G codes; per channel: G = k) against one quantized row of x.
+TRTLLM_AVX2 float int8Row(int8_t const* codes, float const* scales, XBlocks const& x, int64_t k, int64_t group) {
+    __m256 total = _mm256_setzero_ps();
+    int64_t const blocksPerGroup = group / kBlock;
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+        __m256i const c = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(codes + b * kBlock));
+        __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
+        // maddubs takes one unsigned operand: |c| against x with c's sign.
+        __m256 const d = dot32(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xq, c));
+        total = _mm256_fmadd_ps(d, _mm256_set1_ps(scales[b / blocksPerGroup] * x.scales[b]), total);
+    }
+    return horizontalSum(total);
+}
+#endif
+
+} // namespace
+
+bool hostWeightOnlyGemvAvailable() {
+#if TRTLLM_HOST_AVX2
+    static bool const available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return available;
+#else
+    return false;
+#endif
+}
+
+bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize) {
+    int64_t const group = groupSize > 0 ? groupSize : k;
+    return (bits == 4 || bits == 8) && k > 0 && group > 0 && k % group == 0 && group % kBlock == 0
+           && (bits == 8 || groupSize > 0);
+}
+
+void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
+    if (!hostWeightOnlyGemvAvailable()) {
+        throw std::runtime_error("host_weight_only_gemv: this CPU has no AVX2 + FMA (use PyTorch's CPU kernels)");
+    }
+#if TRTLLM_HOST_AVX2
+    int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
+    int64_t const groups = p.k / group;
+    XBlocks x;
+    for (int64_t r = 0; r < p.m; ++r) {
+        quantizeX(p.x + r * p.xRowStride, p.k, group, p.bits == 4, x);
+        float* out = p.out + r * p.outRowStride;
+        for (int64_t n = 0; n < p.n; ++n) {
+            float const y = p.bits == 4 ? int4Row(static_cast<uint8_t const*>(p.qweight) + n * (p.k / 2),
+                                                  p.scales + n * groups, p.zeros + n * groups, x, p.k, group)
+                                        : int8Row(static_cast<int8_t const*>(p.qweight) + n * p.k, p.scales + n * groups,
+                                                  x, p.k, group);
+            out[n] = y + (p.bias ? p.bias[n] : 0.f);
+        }
+    }
+#endif
+}
+
+} // namespace tensorrt_llm

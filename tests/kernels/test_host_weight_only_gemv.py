@@ -1,0 +1,88 @@
+"""The host (CPU) weight-only GEMV, cpp/kernels/host_weight_only_gemv.cpp, against a plain float64
+reference of what it computes: x quantized per block of 32 inputs to int8 (scale = the block's
+largest |x| / 127, round half to even), each weight group's codes times those int8 values, scaled
+by weight scale x block scale; INT4's zeros times the float sums of x per group."""
+import pytest
+import torch
+
+from tensorrt_llm.ops.launch import bindings_available, get_bindings, launch, tensor_arg
+from tensorrt_llm.ops.quantized_linear import HOST_GEMV_MAX_ROWS, weight_only_linear_cpu
+from tensorrt_llm.quantization import quantize_int4, quantize_int8
+from tensorrt_llm.quantization.formats import unpack_int4
+
+pytestmark = pytest.mark.skipif(not bindings_available() or not get_bindings().host_weight_only_gemv_available(),
+                                reason="needs the compiled bindings on a CPU with AVX2 and FMA")
+
+
+def quantized_x(x: torch.Tensor) -> torch.Tensor:
+    """x [m, k] as the kernel sees it: per block of 32, int8 codes times the block's scale (float64)."""
+    blocks = x.double().view(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    codes = torch.where(scale > 0, torch.round(blocks / torch.where(scale > 0, scale, 1)), 0)
+    return (codes * scale).view_as(x)
+
+
+def reference(x, fmt, q, group, bias):
+    xq = quantized_x(x)
+    if fmt == "int4":
+        codes = unpack_int4(q.qweight).double()
+        s = q.scales.double().repeat_interleave(group, 1)
+        y = xq @ (codes * s).T + x.double().view(x.shape[0], -1, group).sum(-1) @ q.zeros.double().T
+    else:
+        s = q.scales.double()
+        s = s[:, None] if s.dim() == 1 else s.repeat_interleave(group, 1)
+        y = xq @ (q.qweight.double() * s).T
+    return y if bias is None else y + bias.double()
+
+
+CASES = [("int4", 32, 960, 576), ("int4", 64, 80, 256), ("int4", 128, 48, 1536), ("int8", 0, 576, 1536),
+         ("int8", 32, 100, 576), ("int8", 64, 16, 128)]
+
+
+@pytest.mark.parametrize("fmt,group,n,k", CASES)
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_the_int8_x_reference_on_random_data(fmt, group, n, k, m, with_bias):
+    torch.manual_seed(n * 7 + k + m)
+    w = torch.randn(n, k) * 0.05
+    q = quantize_int4(w, group, scale_dtype=torch.float32) if fmt == "int4" else \
+        quantize_int8(w, group or None, scale_dtype=torch.float32)
+    x = torch.randn(m, k)
+    x[0, :32] = 0.0  # a block of zeros: scale 0
+    bias = torch.randn(n) if with_bias else None
+    out = torch.full((m, n), float("nan"))
+    # Temporaries as arguments: launch keeps them alive through the call (host memory is reused at once).
+    launch("host_weight_only_gemv", out, x.clone(), q.qweight.clone(), q.scales.clone(),
+           None if fmt == "int8" else q.zeros.clone(), None if bias is None else bias.clone(), fmt, group)
+    expected = reference(x, fmt, q, group, bias)
+    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_the_cpu_op_takes_it_for_decode_rows():
+    torch.manual_seed(0)
+    q = quantize_int4(torch.randn(64, 256) * 0.05, 32, scale_dtype=torch.float32)
+    for m in (1, HOST_GEMV_MAX_ROWS):
+        x = torch.randn(m, 256, dtype=torch.bfloat16)
+        y = weight_only_linear_cpu(x, q.qweight, q.scales, q.zeros, weight_format="int4", group_size=32)
+        assert y.dtype == torch.bfloat16 and y.shape == (m, 64)
+        direct = torch.empty(m, 64)
+        launch("host_weight_only_gemv", direct, x.float(), q.qweight, q.scales, q.zeros, None, "int4", 32)
+        assert torch.equal(y, direct.to(torch.bfloat16))
+
+
+def test_refusals_name_the_argument():
+    b = get_bindings()
+    q = quantize_int4(torch.randn(16, 64), 32, scale_dtype=torch.float32)
+    x, out = torch.randn(1, 64), torch.empty(1, 16)
+    args = [tensor_arg(t) for t in (out, x, q.qweight, q.scales, q.zeros)]
+    with pytest.raises(ValueError, match=r"^host_weight_only_gemv: weight_format must be 'int8' or 'int4', "
+                                         r"got 'int2'$"):
+        b.host_weight_only_gemv(*args, None, "int2", 32)
+    with pytest.raises(ValueError, match=r"^host_weight_only_gemv: no kernel for in_features 64 in groups of 16"):
+        b.host_weight_only_gemv(*args, None, "int4", 16)
+    with pytest.raises(ValueError, match=r"^host_weight_only_gemv: INT4 takes zeros$"):
+        b.host_weight_only_gemv(*args[:4], None, None, "int4", 32)
+    on_gpu = tensor_arg(out)[:4] + (0,)
+    with pytest.raises(ValueError, match=r"host_weight_only_gemv: out \(float32 \[1, 16\] on cuda:0\) must be a host "
+                                         r"\(CPU\) tensor"):
+        b.host_weight_only_gemv(on_gpu, *args[1:], None, "int4", 32)
