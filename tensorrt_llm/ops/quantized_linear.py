@@ -33,8 +33,9 @@ Implementations:
   cuBLAS: the weight's rounding to float16 / bfloat16 is that path's extra error. A call the
   kernels' 16-byte packs cannot read (an INT8 in_features not a multiple of 16, a weight not on
   a 16-byte boundary) runs the reference instead, deliberately.
-- cpu: up to HOST_GEMV_MAX_ROWS rows (decode), where the CPU has AVX2 + FMA and the groups are
-  whole blocks of 32 inputs, our host kernel (cpp/kernels/host_weight_only_gemv.cpp): x
+- cpu: up to HOST_GEMV_MAX_ROWS rows (decode), where the CPU has AVX2 + FMA but PyTorch no
+  AVX-512 kernels, and the groups are whole blocks of 32 inputs, our host kernel
+  (cpp/kernels/host_weight_only_gemv.cpp): x
   quantized per block of 32 inputs to int8 as llama.cpp does, integer dot products, float32
   scales (a relative error of at most 1/254 of a block's largest |x| per input). Otherwise,
   and for prompt rows, torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` through
@@ -191,9 +192,11 @@ HOST_GEMV_MAX_ROWS = 8
 
 
 def host_gemv_serves(weight_format: str, in_features: int, group_size: int) -> bool:
-    """Whether the host kernel runs this weight here: the bindings built, a CPU with AVX2 + FMA,
-    groups of whole 32-input blocks."""
-    if not bindings_available():
+    """Whether the host kernel runs this weight here: the bindings built, a CPU with AVX2 + FMA
+    where PyTorch has no AVX-512 kernels (with them, its int kernels decoded SmolLM2 at 18.5 ms a
+    step in the sixth session, on such a machine; ours is not measured there), groups of whole
+    32-input blocks."""
+    if not bindings_available() or torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return False
     b = get_bindings()
     return (b.host_weight_only_gemv_available()
