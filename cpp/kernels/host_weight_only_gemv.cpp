@@ -16,7 +16,14 @@
 // block's even inputs first, then its odd ones, the order of the nibbles of a block's 16 bytes.
 #include "tensorrt_llm/kernels.h"
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define TRTLLM_HOST_AVX2 1
+#define TRTLLM_AVX2 __attribute__((target("avx2,fma")))
 #include <immintrin.h>
+#else
+#define TRTLLM_HOST_AVX2 0  // elsewhere (aarch64) the op keeps PyTorch's kernels
+#define TRTLLM_AVX2
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -60,14 +67,6 @@ void quantizeX(float const* x, int64_t k, int64_t group, bool even, XBlocks& out
         }
     }
 }
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define TRTLLM_HOST_AVX2 1
-#define TRTLLM_AVX2 __attribute__((target("avx2,fma")))
-#else
-#define TRTLLM_HOST_AVX2 0
-#define TRTLLM_AVX2
-#endif
 
 #if TRTLLM_HOST_AVX2
 TRTLLM_AVX2 inline float horizontalSum(__m256 v) {
