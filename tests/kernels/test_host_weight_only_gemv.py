@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tensorrt_llm.ops.launch import bindings_available, get_bindings, launch, tensor_arg
-from tensorrt_llm.ops.quantized_linear import HOST_GEMV_MAX_ROWS, host_gemv_serves, weight_only_linear_cpu
+from tensorrt_llm.ops.quantized_linear import HOST_GEMV_MAX_ROWS, host_gemv_serves, tile_codes, weight_only_linear_cpu
 from tensorrt_llm.quantization import quantize_int4, quantize_int8
 from tensorrt_llm.quantization.formats import unpack_int4
 
@@ -69,6 +69,21 @@ def test_the_cpu_op_takes_it_for_decode_rows():
         direct = torch.empty(m, 64)
         launch("host_weight_only_gemv", direct, x.float(), q.qweight, q.scales, q.zeros, None, "int4", 32)
         assert torch.equal(y, direct.to(torch.bfloat16))
+
+
+@pytest.mark.skipif(not host_gemv_serves("int8", 256, 32), reason="PyTorch has AVX-512 kernels here: the op keeps them")
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_codes_in_tile_order_give_row_orders_outputs(fmt):
+    torch.manual_seed(1)
+    w = torch.randn(32, 256) * 0.05
+    q = quantize_int4(w, 32, scale_dtype=torch.float32) if fmt == "int4" else \
+        quantize_int8(w, 32, scale_dtype=torch.float32)
+    zeros = getattr(q, "zeros", None)
+    x = torch.randn(2, 256)
+    rows = weight_only_linear_cpu(x, q.qweight, q.scales, zeros, weight_format=fmt, group_size=32)
+    tiled = weight_only_linear_cpu(x, tile_codes(q.qweight), q.scales, zeros, weight_format=fmt, group_size=32,
+                                   tiled=True)
+    assert torch.equal(rows, tiled)
 
 
 def test_refusals_name_the_argument():
