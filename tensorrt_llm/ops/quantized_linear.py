@@ -50,7 +50,9 @@ layers only, so they never fire on this op.
 """
 from __future__ import annotations
 
+import functools
 import weakref
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -60,7 +62,7 @@ from ..network import Tensor
 from ..quantization import cpu as qcpu
 from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
 from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
-from .launch import bindings_available, cuda_kernels_available, get_bindings, launch, rows
+from .launch import bindings_available, cuda_kernels_available, get_bindings, launch, rows, tensor_arg
 from .linear import linear_shape
 from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
 
@@ -191,6 +193,7 @@ def _forget(key: int, packs: dict = _PACKS) -> None:
 HOST_GEMV_MAX_ROWS = 8
 
 
+@functools.lru_cache(maxsize=None)
 def host_gemv_serves(weight_format: str, in_features: int, group_size: int) -> bool:
     """Whether the host kernel runs this weight here: the bindings built, a CPU with AVX2 + FMA
     where PyTorch has no AVX-512 kernels (with them, its int kernels decoded SmolLM2 at 18.5 ms a
@@ -203,12 +206,21 @@ def host_gemv_serves(weight_format: str, in_features: int, group_size: int) -> b
             and b.host_weight_only_gemv_serves(4 if weight_format == "int4" else 8, in_features, group_size))
 
 
-def _host_pack(w) -> tuple:
-    """The host kernel's operands of a formats.py weight: row-order codes, float32 scales (and
-    zeros), contiguous."""
+@dataclass
+class HostPack:
+    """The host kernel's operands of a weight: row-order codes, float32 scales (and zeros),
+    contiguous, and their binding argument tuples, made once (a tuple per tensor per call cost
+    about 2 us of a decode linear's ~20 us of Python)."""
+    out_features: int
+    tensors: tuple  # keeps args' memory alive
+    args: tuple
+
+
+def _host_pack(w) -> HostPack:
     zeros = getattr(w, "zeros", None)
-    return (w.qweight.contiguous(), w.scales.float().contiguous(),
-            None if zeros is None else zeros.float().contiguous())
+    tensors = (w.qweight.contiguous(), w.scales.float().contiguous(),
+               None if zeros is None else zeros.float().contiguous())
+    return HostPack(w.qweight.shape[0], tensors, tuple(None if t is None else tensor_arg(t) for t in tensors))
 
 
 def cpu_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], weight_format: str,
@@ -235,12 +247,12 @@ def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     if 0 < m <= HOST_GEMV_MAX_ROWS and host_gemv_serves(weight_format, k, group_size):
-        q, s, z = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled, host=True)
+        pack = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled, host=True)
         x2 = x.reshape(m, k).float().contiguous()
-        out = torch.empty(m, q.shape[0], dtype=torch.float32)
-        launch("host_weight_only_gemv", out, x2, q, s, z, None if bias is None else bias.float().contiguous(),
+        out = torch.empty(m, pack.out_features, dtype=torch.float32)
+        launch("host_weight_only_gemv", out, x2, *pack.args, None if bias is None else bias.float().contiguous(),
                weight_format, int(group_size))
-        return out.to(x.dtype).reshape(*x.shape[:-1], q.shape[0])
+        return out.to(x.dtype).reshape(*x.shape[:-1], pack.out_features)
     pack = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled)
     if weight_format == "int8":
         return qcpu.int8_weight_only_linear(x, pack, bias)
