@@ -253,24 +253,29 @@ int64_t checkSamplingLogits(Call& c) {
     return logits.size(0);
 }
 
+// Fills the logits fields that both sampling kernels' params have.
+template <typename Params>
+void setSamplingLogits(Params& p, TensorArg const& logits) {
+    p.logits = logits.data();
+    p.batch = logits.size(0);
+    p.vocab = logits.size(1);
+    p.logitsRowStride = logits.stride(0);
+    p.dtype = logits.dtype;
+}
+
 void checkTopKTopPSample(Call& c) {
     int64_t const batch = checkSamplingLogits(c);
     for (char const* name : {"out", "temperature", "top_k", "top_p", "uniform"}) c.shape(name, {batch});
 }
 
 void launchTopKTopPSampleEntry(Call const& c) {
-    TensorArg const& logits = c["logits"];
     TopKTopPSampleParams p{};
     p.out = static_cast<int32_t*>(c["out"].data());
-    p.logits = logits.data();
+    setSamplingLogits(p, c["logits"]);
     p.temperatures = static_cast<float const*>(c["temperature"].data());
     p.topKs = static_cast<int32_t const*>(c["top_k"].data());
     p.topPs = static_cast<float const*>(c["top_p"].data());
     p.uniforms = static_cast<float const*>(c["uniform"].data());
-    p.batch = logits.size(0);
-    p.vocab = logits.size(1);
-    p.logitsRowStride = logits.stride(0);
-    p.dtype = logits.dtype;
     if (p.batch == 0) return;
     if constexpr (kCudaKernels) launchTopKTopPSample(p, c.stream());
 }
@@ -300,8 +305,8 @@ void checkHostWeightOnlyGemv(Call& c) {
     }
     if (!hostWeightOnlyGemvServes(bits, k, group)) {
         throw std::invalid_argument("no kernel for in_features " + std::to_string(k) + " in groups of "
-                                    + std::to_string(group) + " (groups of a multiple of " + (bits == 4 ? "32" : "16")
-                                    + " inputs that divide in_features)");
+                                    + std::to_string(group)
+                                    + " (groups of a multiple of 32 inputs that divide in_features)");
     }
     c.shape("qweight", {n, bits == 4 ? k / 2 : k});
     int64_t const groups = group > 0 ? k / group : 1;
@@ -318,10 +323,10 @@ void checkHostWeightOnlyGemv(Call& c) {
 
 void launchHostWeightOnlyGemvEntry(Call const& c) {
     HostWeightOnlyGemvParams p{};
-    p.out = static_cast<float*>(const_cast<void*>(c.ptr("out")));
-    p.x = static_cast<float const*>(c.ptr("x"));
-    p.qweight = c.ptr("qweight");
-    p.scales = static_cast<float const*>(c.ptr("scales"));
+    p.out = static_cast<float*>(c["out"].data());
+    p.x = static_cast<float const*>(c["x"].data());
+    p.qweight = c["qweight"].data();
+    p.scales = static_cast<float const*>(c["scales"].data());
     p.zeros = static_cast<float const*>(c.ptr("zeros"));
     p.bias = static_cast<float const*>(c.ptr("bias"));
     p.m = c["x"].size(0);
@@ -342,15 +347,10 @@ void checkArgmaxRows(Call& c) {
 }
 
 void launchArgmaxRowsEntry(Call const& c) {
-    TensorArg const& logits = c["logits"];
     ArgmaxRowsParams p{};
     p.out = static_cast<int32_t*>(c["out"].data());
-    p.logits = logits.data();
+    setSamplingLogits(p, c["logits"]);
     p.workspace = static_cast<unsigned long long*>(c["workspace"].data());
-    p.batch = logits.size(0);
-    p.vocab = logits.size(1);
-    p.logitsRowStride = logits.stride(0);
-    p.dtype = logits.dtype;
     if (p.batch == 0) return;
     if constexpr (kCudaKernels) launchArgmaxRows(p, c.stream());
 }

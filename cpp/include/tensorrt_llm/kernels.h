@@ -172,7 +172,7 @@ struct HostWeightOnlyGemvParams {
     int bits;              // 4 or 8
 };
 bool hostWeightOnlyGemvAvailable();  // this CPU runs it (AVX2 and FMA)
-bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize);  // its shapes: G % 32 (INT4) / 16 (INT8)
+bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize);  // its shapes: G a multiple of 32
 void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p);
 
 // Decode attention over the paged cache: one query token per sequence at position
