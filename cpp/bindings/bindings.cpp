@@ -64,7 +64,8 @@ void checkRmsNorm(Call& c) {
     c.fitsInt("rows", x.size(0));
 }
 
-void launchRmsNormEntry(Call const& c) {
+// rms_norm's and host_rms_norm's params (rms_norm_fp8's: with its codes).
+RmsNormParams rmsNormParams(Call const& c) {
     TensorArg const& x = c["x"];
     bool const residual = c.has("residual");
     RmsNormParams p{};
@@ -80,6 +81,11 @@ void launchRmsNormEntry(Call const& c) {
     p.residualOutRowStride = residual ? c["residual_out"].stride(0) : 0;
     p.eps = static_cast<float>(c.real("eps"));
     p.dtype = x.dtype;
+    return p;
+}
+
+void launchRmsNormEntry(Call const& c) {
+    RmsNormParams const p = rmsNormParams(c);
     if constexpr (kCudaKernels) launchRmsNorm(p, c.stream());
 }
 
@@ -357,70 +363,32 @@ void launchArgmaxRowsEntry(Call const& c) {
 
 // ---- decode_attention ----
 
-void checkDecodeAttention(Call& c) {
+// What decode_attention and host_decode_attention check alike: shapes, batch, head packing,
+// sliding window, the step's K/V rows and the rotary table.
+void checkDecodeAttentionOperands(Call& c) {
     TensorArg const &q = c["q"], &cache = c["kv_cache"], &tables = c["block_tables"];
     int64_t const batch = q.size(0), numHeads = q.size(1), headDim = q.size(2), kvHeads = cache.size(2);
     int64_t const tpb = cache.size(3);
-    if (checkKvCache(c, q.dtype) != q.dtype
-        && (q.dtype == DType::kFloat32 || (headDim != 64 && headDim != 128))) {
-        throw std::invalid_argument("a kv_cache of codes is read by the tensor-core kernel only: float16 / bfloat16 q "
-                                    "with head_dim 64 or 128, got " + std::string(dtypeName(q.dtype)) + " q "
-                                    + q.shapeStr());
-    }
     if (cache.size(1) != 2 || cache.size(4) != headDim || kvHeads == 0 || tpb == 0) {
         throw std::invalid_argument("kv_cache " + cache.shapeStr()
                                     + " must be [num_blocks, 2, num_kv_heads, tokens_per_block, head_dim] with q "
                                     + q.shapeStr());
     }
-    if (numHeads % kvHeads != 0 || numHeads / kvHeads > kDecodeAttentionMaxGroup) {
+    if (numHeads % kvHeads != 0) {
         throw std::invalid_argument(std::to_string(numHeads) + " query heads over " + std::to_string(kvHeads)
-                                    + " KV heads: the group must be a whole number <= "
-                                    + std::to_string(kDecodeAttentionMaxGroup));
-    }
-    if ((tpb & (tpb - 1)) != 0 || tpb > (1 << 20)) {
-        throw std::invalid_argument("tokens_per_block " + std::to_string(tpb) + " must be a power of two");
-    }
-    if (!decodeAttentionSupportsHeadDim(headDim)) {
-        throw std::invalid_argument("head_dim " + std::to_string(headDim) + " is not supported (64, 128 or 256)");
+                                    + " KV heads: the group must be a whole number");
     }
     if (tables.size(0) != batch || c["sequence_lengths"].shape != std::vector<int64_t>{batch}) {
         throw std::invalid_argument("block_tables " + tables.shapeStr() + " and sequence_lengths "
                                     + c["sequence_lengths"].shapeStr() + " must have batch " + std::to_string(batch)
                                     + " (q " + q.shapeStr() + ")");
     }
-    // A block stages the block ids of its chunk (at most split_size positions) in shared memory.
-    int64_t const numSplits = c.integer("num_splits"), splitSize = c.integer("split_size");
-    if (numSplits < 1 || splitSize < 1 || splitSize / tpb + 2 > kDecodeAttentionMaxChunkBlocks) {
-        throw std::invalid_argument("need num_splits >= 1 and 1 <= split_size <= "
-                                    + std::to_string((kDecodeAttentionMaxChunkBlocks - 2) * tpb)
-                                    + " (tokens_per_block * " + std::to_string(kDecodeAttentionMaxChunkBlocks - 2)
-                                    + "), got " + std::to_string(numSplits) + " and " + std::to_string(splitSize));
-    }
-    c.fitsInt("num_splits", numSplits);
-    if (numSplits * splitSize < tables.size(1) * tpb) {
-        throw std::invalid_argument("num_splits * split_size must cover the block table ("
-                                    + std::to_string(tables.size(1) * tpb) + " positions)");
-    }
     if (c.integer("sliding_window") < 0) throw std::invalid_argument("sliding_window must be >= 0");
     c.fitsInt("sliding_window", c.integer("sliding_window"));
     if (q.stride(1) != headDim || c["out"].stride(1) != headDim) {
         throw std::invalid_argument("heads of q and out must be packed (stride(1) == head_dim)");
     }
-    c.packed16("kv_cache");  // K/V rows are read 16 bytes at a time
     c.shape("alibi_slopes", {numHeads});
-    if (numSplits > 1) {
-        if (!c.has("workspace")) throw std::invalid_argument("num_splits > 1 needs a workspace");
-        if (!c.has("split_counters")) throw std::invalid_argument("num_splits > 1 needs split_counters");
-        int64_t const need = batch * numHeads * numSplits * (headDim + 2);
-        if (c["workspace"].numel() < need) {
-            throw std::invalid_argument("workspace " + c["workspace"].shapeStr() + " holds fewer than "
-                                        + std::to_string(need) + " floats");
-        }
-        if (c["split_counters"].numel() < batch * kvHeads) {
-            throw std::invalid_argument("split_counters " + c["split_counters"].shapeStr() + " holds fewer than "
-                                        + std::to_string(batch * kvHeads) + " counters (batch * num_kv_heads)");
-        }
-    }
     c.together("k_new", "v_new");
     if (c.has("rotary_cos_sin") && !c.has("k_new")) {
         throw std::invalid_argument("rotary_cos_sin needs k_new and v_new");
@@ -440,9 +408,60 @@ void checkDecodeAttention(Call& c) {
     c.fitsInt("batch", batch);
 }
 
-void launchDecodeAttentionEntry(Call const& c) {
+void checkDecodeAttention(Call& c) {
+    checkDecodeAttentionOperands(c);
     TensorArg const &q = c["q"], &cache = c["kv_cache"], &tables = c["block_tables"];
-    bool const fused = c.has("k_new"), splits = c.integer("num_splits") > 1, rotary = c.has("rotary_cos_sin");
+    int64_t const numHeads = q.size(1), headDim = q.size(2), kvHeads = cache.size(2), tpb = cache.size(3);
+    if (checkKvCache(c, q.dtype) != q.dtype
+        && (q.dtype == DType::kFloat32 || (headDim != 64 && headDim != 128))) {
+        throw std::invalid_argument("a kv_cache of codes is read by the tensor-core kernel only: float16 / bfloat16 q "
+                                    "with head_dim 64 or 128, got " + std::string(dtypeName(q.dtype)) + " q "
+                                    + q.shapeStr());
+    }
+    if (numHeads / kvHeads > kDecodeAttentionMaxGroup) {
+        throw std::invalid_argument(std::to_string(numHeads / kvHeads) + " query heads a KV head: the kernel takes <= "
+                                    + std::to_string(kDecodeAttentionMaxGroup));
+    }
+    if ((tpb & (tpb - 1)) != 0 || tpb > (1 << 20)) {
+        throw std::invalid_argument("tokens_per_block " + std::to_string(tpb) + " must be a power of two");
+    }
+    if (!decodeAttentionSupportsHeadDim(headDim)) {
+        throw std::invalid_argument("head_dim " + std::to_string(headDim) + " is not supported (64, 128 or 256)");
+    }
+    // A block stages the block ids of its chunk (at most split_size positions) in shared memory.
+    int64_t const numSplits = c.integer("num_splits"), splitSize = c.integer("split_size");
+    if (numSplits < 1 || splitSize < 1 || splitSize / tpb + 2 > kDecodeAttentionMaxChunkBlocks) {
+        throw std::invalid_argument("need num_splits >= 1 and 1 <= split_size <= "
+                                    + std::to_string((kDecodeAttentionMaxChunkBlocks - 2) * tpb)
+                                    + " (tokens_per_block * " + std::to_string(kDecodeAttentionMaxChunkBlocks - 2)
+                                    + "), got " + std::to_string(numSplits) + " and " + std::to_string(splitSize));
+    }
+    c.fitsInt("num_splits", numSplits);
+    if (numSplits * splitSize < tables.size(1) * tpb) {
+        throw std::invalid_argument("num_splits * split_size must cover the block table ("
+                                    + std::to_string(tables.size(1) * tpb) + " positions)");
+    }
+    c.packed16("kv_cache");  // K/V rows are read 16 bytes at a time
+    if (numSplits > 1) {
+        int64_t const batch = q.size(0);
+        if (!c.has("workspace")) throw std::invalid_argument("num_splits > 1 needs a workspace");
+        if (!c.has("split_counters")) throw std::invalid_argument("num_splits > 1 needs split_counters");
+        int64_t const need = batch * numHeads * numSplits * (headDim + 2);
+        if (c["workspace"].numel() < need) {
+            throw std::invalid_argument("workspace " + c["workspace"].shapeStr() + " holds fewer than "
+                                        + std::to_string(need) + " floats");
+        }
+        if (c["split_counters"].numel() < batch * kvHeads) {
+            throw std::invalid_argument("split_counters " + c["split_counters"].shapeStr() + " holds fewer than "
+                                        + std::to_string(batch * kvHeads) + " counters (batch * num_kv_heads)");
+        }
+    }
+}
+
+// decode_attention's and host_decode_attention's params (the host entry has no splits).
+DecodeAttentionParams decodeAttentionParams(Call const& c) {
+    TensorArg const &q = c["q"], &cache = c["kv_cache"], &tables = c["block_tables"];
+    bool const fused = c.has("k_new"), rotary = c.has("rotary_cos_sin");
     DecodeAttentionParams p{};
     p.kNew = c.ptr("k_new");
     p.vNew = c.ptr("v_new");
@@ -460,8 +479,6 @@ void launchDecodeAttentionEntry(Call const& c) {
     p.blockTables = static_cast<int32_t const*>(tables.data());
     p.sequenceLengths = static_cast<int32_t const*>(c["sequence_lengths"].data());
     p.alibiSlopes = static_cast<float const*>(c.ptr("alibi_slopes"));
-    p.workspace = splits ? static_cast<float*>(c["workspace"].data()) : nullptr;
-    p.splitCounters = splits ? static_cast<int*>(c["split_counters"].data()) : nullptr;
     p.batch = q.size(0);
     p.numHeads = q.size(1);
     p.kvHeads = cache.size(2);
@@ -471,13 +488,27 @@ void launchDecodeAttentionEntry(Call const& c) {
     p.numBlocks = cache.size(0);
     p.qTokenStride = q.stride(0);
     p.outTokenStride = c["out"].stride(0);
-    p.numSplits = static_cast<int>(c.integer("num_splits"));
-    p.splitSize = static_cast<int>(c.integer("split_size"));
     p.slidingWindow = static_cast<int>(c.integer("sliding_window"));
     p.scale = static_cast<float>(c.real("scale"));
     p.dtype = q.dtype;
+    return p;
+}
+
+void launchDecodeAttentionEntry(Call const& c) {
+    DecodeAttentionParams p = decodeAttentionParams(c);
+    bool const splits = c.integer("num_splits") > 1;
+    p.workspace = splits ? static_cast<float*>(c["workspace"].data()) : nullptr;
+    p.splitCounters = splits ? static_cast<int*>(c["split_counters"].data()) : nullptr;
+    p.numSplits = static_cast<int>(c.integer("num_splits"));
+    p.splitSize = static_cast<int>(c.integer("split_size"));
     if (p.batch == 0 || p.maxBlocks == 0) return;
     if constexpr (kCudaKernels) launchDecodeAttention(p, c.stream());
+}
+
+void launchHostDecodeAttentionEntry(Call const& c) {
+    DecodeAttentionParams const p = decodeAttentionParams(c);
+    if (p.batch == 0) return;
+    hostDecodeAttention(p);
 }
 
 // ---- gemv ----
@@ -796,6 +827,28 @@ std::vector<Entry> entries() {
           optionalTensor("bias").rank(1).dtypes({kFloat32}).contiguous(), text("weight_format"),
           integer("group_size")},
          checkHostWeightOnlyGemv, launchHostWeightOnlyGemvEntry, /*host=*/true},
+        {"host_rms_norm",
+         "rms_norm on the host CPU (float32, one thread): out = rmsnorm(x [+ residual]) * weight over rows of [rows, "
+         "hidden]; with a residual, residual_out = x + residual.",
+         {tensor("out").dtypeOf("x").shapeOf("x").lastDimContiguous().written(),
+          tensor("x").rank(2).dtypes({kFloat32}).lastDimContiguous(), tensor("weight").dtypeOf("x").contiguous(),
+          real("eps"), optionalTensor("residual").dtypeOf("x").shapeOf("x").lastDimContiguous(),
+          optionalTensor("residual_out").dtypeOf("x").shapeOf("x").lastDimContiguous().written()},
+         checkRmsNorm, [](Call const& c) { hostRmsNorm(rmsNormParams(c)); }, /*host=*/true},
+        {"host_decode_attention",
+         "decode_attention on the host CPU (float32 q and cache, one thread): one query token per sequence "
+         "(q [B, H, D]) over its paged K/V cache; with k_new/v_new the step's rows are rotated (with "
+         "rotary_cos_sin) and written into the cache first. Lengths and block ids outside the cache are refused.",
+         {tensor("out").dtypeOf("q").shapeOf("q").lastDimContiguous().written(),
+          tensor("q").rank(3).dtypes({kFloat32}).lastDimContiguous(),
+          tensor("kv_cache").rank(5).dtypes({kFloat32}).contiguous().written(),
+          tensor("block_tables").rank(2).dtypes({kInt32}).contiguous(),
+          tensor("sequence_lengths").rank(1).dtypes({kInt32}).contiguous(),
+          optionalTensor("alibi_slopes").dtypes({kFloat32}).contiguous(), real("scale"), integer("sliding_window"),
+          optionalTensor("k_new").dtypeOf("q").lastDimContiguous(),
+          optionalTensor("v_new").dtypeOf("q").lastDimContiguous(),
+          optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox")},
+         checkDecodeAttentionOperands, launchHostDecodeAttentionEntry, /*host=*/true},
         {"argmax_rows",
          "out[b] = the index of row b's first largest logit (logits [B, V]; NaN counts as the largest, as in "
          "torch.argmax): greedy decoding's token. workspace: int64 [B * ceil(V / 4096)], the rows' chunk maxima.",

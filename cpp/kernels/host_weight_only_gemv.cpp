@@ -14,16 +14,8 @@
 // of at most 1/254 of each block's largest |x| per input (PyTorch's CPU path rounds x to bfloat16).
 // INT4 bytes hold inputs 2j (low nibble) and 2j + 1 (high): x's codes are staged with each
 // block's even inputs first, then its odd ones, the order of the nibbles of a block's 16 bytes.
+#include "host_simd.h"
 #include "tensorrt_llm/kernels.h"
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define TRTLLM_HOST_AVX2 1
-#define TRTLLM_AVX2 __attribute__((target("avx2,fma")))
-#include <immintrin.h>
-#else
-#define TRTLLM_HOST_AVX2 0  // elsewhere (aarch64) the op keeps PyTorch's kernels
-#define TRTLLM_AVX2
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +27,7 @@ namespace tensorrt_llm {
 namespace {
 
 constexpr int64_t kBlock = 32;  // inputs of x per int8 scale
+constexpr int kRows = 4;  // rows of W a pass over x's blocks
 
 // A row of x as int8 codes per block of kBlock inputs (llama.cpp's Q8_0: scale = the block's
 // largest |x| / 127, codes round(x / scale)), in the order the weight's codes meet them, and
@@ -81,50 +74,92 @@ TRTLLM_AVX2 inline __m256 dot32(__m256i u, __m256i v) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
 }
 
-// One row of W (INT4, groups of G codes) against one quantized row of x.
-TRTLLM_AVX2 float int4Row(uint8_t const* codes, float const* scales, float const* zeros, XBlocks const& x, int64_t k,
-                          int64_t group) {
-    __m256 total = _mm256_setzero_ps();
-    float zeroTerm = 0.f;
-    __m128i const low = _mm_set1_epi8(0x0F);
-    int64_t const blocksPerGroup = group / kBlock;
-    for (int64_t b = 0; b < k / kBlock; ++b) {
-        int64_t const gi = b / blocksPerGroup;
-        __m128i const bytes = _mm_loadu_si128(reinterpret_cast<__m128i const*>(codes + b * kBlock / 2));
-        __m128i const lo = _mm_and_si128(bytes, low);                     // inputs 0, 2, .., 30 of the block
-        __m128i const hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);  // inputs 1, 3, .., 31
-        __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
-        total = _mm256_fmadd_ps(dot32(_mm256_set_m128i(hi, lo), xq), _mm256_set1_ps(scales[gi] * x.scales[b]), total);
-        if (b % blocksPerGroup == 0) zeroTerm += zeros[gi] * x.groupSums[gi];
-    }
-    return horizontalSum(total) + zeroTerm;
+// sum over i < n of a[i] * b[i].
+TRTLLM_AVX2 float dot(float const* a, float const* b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float sum = horizontalSum(acc);
+    for (; i < n; ++i) sum += a[i] * b[i];
+    return sum;
 }
 
-// One row of W (INT8, groups of G codes; per channel: G = k) against one quantized row of x.
-TRTLLM_AVX2 float int8Row(int8_t const* codes, float const* scales, XBlocks const& x, int64_t k, int64_t group) {
-    __m256 total = _mm256_setzero_ps();
-    int64_t const blocksPerGroup = group / kBlock;
-    for (int64_t b = 0; b < k / kBlock; ++b) {
-        __m256i const c = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(codes + b * kBlock));
-        __m256i const xq = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
-        // maddubs takes one unsigned operand: |c| against x with c's sign.
-        __m256 const d = dot32(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xq, c));
-        total = _mm256_fmadd_ps(d, _mm256_set1_ps(scales[b / blocksPerGroup] * x.scales[b]), total);
+// R rows of W (INT4, groups of G codes) against one quantized row of x, into y[0..R): R rows at
+// once share each block's x codes and give the FMAs R independent chains. One loop over the
+// blocks, the group's scales advanced by a countdown (an index division a block, or a loop a
+// group of one block, cost as much as the block's products).
+template <int R>
+TRTLLM_AVX2 void int4Rows(uint8_t const* codes, int64_t rowBytes, float const* scales, float const* zeros,
+                          int64_t groups, XBlocks const& x, int64_t blocksPerGroup, float* y) {
+    __m256 total[R];
+    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+    __m128i const low = _mm_set1_epi8(0x0F);
+    int64_t const blocks = groups * blocksPerGroup;
+    float const* s = scales;
+    int64_t left = blocksPerGroup;
+    for (int64_t b = 0; b < blocks; ++b) {
+        __m256i const xv = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
+        float const xs = x.scales[b];
+        for (int r = 0; r < R; ++r) {
+            __m128i const bytes = _mm_loadu_si128(reinterpret_cast<__m128i const*>(codes + r * rowBytes + b * kBlock / 2));
+            __m128i const lo = _mm_and_si128(bytes, low);                     // inputs 0, 2, .., 30
+            __m128i const hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);  // inputs 1, 3, .., 31
+            total[r] = _mm256_fmadd_ps(dot32(_mm256_set_m128i(hi, lo), xv), _mm256_set1_ps(s[r * groups] * xs),
+                                       total[r]);
+        }
+        if (--left == 0) {
+            left = blocksPerGroup;
+            ++s;
+        }
     }
-    return horizontalSum(total);
+    for (int r = 0; r < R; ++r) y[r] = horizontalSum(total[r]) + dot(zeros + r * groups, x.groupSums.data(), groups);
+}
+
+// R rows of W (INT8, groups of G codes; per channel: G = k) against one quantized row of x.
+template <int R>
+TRTLLM_AVX2 void int8Rows(int8_t const* codes, int64_t rowBytes, float const* scales, int64_t groups,
+                          XBlocks const& x, int64_t blocksPerGroup, float* y) {
+    __m256 total[R];
+    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+    int64_t const blocks = groups * blocksPerGroup;
+    float const* s = scales;
+    int64_t left = blocksPerGroup;
+    for (int64_t b = 0; b < blocks; ++b) {
+        __m256i const xv = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
+        float const xs = x.scales[b];
+        for (int r = 0; r < R; ++r) {
+            __m256i const c = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(codes + r * rowBytes + b * kBlock));
+            // maddubs takes one unsigned operand: |c| against x with c's sign.
+            __m256 const d = dot32(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xv, c));
+            total[r] = _mm256_fmadd_ps(d, _mm256_set1_ps(s[r * groups] * xs), total[r]);
+        }
+        if (--left == 0) {
+            left = blocksPerGroup;
+            ++s;
+        }
+    }
+    for (int r = 0; r < R; ++r) y[r] = horizontalSum(total[r]);
+}
+
+// R rows of W from row n against one quantized row of x, into out[n..n + R).
+template <int R>
+TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const& x, int64_t n, float* out) {
+    int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
+    int64_t const groups = p.k / group;
+    if (p.bits == 4) {
+        int64_t const rowBytes = p.k / 2;
+        int4Rows<R>(static_cast<uint8_t const*>(p.qweight) + n * rowBytes, rowBytes, p.scales + n * groups,
+                    p.zeros + n * groups, groups, x, group / kBlock, out + n);
+    } else {
+        int8Rows<R>(static_cast<int8_t const*>(p.qweight) + n * p.k, p.k, p.scales + n * groups, groups, x,
+                    group / kBlock, out + n);
+    }
 }
 #endif
 
 } // namespace
 
-bool hostWeightOnlyGemvAvailable() {
-#if TRTLLM_HOST_AVX2
-    static bool const available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return available;
-#else
-    return false;
-#endif
-}
+bool hostWeightOnlyGemvAvailable() { return hostAvx2(); }
 
 bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize) {
     int64_t const group = groupSize > 0 ? groupSize : k;
@@ -138,17 +173,15 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
     }
 #if TRTLLM_HOST_AVX2
     int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
-    int64_t const groups = p.k / group;
     XBlocks x;
     for (int64_t r = 0; r < p.m; ++r) {
         quantizeX(p.x + r * p.xRowStride, p.k, group, p.bits == 4, x);
         float* out = p.out + r * p.outRowStride;
-        for (int64_t n = 0; n < p.n; ++n) {
-            float const y = p.bits == 4 ? int4Row(static_cast<uint8_t const*>(p.qweight) + n * (p.k / 2),
-                                                  p.scales + n * groups, p.zeros + n * groups, x, p.k, group)
-                                        : int8Row(static_cast<int8_t const*>(p.qweight) + n * p.k, p.scales + n * groups,
-                                                  x, p.k, group);
-            out[n] = y + (p.bias ? p.bias[n] : 0.f);
+        int64_t n = 0;
+        for (; n + kRows <= p.n; n += kRows) rows<kRows>(p, x, n, out);
+        for (; n < p.n; ++n) rows<1>(p, x, n, out);
+        if (p.bias) {
+            for (int64_t i = 0; i < p.n; ++i) out[i] += p.bias[i];
         }
     }
 #endif

@@ -1,8 +1,10 @@
 """gpt_attention: causal attention over a paged KV cache, which it fills (docs/architecture.md).
 
 Its reference reads the cache through the block tables in plain PyTorch (softmax in float32);
-it is also the CPU runtime, so the decode path avoids needless copies. The CUDA implementation
-(paged decode-attention kernel, varlen flash attention) is in attention_cuda.py.
+it is also the CPU runtime of prompt steps, so the decode path avoids needless copies. CPU decode
+steps in float32 run the host kernel (kernels/host_decode_attention.cpp: rotation, the K/V write
+and the attention of each sequence in one loop). The CUDA implementation (paged decode-attention
+kernel, varlen flash attention) is in attention_cuda.py.
 
 A quantized KV cache (an int8 or uint8 pool with `kv_cache_scale`, quantization/formats.py):
 the new rows are written as codes, and every row attention reads is dequantized to float32
@@ -20,7 +22,8 @@ import torch.nn.functional as F
 from .._utils import is_floating
 from ..network import Tensor, shapes_compatible
 from ..quantization.formats import dequantize_kv, kv_cache_algo_of, quantize_kv
-from .op import REFERENCE, add_layer, check_int, check_same_dtype, check_shape, define
+from .launch import bindings_available, launch
+from .op import CPU, REFERENCE, add_layer, check_int, check_same_dtype, check_shape, define
 from .rotary import rotary_embedding_reference
 
 KV_CODE_DTYPES = ("int8", "uint8")  # a quantized pool's dtypes (INT8 codes, FP8 bytes)
@@ -292,3 +295,32 @@ def gpt_attention_reference(q, k, v, kv_cache_pool, block_tables, sequence_lengt
         outs.append(out.view(n, num_heads * head_dim))
         start += n
     return torch.cat(outs) if outs else q.new_empty(0, num_heads * head_dim)
+
+
+@gpt_attention.implementation(CPU)
+def gpt_attention_cpu(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                      alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None,
+                      kv_cache_scale=None, *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block,
+                      scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+    """Decode steps (one new token per sequence) of a float32 engine in the host kernel, which
+    rotates q and k at position sequence_lengths - 1 (as the runtime feeds decode positions),
+    writes the step's K/V rows and attends; anything else in the reference."""
+    num_tokens = q.shape[0]
+    cache = kv_cache_pool[layer_idx]
+    if (num_tokens != block_tables.shape[0] or q.dtype != torch.float32 or cache.dtype != torch.float32
+            or kv_cache_scale is not None or not bindings_available()
+            or (rotary_cos_sin is not None and rotary_cos_sin.shape[1] != rotary_dim)):
+        return gpt_attention_reference(
+            q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+            alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale, layer_idx=layer_idx,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, tokens_per_block=tokens_per_block,
+            scale=scale, sliding_window=sliding_window, rotary_dim=rotary_dim, rotary_is_neox=rotary_is_neox)
+    # Every sequence has at least one new token, so as many tokens as sequences is one each.
+    qh = q.view(num_tokens, num_heads, head_dim)  # column slices of the packed QKV: views, no copies
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype)
+    launch("host_decode_attention", out, qh, cache, block_tables, sequence_lengths,
+           None if alibi_slopes is None else alibi_slopes.float().contiguous(),
+           1.0 / math.sqrt(head_dim) if scale is None else float(scale), int(sliding_window or 0),
+           k.view(num_tokens, num_kv_heads, head_dim), v.view(num_tokens, num_kv_heads, head_dim), rotary_cos_sin,
+           bool(rotary_is_neox))
+    return out.view(num_tokens, num_heads * head_dim)

@@ -65,21 +65,27 @@ _TORCH_DTYPE_NAMES = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _dtype_codes() -> dict:
+    """torch dtype -> the binding's code, for the dtypes this build's bindings take."""
+    codes = get_bindings().DTYPES
+    return {dtype: codes[name] for dtype, name in _TORCH_DTYPE_NAMES.items() if name in codes}
+
+
 def dtype_code(dtype: torch.dtype) -> Optional[int]:
     """The binding's code for a torch dtype; None for a dtype no kernel takes."""
-    name = _TORCH_DTYPE_NAMES.get(dtype)
-    return None if name is None else get_bindings().DTYPES.get(name)  # (bindings built before int8/uint8)
+    return _dtype_codes().get(dtype)
 
 
 def tensor_arg(t: torch.Tensor) -> tuple:
     """The (data_ptr, dtype_code, shape, strides, device) tuple the bindings take for a tensor."""
-    code = dtype_code(t.dtype)
+    code = _dtype_codes().get(t.dtype)
     if code is None:
         raise TypeError(f"tensorrt_llm kernels do not take {t.dtype} tensors")
-    device = t.device.index if t.device.type == "cuda" else -1
-    if t.device.type == "cuda" and device is None:
-        device = torch.cuda.current_device()
-    return (t.data_ptr(), code, tuple(t.shape), tuple(t.stride()), device)
+    if not t.is_cuda:
+        return (t.data_ptr(), code, tuple(t.shape), t.stride(), -1)
+    device = t.device.index
+    return (t.data_ptr(), code, tuple(t.shape), t.stride(), torch.cuda.current_device() if device is None else device)
 
 
 def stream_of(t: torch.Tensor) -> int:
@@ -90,13 +96,23 @@ def stream_of(t: torch.Tensor) -> int:
 def launch(kernel: str, *args, **kwargs) -> None:
     """Call binding entry `kernel`: tensors as tensor tuples, on the current stream of the
     first tensor's device (see the module's docstring); a host kernel (CPU tensors) takes no
-    stream."""
-    first = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+    stream. (A loop, not comprehensions: a CPU decode step makes some 200 launches.)"""
     # New names: args and kwargs keep the tensors alive through the call (a temporary argument's
     # host memory, once freed, is reused at once; CUDA memory only in stream order).
-    positional = [tensor_arg(a) if isinstance(a, torch.Tensor) else a for a in args]
-    named = {k: tensor_arg(a) if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
-    if first.device.type == "cuda":
+    first = None
+    positional = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            first = a if first is None else first
+            a = tensor_arg(a)
+        positional.append(a)
+    named = {}
+    for name, a in kwargs.items():
+        if isinstance(a, torch.Tensor):
+            first = a if first is None else first
+            a = tensor_arg(a)
+        named[name] = a
+    if first.is_cuda:
         named["stream"] = stream_of(first)
     getattr(get_bindings(), kernel)(*positional, **named)
 

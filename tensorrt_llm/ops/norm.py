@@ -4,8 +4,10 @@ add and the rms_norm of the sum, made by the fuse_add_rms_norm pass).
 rms_norm means what transformers computes (LlamaRMSNorm): the mean square and the
 normalisation in float32, the normalised value rounded to x's dtype, then scaled by the
 weight in that dtype (rounded again). The CUDA kernel scales in float32 and rounds once, so it
-may differ from the reference by a unit in the last place of the dtype. The residual sum of
-fused_add_rms_norm is one add in x's dtype everywhere: bit-exact.
+may differ from the reference by a unit in the last place of the dtype; the host kernel (the CPU's
+float32 rows, kernels/host_rms_norm.cpp) sums the squares in another order than PyTorch, within
+float32 rounding. The residual sum of fused_add_rms_norm is one add in x's dtype everywhere:
+bit-exact.
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ..network import Tensor, shapes_compatible
-from .launch import launch, rows
-from .op import CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
+from .launch import bindings_available, launch, rows
+from .op import CPU, CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
 
 
 def check_norm_params(op: str, x: Tensor, *params: Optional[Tensor]) -> None:
@@ -65,14 +67,35 @@ def rms_norm_reference(x, weight=None, *, eps):
     return out if weight is None else out * weight
 
 
+def _norm_kernel(kernel: str, x, weight, eps, residual=None):
+    """The compiled RMSNorm (`rms_norm` on a GPU, `host_rms_norm` on the CPU): out, or (out,
+    x + residual) with a residual."""
+    hidden = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    total = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        extra = {} if residual is None else {"residual": rows(residual), "residual_out": total.view(-1, hidden)}
+        launch(kernel, out.view(-1, hidden), rows(x), weight.contiguous(), float(eps), **extra)
+    return out if residual is None else (out, total)
+
+
+def host_norm_serves(x, weight) -> bool:
+    """Whether host_rms_norm takes this call: float32 rows and weight, the bindings built."""
+    return weight is not None and x.dtype == torch.float32 and weight.dtype == torch.float32 and bindings_available()
+
+
 @rms_norm.implementation(CUDA)
 def rms_norm_cuda(x, weight=None, *, eps):
     if weight is None:  # the kernel takes a weight
         return rms_norm_reference(x, weight, eps=eps)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if out.numel():
-        launch("rms_norm", out.view(-1, x.shape[-1]), rows(x), weight, float(eps))
-    return out
+    return _norm_kernel("rms_norm", x, weight, eps)
+
+
+@rms_norm.implementation(CPU)
+def rms_norm_cpu(x, weight=None, *, eps):
+    if not host_norm_serves(x, weight):
+        return rms_norm_reference(x, weight, eps=eps)
+    return _norm_kernel("host_rms_norm", x, weight, eps)
 
 
 @define
@@ -95,10 +118,11 @@ def fused_add_rms_norm_reference(x, residual, weight=None, *, eps):
 def fused_add_rms_norm_cuda(x, residual, weight=None, *, eps):
     if weight is None:
         return fused_add_rms_norm_reference(x, residual, weight, eps=eps)
-    hidden = x.shape[-1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if out.numel():
-        launch("rms_norm", out.view(-1, hidden), rows(x), weight, float(eps), residual=rows(residual),
-               residual_out=total.view(-1, hidden))
-    return out, total
+    return _norm_kernel("rms_norm", x, weight, eps, residual)
+
+
+@fused_add_rms_norm.implementation(CPU)
+def fused_add_rms_norm_cpu(x, residual, weight=None, *, eps):
+    if not host_norm_serves(x, weight) or residual.dtype != x.dtype or residual.shape != x.shape:
+        return fused_add_rms_norm_reference(x, residual, weight, eps=eps)
+    return _norm_kernel("host_rms_norm", x, weight, eps, residual)

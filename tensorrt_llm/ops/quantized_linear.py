@@ -248,11 +248,14 @@ def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_
     m = x.numel() // k if k else 0
     if 0 < m <= HOST_GEMV_MAX_ROWS and host_gemv_serves(weight_format, k, group_size):
         pack = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled, host=True)
-        x2 = x.reshape(m, k).float().contiguous()
-        out = torch.empty(m, pack.out_features, dtype=torch.float32)
+        # A float32 engine's decode rows are the kernel's layout already: no reshapes, no casts
+        # (each a few us of a decode linear's Python).
+        plain = x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
+        x2 = x if plain else x.reshape(m, k).float().contiguous()
+        out = torch.empty(m, pack.out_features)
         launch("host_weight_only_gemv", out, x2, *pack.args, None if bias is None else bias.float().contiguous(),
                weight_format, int(group_size))
-        return out.to(x.dtype).reshape(*x.shape[:-1], pack.out_features)
+        return out if plain else out.to(x.dtype).reshape(*x.shape[:-1], pack.out_features)
     pack = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled)
     if weight_format == "int8":
         return qcpu.int8_weight_only_linear(x, pack, bias)

@@ -104,7 +104,7 @@ def test_kernel_in_a_cuda_graph_replays_with_new_lengths():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bad, message", [
-    ("group", "group must be a whole number <= 8"),
+    ("group", "a KV head: the kernel takes <= 8"),
     ("head_dim", "head_dim 80 is not supported"),
     ("dtype", "kv_cache"),
     ("batch", "must have batch"),

@@ -59,6 +59,7 @@ struct RmsNormParams {
     float const* codeScale;    // [1], an FP8 linear's static input scale, or nullptr
 };
 void launchRmsNorm(RmsNormParams const& p, void* stream);
+void hostRmsNorm(RmsNormParams const& p);  // on the host CPU: float32, no codeScale (kernels/host_rms_norm.cpp)
 
 struct RotaryParams {
     void* q;                   // [tokens, qHeads, headDim], last dim contiguous
@@ -217,6 +218,9 @@ struct DecodeAttentionParams {
 };
 bool decodeAttentionSupportsHeadDim(int64_t headDim);
 void launchDecodeAttention(DecodeAttentionParams const& p, void* stream);
+// On the host CPU (kernels/host_decode_attention.cpp): float32 q and cache, no splits (numSplits,
+// splitSize, workspace and splitCounters unused); lengths and block ids are checked as it reads them.
+void hostDecodeAttention(DecodeAttentionParams const& p);
 
 // Linear layer of a few rows (decode steps of small batches) as one pass over the weights,
 // with the op that produces its input fused in front (the prologue):
