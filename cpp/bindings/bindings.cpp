@@ -309,6 +309,9 @@ void checkHostWeightOnlyGemv(Call& c) {
         throw std::invalid_argument("group_size must be > 0 (INT4) or >= 0 (INT8, 0: per channel), got "
                                     + std::to_string(group));
     }
+    if (c.integer("threads") < 1 || c.integer("threads") > 1024) {
+        throw std::invalid_argument("threads must be in [1, 1024], got " + std::to_string(c.integer("threads")));
+    }
     if (!hostWeightOnlyGemvServes(bits, k, group)) {
         throw std::invalid_argument("no kernel for in_features " + std::to_string(k) + " in groups of "
                                     + std::to_string(group)
@@ -342,6 +345,7 @@ void launchHostWeightOnlyGemvEntry(Call const& c) {
     p.outRowStride = c["out"].stride(0);
     p.groupSize = c.integer("group_size");
     p.bits = hostWeightOnlyBits(c);
+    p.threads = static_cast<int>(c.integer("threads"));
     if (p.m == 0 || p.n == 0) return;
     hostWeightOnlyGemv(p);
 }
@@ -817,7 +821,7 @@ std::vector<Entry> entries() {
           stream()},
          checkTopKTopPSample, launchTopKTopPSampleEntry},
         {"host_weight_only_gemv",
-         "out = x @ W^T + bias on the host CPU (AVX2 + FMA, one thread), W the INT8 / INT4 weight of qweight, scales "
+         "out = x @ W^T + bias on the host CPU (AVX2 + FMA; W's rows over `threads` threads), W the INT8 / INT4 weight of qweight, scales "
          "(and zeros) as formats.py lays them out (INT4: uint8 [N, K / 2]; INT8: int8 [N, K]; group_size 0: per "
          "channel); x, out float32 [M, K] / [M, N].",
          {tensor("out").rank(2).dtypes({kFloat32}).lastDimContiguous().written(),
@@ -825,7 +829,7 @@ std::vector<Entry> entries() {
           tensor("qweight").rank(2).dtypes({DType::kInt8, DType::kUInt8}).contiguous(),
           tensor("scales").dtypes({kFloat32}).contiguous(), optionalTensor("zeros").dtypes({kFloat32}).contiguous(),
           optionalTensor("bias").rank(1).dtypes({kFloat32}).contiguous(), text("weight_format"),
-          integer("group_size")},
+          integer("group_size"), integer("threads")},
          checkHostWeightOnlyGemv, launchHostWeightOnlyGemvEntry, /*host=*/true},
         {"host_rms_norm",
          "rms_norm on the host CPU (float32, one thread): out = rmsnorm(x [+ residual]) * weight over rows of [rows, "

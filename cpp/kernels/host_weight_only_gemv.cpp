@@ -1,4 +1,5 @@
-// Weight-only INT8 / INT4 GEMV on the host CPU (decode rows), with AVX2 and FMA, one thread.
+// Weight-only INT8 / INT4 GEMV on the host CPU (decode rows), with AVX2 and FMA, its output rows
+// split over `threads` threads (host_parallel.h).
 //
 // Why ours: PyTorch's CPU int4pack / int8pack kernels are vectorized for AVX-512; on an AVX2-only
 // CPU (an AMD EPYC of the 2-core machine) they were slower than float32 F.linear on every decoder
@@ -14,6 +15,7 @@
 // of at most 1/254 of each block's largest |x| per input (PyTorch's CPU path rounds x to bfloat16).
 // INT4 bytes hold inputs 2j (low nibble) and 2j + 1 (high): x's codes are staged with each
 // block's even inputs first, then its odd ones, the order of the nibbles of a block's 16 bytes.
+#include "host_parallel.h"
 #include "host_simd.h"
 #include "tensorrt_llm/kernels.h"
 
@@ -28,6 +30,7 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // inputs of x per int8 scale
 constexpr int kRows = 4;  // rows of W a pass over x's blocks
+constexpr int64_t kRowsPerPart = 128;  // the least rows of W worth a thread (a few us)
 
 // A row of x as int8 codes per block of kBlock inputs (llama.cpp's Q8_0: scale = the block's
 // largest |x| / 127, codes round(x / scale)), in the order the weight's codes meet them, and
@@ -177,9 +180,14 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
     for (int64_t r = 0; r < p.m; ++r) {
         quantizeX(p.x + r * p.xRowStride, p.k, group, p.bits == 4, x);
         float* out = p.out + r * p.outRowStride;
-        int64_t n = 0;
-        for (; n + kRows <= p.n; n += kRows) rows<kRows>(p, x, n, out);
-        for (; n < p.n; ++n) rows<1>(p, x, n, out);
+        int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
+        int64_t const perPart = ((p.n + parts - 1) / parts + kRows - 1) / kRows * kRows;
+        hostParallel(parts, [&](int part) {
+            int64_t n = part * perPart;
+            int64_t const end = std::min(p.n, n + perPart);
+            for (; n + kRows <= end; n += kRows) rows<kRows>(p, x, n, out);
+            for (; n < end; ++n) rows<1>(p, x, n, out);
+        });
         if (p.bias) {
             for (int64_t i = 0; i < p.n; ++i) out[i] += p.bias[i];
         }

@@ -254,7 +254,7 @@ def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_
         x2 = x if plain else x.reshape(m, k).float().contiguous()
         out = torch.empty(m, pack.out_features)
         launch("host_weight_only_gemv", out, x2, *pack.args, None if bias is None else bias.float().contiguous(),
-               weight_format, int(group_size))
+               weight_format, int(group_size), torch.get_num_threads())
         return out if plain else out.to(x.dtype).reshape(*x.shape[:-1], pack.out_features)
     pack = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled)
     if weight_format == "int8":

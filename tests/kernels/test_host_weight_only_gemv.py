@@ -36,13 +36,14 @@ def reference(x, fmt, q, group, bias):
 
 
 CASES = [("int4", 32, 960, 576), ("int4", 64, 80, 256), ("int4", 128, 48, 1536), ("int8", 0, 576, 1536),
-         ("int8", 32, 100, 576), ("int8", 64, 16, 128)]
+         ("int8", 32, 100, 576), ("int8", 64, 16, 128), ("int4", 32, 1000, 64)]
 
 
 @pytest.mark.parametrize("fmt,group,n,k", CASES)
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_matches_the_int8_x_reference_on_random_data(fmt, group, n, k, m, with_bias):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_matches_the_int8_x_reference_on_random_data(fmt, group, n, k, m, with_bias, threads):
     torch.manual_seed(n * 7 + k + m)
     w = torch.randn(n, k) * 0.05
     q = quantize_int4(w, group, scale_dtype=torch.float32) if fmt == "int4" else \
@@ -53,7 +54,7 @@ def test_matches_the_int8_x_reference_on_random_data(fmt, group, n, k, m, with_b
     out = torch.full((m, n), float("nan"))
     # Temporaries as arguments: launch keeps them alive through the call (host memory is reused at once).
     launch("host_weight_only_gemv", out, x.clone(), q.qweight.clone(), q.scales.clone(),
-           None if fmt == "int8" else q.zeros.clone(), None if bias is None else bias.clone(), fmt, group)
+           None if fmt == "int8" else q.zeros.clone(), None if bias is None else bias.clone(), fmt, group, threads)
     expected = reference(x, fmt, q, group, bias)
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
@@ -67,7 +68,7 @@ def test_the_cpu_op_takes_it_for_decode_rows():
         y = weight_only_linear_cpu(x, q.qweight, q.scales, q.zeros, weight_format="int4", group_size=32)
         assert y.dtype == torch.bfloat16 and y.shape == (m, 64)
         direct = torch.empty(m, 64)
-        launch("host_weight_only_gemv", direct, x.float(), q.qweight, q.scales, q.zeros, None, "int4", 32)
+        launch("host_weight_only_gemv", direct, x.float(), q.qweight, q.scales, q.zeros, None, "int4", 32, 1)
         assert torch.equal(y, direct.to(torch.bfloat16))
 
 
@@ -93,12 +94,39 @@ def test_refusals_name_the_argument():
     args = [tensor_arg(t) for t in (out, x, q.qweight, q.scales, q.zeros)]
     with pytest.raises(ValueError, match=r"^host_weight_only_gemv: weight_format must be 'int8' or 'int4', "
                                          r"got 'int2'$"):
-        b.host_weight_only_gemv(*args, None, "int2", 32)
+        b.host_weight_only_gemv(*args, None, "int2", 32, 1)
     with pytest.raises(ValueError, match=r"^host_weight_only_gemv: no kernel for in_features 64 in groups of 16"):
-        b.host_weight_only_gemv(*args, None, "int4", 16)
+        b.host_weight_only_gemv(*args, None, "int4", 16, 1)
     with pytest.raises(ValueError, match=r"^host_weight_only_gemv: INT4 takes zeros$"):
-        b.host_weight_only_gemv(*args[:4], None, None, "int4", 32)
+        b.host_weight_only_gemv(*args[:4], None, None, "int4", 32, 1)
     on_gpu = tensor_arg(out)[:4] + (0,)
     with pytest.raises(ValueError, match=r"host_weight_only_gemv: out \(float32 \[1, 16\] on cuda:0\) must be a host "
                                          r"\(CPU\) tensor"):
-        b.host_weight_only_gemv(on_gpu, *args[1:], None, "int4", 32)
+        b.host_weight_only_gemv(on_gpu, *args[1:], None, "int4", 32, 1)
+    with pytest.raises(ValueError, match=r"^host_weight_only_gemv: threads must be in \[1, 1024\], got 0$"):
+        b.host_weight_only_gemv(*args, None, "int4", 32, 0)
+
+
+def _gemv_rows(seed: int, threads: int) -> list:
+    """A 256-row INT4 GEMV (two parts of 128 rows at threads=2) on data made from seed (PyTorch's
+    own ops on one thread: its OpenMP team does not survive a fork)."""
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        q = quantize_int4(torch.randn(256, 64) * 0.05, 32, scale_dtype=torch.float32)
+        x, out = torch.randn(1, 64), torch.empty(1, 256)
+        launch("host_weight_only_gemv", out, x, q.qweight, q.scales, q.zeros, None, "int4", 32, threads)
+        return out.tolist()
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
+def test_threads_split_the_rows_and_a_forked_child_starts_its_own_pool():
+    """Two threads give what one gives; a child forked after the pool's workers started (which it
+    does not inherit) still completes its calls instead of waiting on workers it does not have."""
+    import multiprocessing
+
+    assert _gemv_rows(4, 2) == _gemv_rows(4, 1)
+    with multiprocessing.get_context("fork").Pool(1) as children:
+        assert children.apply_async(_gemv_rows, (4, 2)).get(timeout=120) == _gemv_rows(4, 1)

@@ -171,6 +171,7 @@ struct HostWeightOnlyGemvParams {
     int64_t m, n, k, xRowStride, outRowStride;
     int64_t groupSize;     // G; 0: per channel (INT8)
     int bits;              // 4 or 8
+    int threads;           // threads over W's rows (1: this one only)
 };
 bool hostWeightOnlyGemvAvailable();  // this CPU runs it (AVX2 and FMA)
 bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize);  // its shapes: G a multiple of 32
