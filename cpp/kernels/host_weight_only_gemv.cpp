@@ -87,42 +87,37 @@ TRTLLM_AVX2 float dot(float const* a, float const* b, int64_t n) {
     return sum;
 }
 
-// R rows of W (INT4, groups of G codes) against one quantized row of x, into y[0..R): R rows at
-// once share each block's x codes and give the FMAs R independent chains. One loop over the
-// blocks, the group's scales advanced by a countdown (an index division a block, or a loop a
-// group of one block, cost as much as the block's products).
-template <int R>
-TRTLLM_AVX2 void int4Rows(uint8_t const* codes, int64_t rowBytes, float const* scales, float const* zeros,
-                          int64_t groups, XBlocks const& x, int64_t blocksPerGroup, float* y) {
-    __m256 total[R];
-    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
-    __m128i const low = _mm_set1_epi8(0x0F);
-    int64_t const blocks = groups * blocksPerGroup;
-    float const* s = scales;
-    int64_t left = blocksPerGroup;
-    for (int64_t b = 0; b < blocks; ++b) {
-        __m256i const xv = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
-        float const xs = x.scales[b];
-        for (int r = 0; r < R; ++r) {
-            __m128i const bytes = _mm_loadu_si128(reinterpret_cast<__m128i const*>(codes + r * rowBytes + b * kBlock / 2));
-            __m128i const lo = _mm_and_si128(bytes, low);                     // inputs 0, 2, .., 30
-            __m128i const hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);  // inputs 1, 3, .., 31
-            total[r] = _mm256_fmadd_ps(dot32(_mm256_set_m128i(hi, lo), xv), _mm256_set1_ps(s[r * groups] * xs),
-                                       total[r]);
-        }
-        if (--left == 0) {
-            left = blocksPerGroup;
-            ++s;
-        }
+// One block of a row of W against x's codes xv: its 32 products, summed in integers by fours,
+// as 8 floats. INT4: 16 bytes, the block's even inputs in the low nibbles, the odd ones in the
+// high nibbles (x's codes are staged in that order).
+struct Int4Block {
+    static constexpr int64_t kBytes = kBlock / 2;
+    TRTLLM_AVX2 __m256 operator()(uint8_t const* codes, __m256i xv) const {
+        __m128i const low = _mm_set1_epi8(0x0F);
+        __m128i const bytes = _mm_loadu_si128(reinterpret_cast<__m128i const*>(codes));
+        __m128i const lo = _mm_and_si128(bytes, low);                     // inputs 0, 2, .., 30
+        __m128i const hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);  // inputs 1, 3, .., 31
+        return dot32(_mm256_set_m128i(hi, lo), xv);
     }
-    for (int r = 0; r < R; ++r) y[r] = horizontalSum(total[r]) + dot(zeros + r * groups, x.groupSums.data(), groups);
-}
+};
 
-// R rows of W (INT8, groups of G codes; per channel: G = k) against one quantized row of x.
-template <int R>
-TRTLLM_AVX2 void int8Rows(int8_t const* codes, int64_t rowBytes, float const* scales, int64_t groups,
-                          XBlocks const& x, int64_t blocksPerGroup, float* y) {
-    __m256 total[R];
+// INT8: 32 signed codes; maddubs takes one unsigned operand, so |c| against x with c's sign.
+struct Int8Block {
+    static constexpr int64_t kBytes = kBlock;
+    TRTLLM_AVX2 __m256 operator()(uint8_t const* codes, __m256i xv) const {
+        __m256i const c = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(codes));
+        return dot32(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xv, c));
+    }
+};
+
+// R rows of W (groups of G codes; INT8 per channel: G = k), rowBytes apart, against one quantized
+// row of x: each row's sum over blocks of block products x weight scale x block scale, as 8
+// floats in total[r]. R rows at once share each block's x codes and give the FMAs R independent
+// chains. One loop over the blocks, the group's scales advanced by a countdown (an index
+// division a block, or a loop a group of one block, cost as much as the block's products).
+template <int R, typename Block>
+TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* scales, int64_t groups,
+                           XBlocks const& x, int64_t blocksPerGroup, __m256 (&total)[R]) {
     for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
     int64_t const blocks = groups * blocksPerGroup;
     float const* s = scales;
@@ -131,31 +126,33 @@ TRTLLM_AVX2 void int8Rows(int8_t const* codes, int64_t rowBytes, float const* sc
         __m256i const xv = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
         float const xs = x.scales[b];
         for (int r = 0; r < R; ++r) {
-            __m256i const c = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(codes + r * rowBytes + b * kBlock));
-            // maddubs takes one unsigned operand: |c| against x with c's sign.
-            __m256 const d = dot32(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xv, c));
-            total[r] = _mm256_fmadd_ps(d, _mm256_set1_ps(s[r * groups] * xs), total[r]);
+            total[r] = _mm256_fmadd_ps(Block{}(codes + r * rowBytes + b * Block::kBytes, xv),
+                                       _mm256_set1_ps(s[r * groups] * xs), total[r]);
         }
         if (--left == 0) {
             left = blocksPerGroup;
             ++s;
         }
     }
-    for (int r = 0; r < R; ++r) y[r] = horizontalSum(total[r]);
 }
 
-// R rows of W from row n against one quantized row of x, into out[n..n + R).
+// R rows of W from row n against one quantized row of x, into out[n..n + R); INT4's zeros meet
+// x's float sums per group.
 template <int R>
 TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const& x, int64_t n, float* out) {
     int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
     int64_t const groups = p.k / group;
+    int64_t const rowBytes = p.bits == 4 ? p.k / 2 : p.k;
+    uint8_t const* codes = static_cast<uint8_t const*>(p.qweight) + n * rowBytes;
+    __m256 total[R];
     if (p.bits == 4) {
-        int64_t const rowBytes = p.k / 2;
-        int4Rows<R>(static_cast<uint8_t const*>(p.qweight) + n * rowBytes, rowBytes, p.scales + n * groups,
-                    p.zeros + n * groups, groups, x, group / kBlock, out + n);
+        blockRows<R, Int4Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, total);
+        for (int r = 0; r < R; ++r) {
+            out[n + r] = horizontalSum(total[r]) + dot(p.zeros + (n + r) * groups, x.groupSums.data(), groups);
+        }
     } else {
-        int8Rows<R>(static_cast<int8_t const*>(p.qweight) + n * p.k, p.k, p.scales + n * groups, groups, x,
-                    group / kBlock, out + n);
+        blockRows<R, Int8Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, total);
+        for (int r = 0; r < R; ++r) out[n + r] = horizontalSum(total[r]);
     }
 }
 #endif
