@@ -36,7 +36,7 @@ def reference(x, fmt, q, group, bias):
 
 
 CASES = [("int4", 32, 960, 576), ("int4", 64, 80, 256), ("int4", 128, 48, 1536), ("int8", 0, 576, 1536),
-         ("int8", 32, 100, 576), ("int8", 64, 16, 128), ("int4", 32, 1000, 64)]
+         ("int8", 32, 100, 576), ("int8", 64, 16, 128), ("int4", 32, 1000, 64), ("int8", 0, 1003, 576)]
 
 
 @pytest.mark.parametrize("fmt,group,n,k", CASES)
