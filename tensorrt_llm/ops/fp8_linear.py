@@ -62,13 +62,15 @@ from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import cuda_kernels_available, get_bindings, launch, rows
 from .linear import GEMV_PROLOGUES, linear_shape, on_16_byte_packs
 from .norm import (
+    fused_add_rms_norm_cpu,
     fused_add_rms_norm_cuda,
     fused_add_rms_norm_reference,
     residual_sum_shape,
+    rms_norm_cpu,
     rms_norm_cuda,
     rms_norm_reference,
 )
-from .op import CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, define
+from .op import CPU, CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
@@ -226,8 +228,9 @@ def scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype):
 
 
 # ---- a norm or gated activation fused in front (the fuse_norm_linear / fuse_act_linear passes) ----
-# As linear.py's rms_norm_linear family: the references compose the unfused references (the fused
-# graph gives the unfused graph's numbers bit for bit); on a GPU, a few rows with a static input
+# As linear.py's rms_norm_linear family: the references compose the unfused references, and the
+# CPU implementations the unfused CPU ones (the fused graph gives the unfused graph's numbers bit
+# for bit); on a GPU, a few rows with a static input
 # scale run as one FP8 GEMV that computes its input in front (cpp/kernels/weight_only_gemv.cu,
 # stageFp8Input: rounded as the rms_norm / silu_and_mul kernels round), else the unfused CUDA ops.
 
@@ -248,6 +251,11 @@ def rms_norm_fp8_linear(x: Tensor, norm_weight: Tensor, qweight: Tensor, weight_
 @rms_norm_fp8_linear.implementation(REFERENCE)
 def rms_norm_fp8_linear_reference(x, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *, eps):
     return fp8_linear_reference(rms_norm_reference(x, norm_weight, eps=eps), qweight, weight_scale, input_scale, bias)
+
+
+@rms_norm_fp8_linear.implementation(CPU)
+def rms_norm_fp8_linear_cpu(x, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *, eps):
+    return fp8_linear_reference(rms_norm_cpu(x, norm_weight, eps=eps), qweight, weight_scale, input_scale, bias)
 
 
 def _codes_prologue_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor],
@@ -302,6 +310,12 @@ def add_rms_norm_fp8_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, qw
 def add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qweight, weight_scale, input_scale=None, bias=None,
                                       *, eps):
     normed, total = fused_add_rms_norm_reference(x, residual, norm_weight, eps=eps)
+    return fp8_linear_reference(normed, qweight, weight_scale, input_scale, bias), total
+
+
+@add_rms_norm_fp8_linear.implementation(CPU)
+def add_rms_norm_fp8_linear_cpu(x, residual, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *, eps):
+    normed, total = fused_add_rms_norm_cpu(x, residual, norm_weight, eps=eps)
     return fp8_linear_reference(normed, qweight, weight_scale, input_scale, bias), total
 
 

@@ -3,8 +3,9 @@ reading it (rms_norm_linear, add_rms_norm_linear, silu_and_mul_linear: made by t
 fuse_norm_linear / fuse_act_linear passes so that a small-batch decode step can run each pair
 as one kernel).
 
-The fused ops mean the unfused pair: their references compose the unfused references, so the
-fused graph gives the unfused graph's numbers bit for bit. On a GPU, a linear of one row runs
+The fused ops mean the unfused pair: their references compose the unfused references, and their
+CPU implementations the unfused CPU ones (the host RMSNorm), so the fused graph gives the
+unfused graph's numbers bit for bit. On a GPU, a linear of one row runs
 as the compiled GEMV (one pass over the weights, the norm or activation computed in front of
 it in float32: see norm.py and activation.py for how that rounds); otherwise the norm or
 activation kernel runs, then cuBLAS through F.linear.
@@ -20,13 +21,15 @@ from ..network import Tensor, shapes_compatible
 from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import cuda_kernels_available, dtype_code, get_bindings, launch
 from .norm import (
+    fused_add_rms_norm_cpu,
     fused_add_rms_norm_cuda,
     fused_add_rms_norm_reference,
     residual_sum_shape,
+    rms_norm_cpu,
     rms_norm_cuda,
     rms_norm_reference,
 )
-from .op import CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
+from .op import CPU, CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
 
 
 def linear_shape(op: str, x_shape: Shape, weight: Union[Tensor, tuple[int, int]], bias: Optional[Tensor],
@@ -161,6 +164,11 @@ def rms_norm_linear_reference(x, norm_weight, weight, bias=None, *, eps):
     return linear_reference(rms_norm_reference(x, norm_weight, eps=eps), weight, bias)
 
 
+@rms_norm_linear.implementation(CPU)
+def rms_norm_linear_cpu(x, norm_weight, weight, bias=None, *, eps):
+    return linear_reference(rms_norm_cpu(x, norm_weight, eps=eps), weight, bias)
+
+
 @rms_norm_linear.implementation(CUDA)
 def rms_norm_linear_cuda(x, norm_weight, weight, bias=None, *, eps):
     if use_gemv(x, weight, bias, norm_weight):
@@ -183,6 +191,12 @@ def add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, weight
 @add_rms_norm_linear.implementation(REFERENCE)
 def add_rms_norm_linear_reference(x, residual, norm_weight, weight, bias=None, *, eps):
     normed, total = fused_add_rms_norm_reference(x, residual, norm_weight, eps=eps)
+    return linear_reference(normed, weight, bias), total
+
+
+@add_rms_norm_linear.implementation(CPU)
+def add_rms_norm_linear_cpu(x, residual, norm_weight, weight, bias=None, *, eps):
+    normed, total = fused_add_rms_norm_cpu(x, residual, norm_weight, eps=eps)
     return linear_reference(normed, weight, bias), total
 
 

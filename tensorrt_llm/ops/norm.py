@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..network import Tensor, shapes_compatible
 from .launch import bindings_available, launch, rows
-from .op import CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
+from .op import CPU, CUDA, REFERENCE, Shape, add_layer, broadcast, check_same_dtype, check_shape, define
 
 
 def check_norm_params(op: str, x: Tensor, *params: Optional[Tensor]) -> None:
@@ -91,8 +91,9 @@ def rms_norm_cuda(x, weight=None, *, eps):
     return _norm_kernel("rms_norm", x, weight, eps)
 
 
-# Not registered yet: the fused norm + linear ops' CPU paths still run rms_norm_reference, and the
-# builder's fusions must keep a CPU engine's logits bit for bit (tests/test_builder.py).
+# The fused norm + linear ops (linear.py, fp8_linear.py) normalise with these on the CPU too, so
+# that the builder's fusions keep a CPU engine's logits bit for bit (tests/test_builder.py).
+@rms_norm.implementation(CPU)
 def rms_norm_cpu(x, weight=None, *, eps):
     if not host_norm_serves(x, weight):
         return rms_norm_reference(x, weight, eps=eps)
@@ -122,6 +123,7 @@ def fused_add_rms_norm_cuda(x, residual, weight=None, *, eps):
     return _norm_kernel("rms_norm", x, weight, eps, residual)
 
 
+@fused_add_rms_norm.implementation(CPU)
 def fused_add_rms_norm_cpu(x, residual, weight=None, *, eps):
     if not host_norm_serves(x, weight) or residual.dtype != x.dtype or residual.shape != x.shape:
         return fused_add_rms_norm_reference(x, residual, weight, eps=eps)
