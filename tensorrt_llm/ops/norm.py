@@ -71,17 +71,15 @@ def _norm_kernel(kernel: str, x, weight, eps, residual=None):
     """The compiled RMSNorm (`rms_norm` on a GPU, `host_rms_norm` on the CPU): out, or (out,
     x + residual) with a residual. Lean on purpose: a CPU decode step makes about 60 of these
     calls, where each reshape or view costs 2-4 us against the kernel's 10-us call."""
-    flat = x.dim() == 2 and x.stride(-1) == 1
-    x2 = x if flat else rows(x)
+    x2 = rows(x)
     out = torch.empty_like(x2, memory_format=torch.contiguous_format)
     total = None if residual is None else torch.empty_like(out)
     if out.numel():
         if residual is None:
             launch(kernel, out, x2, weight.contiguous(), float(eps))
         else:
-            r2 = residual if flat and residual.stride(-1) == 1 else rows(residual)
-            launch(kernel, out, x2, weight.contiguous(), float(eps), residual=r2, residual_out=total)
-    if not flat:
+            launch(kernel, out, x2, weight.contiguous(), float(eps), residual=rows(residual), residual_out=total)
+    if x.dim() != 2:
         out = out.view(x.shape)
         total = None if total is None else total.view(x.shape)
     return out if residual is None else (out, total)
