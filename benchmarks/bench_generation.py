@@ -163,6 +163,16 @@ def matmul_rate(device, dtype) -> float:
     return 2 * n ** 3 / best
 
 
+MODEL_DTYPES = ("float32", "float16", "bfloat16")
+_DTYPE_SPELLINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def dtype_arg(name: str) -> str:
+    """A --dtype argument as the model dtype it names (bf16 -> bfloat16): argparse's `type`, with
+    choices=MODEL_DTYPES for the error message of anything else."""
+    return _DTYPE_SPELLINGS.get(name, name)
+
+
 def random_models(name, dtype, device, with_hf):
     """Our LLaMA and a transformers twin sharing one set of random weights on `device`."""
     import transformers
@@ -413,7 +423,7 @@ def bench_hf(hf, batch, input_len, output_len, device, repeats):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=[*SHAPES, "smollm2-gguf"], default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16", "fp32", "fp16", "bf16"])
+    p.add_argument("--dtype", default="bfloat16", type=dtype_arg, choices=MODEL_DTYPES)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch_sizes", default="1")
     p.add_argument("--input_len", type=int, default=128)
@@ -534,7 +544,7 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
     says); returns its result.
     In a rank process of a multi-rank run (`args.ranks`, run_ranks), this rank's part of the
     --tp_size x --pp_size engine, built in memory; rank 0 alone prints (and returns the result)."""
-    dtype_name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
+    dtype_name = args.dtype
     ranks = getattr(args, "ranks", False)
     if ranks:
         info = distributed.launch_info()

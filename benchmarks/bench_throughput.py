@@ -39,9 +39,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generation import (  # noqa: E402
+    MODEL_DTYPES,
     SHAPES,
     add_pp_partition_argument,
     check_pp_partition,
+    dtype_arg,
     gguf_models,
     matmul_rate,
     random_models,
@@ -239,7 +241,7 @@ def run_llm_api(engine_dir, workload, arrival, device) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=[*SHAPES, "smollm2-gguf"], default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="bfloat16", type=dtype_arg, choices=MODEL_DTYPES)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--scenario", choices=["throughput", "chunked", "reuse"], default="throughput")
     p.add_argument("--num_requests", type=int, default=200)
@@ -316,7 +318,7 @@ def run_multi(args):
 def run(args):
     """Build, load and measure (in a rank process of run_multi: this rank's part, built in
     memory; rank 0 alone prints and returns the result)."""
-    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
+    dtype = args.dtype
     ranks = getattr(args, "ranks", False)
     world = args.tp_size * args.pp_size if ranks else 1
     if ranks:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import SHAPES, random_models  # noqa: E402
+from bench_generation import MODEL_DTYPES, SHAPES, dtype_arg, random_models  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 
@@ -39,7 +39,7 @@ def save_word_tokenizer(vocab_size: int, output_dir: Path) -> None:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=list(SHAPES), default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16", "fp32", "fp16", "bf16"])
+    p.add_argument("--dtype", default="bfloat16", type=dtype_arg, choices=MODEL_DTYPES)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--max_batch_size", type=int, default=256)
     p.add_argument("--max_input_len", type=int, default=1024)
@@ -48,7 +48,7 @@ def main():
     p.add_argument("--tokens_per_block", type=int, default=64)
     p.add_argument("--output_dir", required=True)
     args = p.parse_args()
-    dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
+    dtype = args.dtype
     out = Path(args.output_dir)
     t = time.perf_counter()
     model, _ = random_models(args.model, dtype, torch.device(args.device), with_hf=False)

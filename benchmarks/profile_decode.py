@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import KV_CACHE_DTYPES, QUANTS, quantized_model, random_models  # noqa: E402
+from bench_generation import KV_CACHE_DTYPES, MODEL_DTYPES, QUANTS, dtype_arg, quantized_model, random_models  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.runtime import ModelRunner  # noqa: E402
@@ -28,7 +28,7 @@ from tensorrt_llm.runtime import ModelRunner  # noqa: E402
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="bfloat16", type=dtype_arg, choices=MODEL_DTYPES)
     p.add_argument("--quant", choices=list(QUANTS), default="none")
     p.add_argument("--group_size", type=int, default=128, help="INT4 weight-only group")
     p.add_argument("--quantize_lm_head", action="store_true", help="the --quant engine's LM head quantized too")

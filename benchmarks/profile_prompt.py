@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import QUANTS, quantized_model, random_models  # noqa: E402
+from bench_generation import MODEL_DTYPES, QUANTS, dtype_arg, quantized_model, random_models  # noqa: E402
 from profile_decode import busy_us, kernel_intervals  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
@@ -86,7 +86,7 @@ def kernel_table(call, top):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-8b")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="bfloat16", type=dtype_arg, choices=MODEL_DTYPES)
     p.add_argument("--quant", default="none,fp8", help="comma-separated: " + ", ".join(QUANTS))
     p.add_argument("--group_size", type=int, default=128, help="INT4 weight-only group")
     p.add_argument("--prompt_len", type=int, default=2048)
