@@ -803,11 +803,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // instructions a k-step, INT4 bfloat16, 3 blocks an SM). H100, batch 1, one machine, before ->
 // after: INT4 g128 qkv 9.05 -> 8.57 us, o 6.63 -> 6.12, gate_up 29.6 -> 28.6, down 20.2 -> 16.9,
 // lm_head 125.7 -> 122.0; the INT4 engine's step 2.798 -> 2.501 ms; INT8 unchanged.
+// PAIRS (INT8 layers of few tiles): the warp takes two k-steps at a time, their loads, unpacking
+// and mma chains independent until acc (which adds them in order: the same bits), from a ring of
+// 8 slots with 6 k-steps in flight.
 constexpr int kPipeStages = 4;
 // x a block stages: up to 8 rows at K = 4,096 (64 KB), down's K = 14,336 at 2 rows.
 constexpr size_t kMaxPipeX = 64 * 1024;
 // The ring: per warp, STAGES slots of the codes of rows g and g + 8 ([2][32] uint4).
-constexpr size_t kPipeRingBytes = size_t{kMmaWarps} * kPipeStages * 64 * sizeof(uint4);
+__host__ __device__ constexpr size_t pipeRingBytes(int stages) { return size_t{kMmaWarps} * stages * 64 * sizeof(uint4); }
+// PAIRS (see the kernel): 8 slots, 6 k-steps in flight.
+template <bool PAIRS>
+constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
 
 
 // INT4 (T float16 / bfloat16): x's rows as the mma wants them and each k-step's sum of x. Each
@@ -841,10 +847,11 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
     }
 }
 
-template <typename T, int BITS, int MINB>
+template <typename T, int BITS, int MINB, bool PAIRS>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     allowNextKernel();  // see launchKernel
-    constexpr int STAGES = kPipeStages;
+    constexpr int STAGES = kPipeSlots<PAIRS>;
+    constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
     constexpr int XW = 16 / BITS;  // uint4 of x per pack per row of x
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
     int const kSteps = (numPacks + 3) / 4;
@@ -861,7 +868,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     uint4 const* ring = reinterpret_cast<uint4 const*>(pipeShared) + warp * STAGES * 64;
     // The lane's place in the warp's slot 0, as cp.async's shared-memory address.
     uint32_t const ringLane = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
-    T* xShared = reinterpret_cast<T*>(pipeShared + kPipeRingBytes);  // [p.m][k]
+    T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES));  // [p.m][k]
     float* xSum = reinterpret_cast<float*>(xShared + p.m * p.k);     // INT4: [kSteps][8]
     __shared__ float red[kMmaWarps][8][kMmaRows];
     float const* scales = static_cast<float const*>(p.scales);
@@ -917,7 +924,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         }
     };
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue();
+    for (int i = 0; i < AHEAD; ++i) issue();
     prefetchScales(0);
     waitForPreviousKernel();
 
@@ -944,16 +951,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         bool const perChannel = BITS == 8 && p.groups == 1;  // one scale a row: read once per tile (INT4 has groups)
         float sa = perChannel ? __ldg(scales + offA) : 0.f, sb = perChannel ? __ldg(scales + offB) : 0.f;
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-        for (int c = 0; c < perTile; ++c, ++used) {
-            issue();  // into the slot used last
-            copyAsyncWait<STAGES - 1>();
-            int const step = warp + kMmaWarps * c;
-            uint4 const* slot = ring + lane + (used % STAGES) * 64;
-            uint4 const wa = slot[0], wb = slot[32];
+        // The codes and x of item `item` (k-step `step` of this tile), into registers.
+        auto load = [&](unsigned item, int step, uint4& wa, uint4& wb, uint4 (&xs)[1][XW]) {
+            uint4 const* slot = ring + lane + (item % STAGES) * 64;
+            wa = slot[0];
+            wb = slot[32];
             bool const inK = 4 * step + t < numPacks;
-            uint4 xs[1][XW];
 #pragma unroll
             for (int j = 0; j < XW; ++j) xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
+        };
+        // k-step `step`'s sum, added to acc.
+        auto accumulate = [&](uint4 const& wa, uint4 const& wb, uint4 const (&xs)[1][XW], int step) {
             int const group = (4 * step) >> p.groupShift;
             int const ia = offA + group, ib = offB + group;  // the k-step's scale (and zero) of rows g, g + 8
             if (!perChannel) {
@@ -981,6 +989,30 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             } else {
                 mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, 0.f, 0.f, 0, 0, acc);
             }
+        };
+        int c = 0;
+        if constexpr (PAIRS) {
+            // Two k-steps at a time: their loads, unpacking and mma chains independent until acc,
+            // which takes them in order (the same sums, bit for bit, as one at a time).
+            for (; c + 1 < perTile; c += 2, used += 2) {
+                issue();  // into the slots of the pair before
+                issue();
+                copyAsyncWait<AHEAD>();
+                int const step = warp + kMmaWarps * c;
+                uint4 wa0, wb0, wa1, wb1, xs0[1][XW], xs1[1][XW];
+                load(used, step, wa0, wb0, xs0);
+                load(used + 1, step + kMmaWarps, wa1, wb1, xs1);
+                accumulate(wa0, wb0, xs0, step);
+                accumulate(wa1, wb1, xs1, step + kMmaWarps);
+            }
+        }
+        for (; c < perTile; ++c, ++used) {
+            issue();  // into the slot used last
+            copyAsyncWait<AHEAD>();
+            int const step = warp + kMmaWarps * c;
+            uint4 wa, wb, xs[1][XW];
+            load(used, step, wa, wb, xs);
+            accumulate(wa, wb, xs, step);
         }
         storeTile<T, false, 1>(p, red, acc, firstRow + tile * tileStride, 0.f);
         __syncthreads();  // red is read before the next tile writes it
@@ -999,18 +1031,19 @@ bool pipelinedGemvEnabled() {
 
 // The pipelined kernel with at least MINB blocks an SM, on a grid of the blocks that fit at once
 // (at most one a tile).
-template <typename T, int BITS, int MINB>
+template <typename T, int BITS, int MINB, bool PAIRS>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB>;
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS>;
+    constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
     size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
     size_t const sumBytes = BITS == 4 ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;  // xSum
-    size_t const smem = kPipeRingBytes + xBytes + sumBytes;
+    size_t const smem = ring + xBytes + sumBytes;
     constexpr size_t kMaxSum = kMaxPipeX / sizeof(T) / 128 * 8 * sizeof(float);  // 128 inputs a k-step
-    static_assert(kPipeRingBytes + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
+    static_assert(ring + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(kPipeRingBytes + kMaxPipeX + kMaxSum));
+                         static_cast<int>(ring + kMaxPipeX + kMaxSum));
     int perSm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
     unsigned const blocks =
@@ -1036,10 +1069,20 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // 43.06 -> 41.68, lm_head 206.7 -> 205.9, qkv 9.31 -> 11.08. Deeper rings (6 or 8 slots) and
         // four blocks an SM (64 registers) were no faster anywhere.
         int64_t const twoRounds = int64_t{BITS == 4 ? 2 : 8} * multiprocessors();
+        // INT8 layers of at most two tiles an SM (the 8B shape's o and down) take k-steps in pairs
+        // with 6 in flight (PAIRS). H200, batch 1, us, one k-step at a time -> pairs: INT8 down 23.07
+        // -> 19.25, o 8.03 -> 7.77; but INT4 o 5.73 -> 5.87 and down unchanged (14.2), and INT8 qkv
+        // (384 tiles, where the larger ring leaves two blocks an SM instead of three) 8.64 -> 11.85.
         if (tiles > twoRounds) {
-            launchPipelined<T, BITS, 3>(q, tiles, stream);
+            launchPipelined<T, BITS, 3, false>(q, tiles, stream);
+        } else if constexpr (BITS == 8) {
+            if (tiles <= 2 * static_cast<int64_t>(multiprocessors())) {
+                launchPipelined<T, BITS, 2, true>(q, tiles, stream);
+            } else {
+                launchPipelined<T, BITS, 2, false>(q, tiles, stream);
+            }
         } else {
-            launchPipelined<T, BITS, 2>(q, tiles, stream);
+            launchPipelined<T, BITS, 2, false>(q, tiles, stream);
         }
         return true;
     }

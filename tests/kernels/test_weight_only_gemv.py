@@ -296,9 +296,12 @@ def test_replays_in_a_cuda_graph(gen, needs_kernels):
 
 # The cases both GEMV kernels serve (up to 8 rows, float32 scales, groups of whole k-steps or per
 # channel); K = 384 leaves warps with no k-step, INT8 K = 400 ends in part of a k-step (25 packs).
+# Up to two tiles an SM INT8 takes its k-steps in pairs (K = 1536: three a warp, a pair and one);
+# 288 tiles (n = 4608) are past that on a GPU of 132 SMs, and take INT4's three blocks an SM.
 _KERNEL_CASES = [(fmt, group, m, n, k) for fmt, group in [("int4", 128), ("int8", 0), ("int8", 64)]
                  for m in (1, 2, 5, 8) for n, k in [(37, 384), (1000, 1536), (64, 4096)]] + \
-                [("int8", 0, m, 300, 400) for m in (1, 3)]
+                [("int8", 0, m, 300, 400) for m in (1, 3)] + \
+                [(fmt, group, 1, 4608, 1536) for fmt, group in [("int8", 0), ("int4", 128)]]
 
 _KERNEL_OUTPUTS = """
 import sys, torch
