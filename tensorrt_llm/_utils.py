@@ -75,7 +75,8 @@ def keep_freed_host_memory(max_block_bytes: int = 1 << 26) -> bool:
     except OSError:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, max_block_bytes)) and bool(libc.mallopt(m_trim_threshold, 4 * max_block_bytes))
+    return (bool(libc.mallopt(m_mmap_threshold, max_block_bytes))
+            and bool(libc.mallopt(m_trim_threshold, 4 * max_block_bytes)))
 
 
 def read_json_object(path, error: type[Exception], advice: str = "") -> dict:

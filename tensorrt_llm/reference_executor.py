@@ -36,7 +36,8 @@ class ReferenceExecutor:
             if layer.op == "constant":
                 weight = network.weights.get(layer.attrs["weight"])
                 if weight is None:
-                    raise ValueError(f"layer {layer.name!r}: weight {layer.attrs['weight']!r} is not in network.weights")
+                    raise ValueError(f"layer {layer.name!r}: weight {layer.attrs['weight']!r} "
+                                     "is not in network.weights")
                 self._constants[layer.outputs[0]] = weight.to(self.device)
                 continue
             if layer.op not in ops:

@@ -121,7 +121,8 @@ def test_matmul_and_linear_shapes_and_values():
         assert F.matmul(x, w).shape == (-1, 1536)
         with pytest.raises(ValueError, match=r"matmul: inner dims differ: \[-1, 576\] x \[1536, 576\]"):
             F.matmul(x, F.constant(torch.zeros(1536, 576)))
-        with pytest.raises(ValueError, match=r"linear: input \[-1, 576\] does not match weight \[out, in\] \[576, 1536\]"):
+        with pytest.raises(ValueError,
+                           match=r"linear: input \[-1, 576\] does not match weight \[out, in\] \[576, 1536\]"):
             F.linear(x, w)
 
 

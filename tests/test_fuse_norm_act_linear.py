@@ -4,7 +4,8 @@ numbers bit for bit on the CPU, and only where nothing else reads the intermedia
 import pytest
 import torch
 
-from tensorrt_llm import Network, functional as F, net_guard
+from tensorrt_llm import Network, net_guard
+from tensorrt_llm import functional as F
 from tensorrt_llm.graph_rewriting import FuseActLinear, FuseNormLinear, PatternRewriter, optimize
 from tensorrt_llm.reference_executor import ReferenceExecutor
 from tensorrt_llm.runtime.session import Session

@@ -22,7 +22,7 @@ from tensorrt_llm.ops import op as op_registry
 from tensorrt_llm.quantization.formats import FP8_DTYPE
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
-H, I = 8, 12
+H, INTER = 8, 12
 
 
 def decoder_network(num_layers=2, act=F.silu, bias=False, debug_sum=False):
@@ -36,11 +36,11 @@ def decoder_network(num_layers=2, act=F.silu, bias=False, debug_sum=False):
         for i in range(num_layers):
             p = f"transformer.layers.{i}"
             h = F.rms_norm(x, F.constant(1 + w(H), name=f"{p}.post_layernorm.weight"), eps=1e-5)
-            gate = F.linear(h, F.constant(w(I, H), name=f"{p}.mlp.gate.weight"),
-                            F.constant(w(I), name=f"{p}.mlp.gate.bias") if bias else None)
-            up = F.linear(h, F.constant(w(I, H), name=f"{p}.mlp.fc.weight"),
-                          F.constant(w(I), name=f"{p}.mlp.fc.bias") if bias else None)
-            x = x + F.linear(act(gate) * up, F.constant(w(H, I), name=f"{p}.mlp.proj.weight"))
+            gate = F.linear(h, F.constant(w(INTER, H), name=f"{p}.mlp.gate.weight"),
+                            F.constant(w(INTER), name=f"{p}.mlp.gate.bias") if bias else None)
+            up = F.linear(h, F.constant(w(INTER, H), name=f"{p}.mlp.fc.weight"),
+                          F.constant(w(INTER), name=f"{p}.mlp.fc.bias") if bias else None)
+            x = x + F.linear(act(gate) * up, F.constant(w(H, INTER), name=f"{p}.mlp.proj.weight"))
             if debug_sum and i == 0:
                 net.mark_debug(x)
         net.mark_output(F.rms_norm(x, F.constant(1 + w(H), name="transformer.ln_f.weight"), eps=1e-5), "hidden")
@@ -74,7 +74,7 @@ def test_optimize_fuses_and_keeps_results(act, fused_op, bias):
     assert "transformer.layers.0.mlp.gate_up.weight" in names
     assert not any(n.endswith((".gate.weight", ".fc.weight")) for n in names)
     assert ("transformer.layers.1.mlp.gate_up.bias" in names) == bias
-    assert net.weights["transformer.layers.1.mlp.gate_up.weight"].shape == (2 * I, H)
+    assert net.weights["transformer.layers.1.mlp.gate_up.weight"].shape == (2 * INTER, H)
 
 
 def test_fused_network_round_trips_through_json():
@@ -112,8 +112,8 @@ def test_no_fusion_when_gate_output_has_other_readers():
     net = Network()
     with net_guard(net):
         x = net.add_input("x", "float32", [2, H])
-        gate = F.linear(x, F.constant(torch.randn(I, H), name="g"))
-        up = F.linear(x, F.constant(torch.randn(I, H), name="u"))
+        gate = F.linear(x, F.constant(torch.randn(INTER, H), name="g"))
+        up = F.linear(x, F.constant(torch.randn(INTER, H), name="u"))
         net.mark_output(F.silu(gate) * up, "y")
         net.mark_output(gate, "gate")
     assert optimize(net, passes=["fuse_gate_up"])["rewrites"] == {"fuse_gate_up": 0}
@@ -125,8 +125,8 @@ def test_no_fusion_for_different_inputs_or_broadcast_add():
     with net_guard(net):
         x = net.add_input("x", "float32", [2, H])
         z = net.add_input("z", "float32", [2, H])
-        up = F.linear(z, F.constant(torch.randn(I, H), name="u"))
-        net.mark_output(F.silu(F.linear(x, F.constant(torch.randn(I, H), name="g"))) * up, "y")
+        up = F.linear(z, F.constant(torch.randn(INTER, H), name="u"))
+        net.mark_output(F.silu(F.linear(x, F.constant(torch.randn(INTER, H), name="g"))) * up, "y")
         bias = F.constant(torch.randn(H), name="b")
         net.mark_output(F.rms_norm(x + bias, None, eps=1e-6), "n")
     report = optimize(net)
@@ -138,7 +138,7 @@ def fp8_mlp_network(weight_scales, input_scales, bias=False, up_fp8=True):
     """y = silu(fp8_linear(x, gate)) * fp8_linear(x, up) (up a float linear unless up_fp8):
     weight_scales and input_scales are the (gate, up) scales, a list or None."""
     g = torch.Generator().manual_seed(1)
-    codes = lambda: (torch.randn(I, H, generator=g) * 100).clamp(-448, 448).to(FP8_DTYPE).view(torch.uint8)
+    codes = lambda: (torch.randn(INTER, H, generator=g) * 100).clamp(-448, 448).to(FP8_DTYPE).view(torch.uint8)
     net = Network()
     with net_guard(net):
         x = net.add_input("x", "float32", [-1, H], [("num_tokens", (1, 4, 16))])
@@ -147,20 +147,20 @@ def fp8_mlp_network(weight_scales, input_scales, bias=False, up_fp8=True):
             const = lambda value, suffix: F.constant(torch.tensor(value, dtype=torch.float32), name=f"{name}.{suffix}")
             return F.fp8_linear(x, F.constant(codes(), name=f"{name}.weight"), const(weight_scale, "weight_scale"),
                                 None if input_scale is None else const([input_scale], "input_scale"),
-                                F.constant(torch.randn(I, generator=g), name=f"{name}.bias") if bias else None)
+                                F.constant(torch.randn(INTER, generator=g), name=f"{name}.bias") if bias else None)
         gate = fp8("mlp.gate", weight_scales[0], input_scales[0])
         up = (fp8("mlp.fc", weight_scales[1], input_scales[1]) if up_fp8
-              else F.linear(x, F.constant(torch.randn(I, H, generator=g), name="mlp.fc.weight")))
+              else F.linear(x, F.constant(torch.randn(INTER, H, generator=g), name="mlp.fc.weight")))
         net.mark_output(F.silu(gate) * up, "y")
     return net
 
 
-SCALES = torch.linspace(0.001, 0.003, I).tolist()
+SCALES = torch.linspace(0.001, 0.003, INTER).tolist()
 # (weight scales, the fused weight scale's shape and its refit sources)
 FP8_CASES = {"per_tensor_equal": (([0.002], [0.002]), (1,), None),
-             "per_tensor_different": (([0.002], [0.003]), (2 * I,),
-                                      [["mlp.gate.weight_scale", I], ["mlp.fc.weight_scale", I]]),
-             "per_channel": ((SCALES, SCALES[::-1]), (2 * I,), ["mlp.gate.weight_scale", "mlp.fc.weight_scale"])}
+             "per_tensor_different": (([0.002], [0.003]), (2 * INTER,),
+                                      [["mlp.gate.weight_scale", INTER], ["mlp.fc.weight_scale", INTER]]),
+             "per_channel": ((SCALES, SCALES[::-1]), (2 * INTER,), ["mlp.gate.weight_scale", "mlp.fc.weight_scale"])}
 
 
 @pytest.mark.parametrize("case", FP8_CASES)
@@ -179,13 +179,13 @@ def test_fp8_gate_and_up_fuse_into_one_fp8_linear(case, input_scales, bias):
     qweight, weight_scale, input_scale = (name and net.producer(name).attrs["weight"] for name in layer.inputs[1:4])
     # The codes and each row's scale are the unfused ones: the same float32 weight, bit for bit,
     # and x quantized with the same scale, so every output is the same float32 dot product, up
-    # to the order the GEMM sums it in (it blocks a 2I-row weight unlike an I-row one: measured
+    # to the order the GEMM sums it in (it blocks a 2I-row weight unlike an INTER-row one: measured
     # 1e-7 of the largest output).
     fused_weight = net.weights[qweight].view(FP8_DTYPE).float() * net.weights[weight_scale].reshape(-1, 1)
     assert torch.equal(fused_weight, unfused_weight)
     after = ReferenceExecutor(net).run({"x": x})["y"]
     assert (after - before).abs().max() <= 1e-6 * before.abs().max()
-    assert qweight == "mlp.gate_up.weight" and net.weights[qweight].shape == (2 * I, H)
+    assert qweight == "mlp.gate_up.weight" and net.weights[qweight].shape == (2 * INTER, H)
     assert net.weight_sources[qweight] == ["mlp.gate.weight", "mlp.fc.weight"]
     assert net.weights[weight_scale].shape == scale_shape
     equal = {}

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from tensorrt_llm import Module, ModuleList, Network, Parameter, functional as F, net_guard
+from tensorrt_llm import Module, ModuleList, Network, Parameter, net_guard
+from tensorrt_llm import functional as F
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 

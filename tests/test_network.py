@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from tensorrt_llm import Network, default_net, functional as F, net_guard
+from tensorrt_llm import Network, default_net, net_guard
+from tensorrt_llm import functional as F
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from tensorrt_llm import Network, functional as F, net_guard
+from tensorrt_llm import Network, net_guard
+from tensorrt_llm import functional as F
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 

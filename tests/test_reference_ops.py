@@ -202,7 +202,8 @@ def rope_complex(x, positions, inv_freq, rotary_dim, is_neox):
         z = torch.complex(rot[..., :half], rot[..., half:])
     else:
         z = torch.complex(rot[..., 0::2], rot[..., 1::2])
-    z = z * torch.polar(torch.ones((), dtype=torch.float64), positions.double()[:, None] * inv_freq.double())[:, None, :]
+    angles = positions.double()[:, None] * inv_freq.double()
+    z = z * torch.polar(torch.ones((), dtype=torch.float64), angles)[:, None, :]
     out = torch.cat([z.real, z.imag], -1) if is_neox else torch.stack([z.real, z.imag], -1).flatten(-2)
     return torch.cat([out, x[..., rotary_dim:].double()], -1)
 

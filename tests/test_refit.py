@@ -13,11 +13,11 @@ import torch
 
 from tensorrt_llm.builder import BuildConfig, Engine, build
 from tensorrt_llm.errors import CheckpointError, EngineError
+from tensorrt_llm.graph_rewriting import tile_weight_only_codes, tiled_code_weights
 from tensorrt_llm.models.calibrate import calibrate_input_amax
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import save_checkpoint
-from tensorrt_llm.graph_rewriting import tile_weight_only_codes, tiled_code_weights
 from tensorrt_llm.models.quantize import fp8_config, quantize_checkpoint, weight_only_config
 from tensorrt_llm.ops.quantized_linear import tile_codes
 from tensorrt_llm.refit import RefitError, refit_engine

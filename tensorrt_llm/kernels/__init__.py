@@ -34,7 +34,7 @@ from .ops import (
 )
 
 __all__ = [
-    "argmax_rows", "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul", "gemv",
-    "gemv_supported", "get_bindings", "paged_kv_write_", "reference", "rms_norm", "rms_norm_gemv", "rope_cos_sin_cache",
-    "rotary_embedding_", "silu_and_mul", "silu_and_mul_gemv", "top_k_top_p_sample",
+    "argmax_rows", "bindings_available", "build_info", "cuda_kernels_available", "decode_attention", "gelu_and_mul",
+    "gemv", "gemv_supported", "get_bindings", "paged_kv_write_", "reference", "rms_norm", "rms_norm_gemv",
+    "rope_cos_sin_cache", "rotary_embedding_", "silu_and_mul", "silu_and_mul_gemv", "top_k_top_p_sample",
 ]

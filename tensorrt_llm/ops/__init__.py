@@ -43,8 +43,8 @@ from .op import (
 from .rotary import rope_cos_sin_cache, rope_inv_freq
 
 __all__ = [
-    "CPU", "CUDA", "IMPLEMENTATION_ATTR", "IMPLEMENTATIONS", "OPS", "OP_SIGNATURES", "REFERENCE", "Op", "call_arguments",
-    "default_implementations", "define",
+    "CPU", "CUDA", "IMPLEMENTATION_ATTR", "IMPLEMENTATIONS", "OPS", "OP_SIGNATURES", "REFERENCE", "Op",
+    "call_arguments", "default_implementations", "define",
     "implementations", "record_signature", "references", "rope_cos_sin_cache", "rope_inv_freq", "signature_of",
 ]
 

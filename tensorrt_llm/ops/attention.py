@@ -248,8 +248,9 @@ def _rotate_q_and_k(q, k, position_ids, cos_sin, num_heads, num_kv_heads, head_d
 @gpt_attention.implementation(REFERENCE)
 def gpt_attention_reference(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
                             host_context_lengths, alibi_slopes=None, position_ids=None, rotary_cos_sin=None,
-                            host_sequence_lengths=None, kv_cache_scale=None, *, layer_idx, num_heads, num_kv_heads, head_dim,
-                            tokens_per_block, scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+                            host_sequence_lengths=None, kv_cache_scale=None, *, layer_idx, num_heads, num_kv_heads,
+                            head_dim, tokens_per_block, scale=None, sliding_window=None, rotary_dim=0,
+                            rotary_is_neox=True):
     if rotary_cos_sin is not None:
         q, k = _rotate_q_and_k(q, k, position_ids, rotary_cos_sin, num_heads, num_kv_heads, head_dim, rotary_dim,
                                rotary_is_neox)

@@ -337,8 +337,8 @@ def _mixed_step(qh, kh, vh, cache, kv_scale, block_tables, sequence_lengths, con
 @gpt_attention.implementation(CUDA)
 def gpt_attention_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
                        alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None,
-                       kv_cache_scale=None, *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
-                       sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+                       kv_cache_scale=None, *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block,
+                       scale=None, sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     def on_reference():
         return gpt_attention_reference(
             q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,

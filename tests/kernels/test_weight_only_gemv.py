@@ -12,8 +12,8 @@ magnitudes):
 - GEMV: the kernel and the reference sum the same float32 products in different orders (the
   kernel's tensor cores sum the exact products x * code of a group's part of a 4-pack k-step in
   float32, and it applies the group's scale (and zero, times the sum of x) once per such part;
-  the reference rounds each W to float32 first): each is within K * 2^-24 * mag of the exact sum, so the two float32 results
-  differ by at most (2K + 4) * 2^-24 * mag; each then rounds once to the dtype, which adds at
+  the reference rounds each W to float32 first): each is within K * 2^-24 * mag of the exact sum,
+  so the two float32 results differ by at most (2K + 4) * 2^-24 * mag; each then rounds once to the dtype, which adds at
   most a spacing: eps * |expected|.
 - dequantization + cuBLAS (more rows): W rounded to the dtype errs by eps / 2 relative per
   weight, independently, so the sum errs by about eps / sqrt(12) * sqrt(sum (x * w)^2); we allow
@@ -32,10 +32,10 @@ from tensorrt_llm.ops.launch import cuda_kernels_available, launch
 from tensorrt_llm.ops.quantized_linear import (
     GEMV_MAX_ROWS,
     cuda_serves,
+    tile_codes,
     weight_only_linear_cuda,
     weight_only_linear_reference,
     weight_only_matmul_cuda,
-    tile_codes,
 )
 from tensorrt_llm.quantization import dequantize, quantize_int4, quantize_int8, quantized_linear_reference
 from tensorrt_llm.quantization.formats import Int4Weight

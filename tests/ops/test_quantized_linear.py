@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tensorrt_llm import functional as F
+from tensorrt_llm.graph_rewriting import tile_weight_only_codes, tiled_code_weights
 from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import CPU, OPS, implementations
-from tensorrt_llm.graph_rewriting import tile_weight_only_codes, tiled_code_weights
 from tensorrt_llm.ops.quantized_linear import (
     cpu_pack,
     tile_codes,

@@ -2,8 +2,13 @@ import pytest
 import torch
 
 from tensorrt_llm.kv_cache_layout import blocks_for_memory, blocks_for_tokens, bytes_per_block
-from tensorrt_llm.runtime.kv_cache_manager import (KVCacheConfig, KVCacheFullError, KVCacheManager,
-                                                   allocate_pool, copy_blocks)
+from tensorrt_llm.runtime.kv_cache_manager import (
+    KVCacheConfig,
+    KVCacheFullError,
+    KVCacheManager,
+    allocate_pool,
+    copy_blocks,
+)
 
 
 def state(mgr):
