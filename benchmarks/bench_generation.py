@@ -71,6 +71,7 @@ from eval_ppl import article_token_ids, perplexity  # noqa: E402
 from launch_ranks import run_split  # noqa: E402
 
 import tensorrt_llm.distributed as distributed  # noqa: E402
+from tensorrt_llm._utils import canonical_dtype  # noqa: E402
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.errors import ConfigError  # noqa: E402
 from tensorrt_llm.kv_cache_layout import KVCacheLayout  # noqa: E402
@@ -164,13 +165,15 @@ def matmul_rate(device, dtype) -> float:
 
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
-_DTYPE_SPELLINGS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def dtype_arg(name: str) -> str:
-    """A --dtype argument as the model dtype it names (bf16 -> bfloat16): argparse's `type`, with
-    choices=MODEL_DTYPES for the error message of anything else."""
-    return _DTYPE_SPELLINGS.get(name, name)
+    """A --dtype argument as the model dtype it names (bf16 -> bfloat16, the package's spellings):
+    argparse's `type`, with choices=MODEL_DTYPES for the error message of anything else."""
+    try:
+        return canonical_dtype(name)
+    except ValueError:
+        return name  # refused by choices, in one line
 
 
 def random_models(name, dtype, device, with_hf):
