@@ -153,10 +153,10 @@ def test_cpu_only_build(tmp_path):
 
 def sources_changed_since(path) -> list:
     """The C++/CUDA sources and build files modified after `path` was written."""
-    cpp = ROOT / "cpp"
+    cpp, built = ROOT / "cpp", path.stat().st_mtime
     files = [ROOT / "build_wheel.py",
              *(p for p in cpp.rglob("*") if p.is_file() and not p.relative_to(cpp).parts[0].startswith("build"))]
-    return [p for p in files if p.stat().st_mtime > path.stat().st_mtime]
+    return [p for p in files if p.stat().st_mtime > built]
 
 
 def test_noop_rebuild_is_quick_and_compiles_nothing():
