@@ -847,7 +847,74 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
     }
 }
 
-template <typename T, int BITS, int MINB, bool PAIRS>
+// INT8 with bfloat16 x, up to kHalfXRows rows (HALF_X): the mma takes x as float16, whose byte
+// codes become operands in two instructions a pair (codePair<__half, 8>) where bfloat16's take five
+// (8 significant bits do not hold 1152 + code, so they go through float32): that unpacking kept
+// the integer pipe 70% busy (ncu, H200, INT8 gate_up at batch 1). Each k-step's 64 inputs of a row
+// are scaled by the power of two that puts their largest magnitude in [2^14, 2^15), so no value
+// overflows float16 and every bfloat16 value down to 2^-24 of that largest keeps all of its bits;
+// xScale[step][r] (rows p.m .. 7: zero) is the inverse power of two, which the k-step multiplies
+// into the weight's scale: the products and sums are the bfloat16 path's times a power of two, and
+// acc gets the same bits. Every block converts the whole of x, so the cost grows with the rows:
+// beyond 2 the bfloat16 path is faster on the 8B shape's qkv and o. H200, each layer alone (as
+// `bench_weight_only_gemv.py`), us, the bfloat16 path -> this in one call (a first form of this
+// staging): 1 row qkv 8.75 -> 8.45, o 7.87 -> 7.72, gate_up 36.19 -> 32.43, down 19.52 -> 18.00,
+// lm_head 148.4 -> 141.2; 4 rows qkv 9.70 -> 12.49, o 8.18 -> 9.80, gate_up 37.27 -> 35.60. This
+// form (no division, 73 instructions per 8 values), next call: 1 row 8.10, 7.33, 31.18, 16.76,
+// 138.0; 2 rows 8.82, 7.94, 32.20, 20.22 (the bfloat16 path: 8.92, 7.94, 36.53, 22.49). The INT8
+// engine's batch-1 step: 2.960 -> 2.763 ms (one engine captured both ways, first form). In place,
+// after the copy of x.
+constexpr int kHalfXRows = 2;
+
+template <typename T>
+__device__ __forceinline__ void halfXForMma(Params const& p, T* xShared, float* xScale, int kSteps) {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "bfloat16 x");
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int const vecs = static_cast<int>(p.k / 8);
+    int const perRow = kSteps * 8;  // vectors of a row, padded to whole k-steps: 8 lanes a k-step
+    int const m = static_cast<int>(p.m);
+    for (int r = 0; r < m; ++r) {
+        uint4* row = reinterpret_cast<uint4*>(xShared + static_cast<int64_t>(r) * p.k);
+        for (int j = warp * 32 + lane; j - lane < perRow; j += kMmaWarps * 32) {  // whole warps: the shuffles
+            bool const ok = j < vecs;
+            uint4 const a = ok ? row[j] : make_uint4(0, 0, 0, 0);
+            uint32_t const words[4] = {a.x, a.y, a.z, a.w};
+            float f[8];
+            float amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {  // a bfloat16 is the top half of its float32
+                f[2 * i] = __uint_as_float(words[i] << 16);
+                f[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+                amax = fmaxf(amax, fmaxf(fabsf(f[2 * i]), fabsf(f[2 * i + 1])));
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            // amax in [2^e, 2^(e + 1)): times 2^(14 - e). Zero, subnormal or non-finite maxima keep the
+            // powers within float's normal range (zeros stay zeros, infinities and NaN stay so).
+            int const shift = min(126, 141 - (__float_as_int(amax) >> 23));
+            if (ok) {
+                float const up = __int_as_float((127 + shift) << 23);
+                uint32_t h[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    __half2 const v = __floats2half2_rn(f[2 * i] * up, f[2 * i + 1] * up);
+                    h[i] = *reinterpret_cast<uint32_t const*>(&v);
+                }
+                row[j] = make_uint4(h[0], h[1], h[2], h[3]);
+            }
+            if (ok && j % 8 == 0) {  // the k-step's 8 scales: zero for the mma's columns of no row
+                float* at = xScale + (j / 8) * 8;
+                if (r == 0) {
+                    reinterpret_cast<float4*>(at)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    reinterpret_cast<float4*>(at)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                at[r] = __int_as_float((127 - shift) << 23);
+            }
+        }
+    }
+}
+
+template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeSlots<PAIRS>;
@@ -869,7 +936,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     // The lane's place in the warp's slot 0, as cp.async's shared-memory address.
     uint32_t const ringLane = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
     T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES));  // [p.m][k]
-    float* xSum = reinterpret_cast<float*>(xShared + p.m * p.k);     // INT4: [kSteps][8]
+    float* xSum = reinterpret_cast<float*>(xShared + p.m * p.k);     // INT4: [kSteps][8]; HALF_X: xScale
     __shared__ float red[kMmaWarps][8][kMmaRows];
     float const* scales = static_cast<float const*>(p.scales);
     float const* zeros = static_cast<float const*>(p.zeros);
@@ -935,6 +1002,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     if constexpr (BITS == 4) {
         pairXForMma(p, xShared, xSum, kSteps);
         __syncthreads();
+    } else if constexpr (HALF_X) {
+        halfXForMma(p, xShared, xSum, kSteps);
+        __syncthreads();
     }
     // The lane's x: row g (zeros past p.m), from its pack of each k-step.
     bool const xOk = g < p.m;
@@ -986,6 +1056,21 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
                 acc[0][1] = fmaf(sa, d[1], fmaf(ca, xsum.y, acc[0][1]));
                 acc[0][2] = fmaf(sb, d[2], fmaf(cb, xsum.x, acc[0][2]));
                 acc[0][3] = fmaf(sb, d[3], fmaf(cb, xsum.y, acc[0][3]));
+            } else if constexpr (HALF_X) {
+                // mmaStep's products and order in float16 (see halfXForMma); (s x xScale) x d is
+                // s x (the bfloat16 sum) exactly, so acc gets the same roundings.
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int i = 0; i < kCodes<8> / 4; ++i) {
+                    uint32_t const a0 = codePair<__half, 8>(wa, 2 * i), a1 = codePair<__half, 8>(wb, 2 * i);
+                    uint32_t const a2 = codePair<__half, 8>(wa, 2 * i + 1), a3 = codePair<__half, 8>(wb, 2 * i + 1);
+                    mma16816<__half>(d, a0, a1, a2, a3, xPair<8>(xs[0], 2 * i), xPair<8>(xs[0], 2 * i + 1));
+                }
+                float2 const xScale = *reinterpret_cast<float2 const*>(xSum + step * 8 + 2 * t);  // rows 2t, 2t + 1
+                acc[0][0] = fmaf(sa * xScale.x, d[0], acc[0][0]);
+                acc[0][1] = fmaf(sa * xScale.y, d[1], acc[0][1]);
+                acc[0][2] = fmaf(sb * xScale.x, d[2], acc[0][2]);
+                acc[0][3] = fmaf(sb * xScale.y, d[3], acc[0][3]);
             } else {
                 mmaStep<T, float, BITS, 1, false>(wa, wb, xs, sa, sb, 0.f, 0.f, 0, 0, acc);
             }
@@ -1031,15 +1116,19 @@ bool pipelinedGemvEnabled() {
 
 // The pipelined kernel with at least MINB blocks an SM, on a grid of the blocks that fit at once
 // (at most one a tile).
-template <typename T, int BITS, int MINB, bool PAIRS>
+template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS>;
+    if constexpr (BITS == 8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
+        if (q.m <= kHalfXRows) return launchPipelined<T, BITS, MINB, PAIRS, true>(q, tiles, stream);
+    }
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
     size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
-    size_t const sumBytes = BITS == 4 ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;  // xSum
+    constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
+    size_t const sumBytes = kPerStep ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
     size_t const smem = ring + xBytes + sumBytes;
-    constexpr size_t kMaxSum = kMaxPipeX / sizeof(T) / 128 * 8 * sizeof(float);  // 128 inputs a k-step
+    constexpr size_t kMaxSum = kPerStep ? kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>) * 8 * sizeof(float) : 0;
     static_assert(ring + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

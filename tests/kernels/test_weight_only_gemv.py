@@ -301,17 +301,24 @@ def test_replays_in_a_cuda_graph(gen, needs_kernels):
 _KERNEL_CASES = [(fmt, group, m, n, k) for fmt, group in [("int4", 128), ("int8", 0), ("int8", 64)]
                  for m in (1, 2, 5, 8) for n, k in [(37, 384), (1000, 1536), (64, 4096)]] + \
                 [("int8", 0, m, 300, 400) for m in (1, 3)] + \
-                [(fmt, group, 1, 4608, 1536) for fmt, group in [("int8", 0), ("int4", 128)]]
+                [(fmt, group, 1, 4608, 1536) for fmt, group in [("int8", 0), ("int4", 128)]] + \
+                [("int8", group, m, 256, 1536, x_range) for group in (0, 64) for m in (1, 2)
+                 for x_range in (1e6, 1e-30, "chunks")]
 
 _KERNEL_OUTPUTS = """
 import sys, torch
 from tensorrt_llm.ops.quantized_linear import weight_only_linear_cuda
 from tensorrt_llm.quantization import quantize_int4, quantize_int8
 outs = []
-for i, (fmt, group, m, n, k) in enumerate(eval(sys.argv[1])):
+for i, (fmt, group, m, n, k, *x_range) in enumerate(eval(sys.argv[1])):
     gen = torch.Generator().manual_seed(i)
     w = torch.randn(n, k, generator=gen) * 0.05
-    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    x = torch.randn(m, k, generator=gen)
+    if x_range == ["chunks"]:  # each k-step's 64 inputs at a power of two of its own, 2^-40 .. 2^40
+        x = x * (2.0 ** torch.randint(-40, 41, (m, k // 64, 1), generator=gen)).expand(m, k // 64, 64).reshape(m, k)
+    elif x_range:  # beyond float16's range, or far below its normal numbers
+        x = x * x_range[0]
+    x = x.to(torch.bfloat16).cuda()
     bias = torch.randn(n, generator=gen).to(torch.bfloat16).cuda()
     q = quantize_int8(w, group or None) if fmt == "int8" else quantize_int4(w, group)
     zeros = getattr(q, "zeros", None)
@@ -326,8 +333,10 @@ torch.save(outs, sys.argv[2])
 def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_path):
     # The pipelined kernel by default, the other with TRTLLM_GEMV_PIPELINE=0 (read once per
     # process, hence the second process). INT8: the same products in the same order, so the same
-    # bits. INT4: the pipelined kernel sums x (offset + code) and corrects with the k-step's sum of
-    # x, so the float32 sums differ by roundings far below the output's: at most one bfloat16 step.
+    # bits, also where up to 2 rows of bfloat16 x go through float16 scaled by a power of two per
+    # k-step (x beyond float16's range, far below its normal numbers, or k-steps 2^80 apart). INT4:
+    # the pipelined kernel sums x (offset + code) and corrects with the k-step's sum of x, so the
+    # float32 sums differ by roundings far below the output's: at most one bfloat16 step.
     import subprocess
     import sys
     outs = {}
