@@ -847,7 +847,7 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
     }
 }
 
-// INT8 with bfloat16 x, up to kHalfXRows rows (HALF_X): the mma takes x as float16, whose byte
+// INT8 with bfloat16 x (HALF_X; launchPipelined says when): the mma takes x as float16, whose byte
 // codes become operands in two instructions a pair (codePair<__half, 8>) where bfloat16's take five
 // (8 significant bits do not hold 1152 + code, so they go through float32): that unpacking kept
 // the integer pipe 70% busy (ncu, H200, INT8 gate_up at batch 1). Each k-step's 64 inputs of a row
@@ -856,7 +856,11 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
 // xScale[step][r] (rows p.m .. 7: zero) is the inverse power of two, which the k-step multiplies
 // into the weight's scale: the products and sums are the bfloat16 path's times a power of two, and
 // acc gets the same bits. Every block converts the whole of x, so the cost grows with the rows:
-// beyond 2 the bfloat16 path is faster on the 8B shape's qkv and o. H200, each layer alone (as
+// beyond 2 the bfloat16 path is faster on the 8B shape's qkv and o (and as fast on down), not on
+// layers of many tiles a block (gate_up, the LM head), which take HALF_X up to 8 rows. H200, the
+// final form, us, bfloat16 path -> HALF_X, 4 rows: qkv 9.50 -> 11.24, o 8.09 -> 9.18, gate_up
+// 36.23 -> 34.26, down 24.62 -> 24.41, lm_head 149.4 -> 129.2; 8 rows: gate_up 37.75 -> 36.89,
+// lm_head 154.8 -> 136.0. Earlier, H200, each layer alone (as
 // `bench_weight_only_gemv.py`), us, the bfloat16 path -> this in one call (a first form of this
 // staging): 1 row qkv 8.75 -> 8.45, o 7.87 -> 7.72, gate_up 36.19 -> 32.43, down 19.52 -> 18.00,
 // lm_head 148.4 -> 141.2; 4 rows qkv 9.70 -> 12.49, o 8.18 -> 9.80, gate_up 37.27 -> 35.60. This
@@ -865,6 +869,7 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
 // engine's batch-1 step: 2.960 -> 2.763 ms (one engine captured both ways, first form). In place,
 // after the copy of x.
 constexpr int kHalfXRows = 2;
+constexpr int kHalfXTilesPerSm = 4;  // and any rows (up to the kernel's 8) from this many tiles an SM
 
 template <typename T>
 __device__ __forceinline__ void halfXForMma(Params const& p, T* xShared, float* xScale, int kSteps) {
@@ -1119,7 +1124,9 @@ bool pipelinedGemvEnabled() {
 template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     if constexpr (BITS == 8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
-        if (q.m <= kHalfXRows) return launchPipelined<T, BITS, MINB, PAIRS, true>(q, tiles, stream);
+        if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
+            return launchPipelined<T, BITS, MINB, PAIRS, true>(q, tiles, stream);
+        }
     }
     auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);

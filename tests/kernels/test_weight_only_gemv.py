@@ -303,7 +303,8 @@ _KERNEL_CASES = [(fmt, group, m, n, k) for fmt, group in [("int4", 128), ("int8"
                 [("int8", 0, m, 300, 400) for m in (1, 3)] + \
                 [(fmt, group, 1, 4608, 1536) for fmt, group in [("int8", 0), ("int4", 128)]] + \
                 [("int8", group, m, 256, 1536, x_range) for group in (0, 64) for m in (1, 2)
-                 for x_range in (1e6, 1e-30, "chunks")]
+                 for x_range in (1e6, 1e-30, "chunks")] + \
+                [("int8", 0, m, 9216, 1024, *x_range) for m, x_range in [(3, ()), (8, ()), (5, ("chunks",))]]
 
 _KERNEL_OUTPUTS = """
 import sys, torch
@@ -333,8 +334,9 @@ torch.save(outs, sys.argv[2])
 def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_path):
     # The pipelined kernel by default, the other with TRTLLM_GEMV_PIPELINE=0 (read once per
     # process, hence the second process). INT8: the same products in the same order, so the same
-    # bits, also where up to 2 rows of bfloat16 x go through float16 scaled by a power of two per
-    # k-step (x beyond float16's range, far below its normal numbers, or k-steps 2^80 apart). INT4:
+    # bits, also where bfloat16 x goes through float16 scaled by a power of two per k-step (up to 2
+    # rows, or up to 8 in layers of many tiles: x beyond float16's range, far below its normal
+    # numbers, or k-steps 2^80 apart). INT4:
     # the pipelined kernel sums x (offset + code) and corrects with the k-step's sum of x, so the
     # float32 sums differ by roundings far below the output's: at most one bfloat16 step.
     import subprocess
