@@ -1,6 +1,7 @@
 """Shared helpers for the LLaMA end-to-end tests: random Hugging Face models and engines."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -83,6 +84,25 @@ def smollm2_gguf() -> Path | None:
         return None
     path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return path if path.is_file() else None
+
+
+@functools.cache
+def smollm2_hf_model():
+    """transformers' own float32 model of the SmolLM2 GGUF (it undoes llama.cpp's Q/K permutation
+    too), loaded once per test process: each load took 34 s on the 2-core CI machine, and four test
+    modules compare against it. Tests read it and must leave it as they found it."""
+    import transformers
+    path = smollm2_gguf()
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32).eval()
+
+
+@functools.cache
+def smollm2_hf_tokenizer():
+    """transformers' tokenizer of the SmolLM2 GGUF, loaded once per test process (8 s a load)."""
+    import transformers
+    path = smollm2_gguf()
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def runner(engine_dir, device="cpu") -> ModelRunner:

