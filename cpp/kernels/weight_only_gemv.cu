@@ -856,18 +856,13 @@ __device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* 
 // xScale[step][r] (rows p.m .. 7: zero) is the inverse power of two, which the k-step multiplies
 // into the weight's scale: the products and sums are the bfloat16 path's times a power of two, and
 // acc gets the same bits. Every block converts the whole of x, so the cost grows with the rows:
-// beyond 2 the bfloat16 path is faster on the 8B shape's qkv and o (and as fast on down), not on
-// layers of many tiles a block (gate_up, the LM head), which take HALF_X up to 8 rows. H200, the
-// final form, us, bfloat16 path -> HALF_X, 4 rows: qkv 9.50 -> 11.24, o 8.09 -> 9.18, gate_up
-// 36.23 -> 34.26, down 24.62 -> 24.41, lm_head 149.4 -> 129.2; 8 rows: gate_up 37.75 -> 36.89,
-// lm_head 154.8 -> 136.0. Earlier, H200, each layer alone (as
-// `bench_weight_only_gemv.py`), us, the bfloat16 path -> this in one call (a first form of this
-// staging): 1 row qkv 8.75 -> 8.45, o 7.87 -> 7.72, gate_up 36.19 -> 32.43, down 19.52 -> 18.00,
-// lm_head 148.4 -> 141.2; 4 rows qkv 9.70 -> 12.49, o 8.18 -> 9.80, gate_up 37.27 -> 35.60. This
-// form (no division, 73 instructions per 8 values), next call: 1 row 8.10, 7.33, 31.18, 16.76,
-// 138.0; 2 rows 8.82, 7.94, 32.20, 20.22 (the bfloat16 path: 8.92, 7.94, 36.53, 22.49). The INT8
-// engine's batch-1 step: 2.960 -> 2.763 ms (one engine captured both ways, first form). In place,
-// after the copy of x.
+// beyond 2 rows the bfloat16 path is faster on the 8B shape's qkv and o (as fast on down), but not
+// on layers of many tiles a block (gate_up, the LM head), which take HALF_X up to 8 rows. H200, each
+// layer alone, us, bfloat16 path -> HALF_X: 1 row qkv 8.75 -> 8.10, o 7.87 -> 7.33, gate_up 36.19
+// -> 31.18, down 19.52 -> 16.76, lm_head 148.4 -> 138.0 (two calls); 4 rows (one call) qkv 9.50 ->
+// 11.24, o 8.09 -> 9.18, gate_up 36.23 -> 34.26, lm_head 149.4 -> 129.2. The INT8 engine's batch-1
+// step: 2.960 -> 2.763 ms (one engine captured both ways). benchmarks/README.md has the tables.
+// In place, after the copy of x.
 constexpr int kHalfXRows = 2;
 constexpr int kHalfXTilesPerSm = 4;  // and any rows (up to the kernel's 8) from this many tiles an SM
 
