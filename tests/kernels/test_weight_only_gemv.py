@@ -336,9 +336,9 @@ def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_pat
     # process, hence the second process). INT8: the same products in the same order, so the same
     # bits, also where bfloat16 x goes through float16 scaled by a power of two per k-step (up to 2
     # rows, or up to 8 in layers of many tiles: x beyond float16's range, far below its normal
-    # numbers, or k-steps 2^80 apart). INT4:
-    # the pipelined kernel sums x (offset + code) and corrects with the k-step's sum of x, so the
-    # float32 sums differ by roundings far below the output's: at most one bfloat16 step.
+    # numbers, or k-steps 2^80 apart). INT4: the pipelined kernel sums x (offset + code) and
+    # corrects with the k-step's sum of x, so the float32 sums differ by roundings far below the
+    # output's: at most one bfloat16 step.
     import subprocess
     import sys
     outs = {}

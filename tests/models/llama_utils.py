@@ -12,6 +12,7 @@ from tensorrt_llm.builder import BuildConfig, build
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.runtime import ModelRunner
+from tensorrt_llm.tokenizer_utils import load_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -99,10 +100,9 @@ def smollm2_hf_model():
 
 @functools.cache
 def smollm2_hf_tokenizer():
-    """transformers' tokenizer of the SmolLM2 GGUF, loaded once per test process (8 s a load)."""
-    import transformers
-    path = smollm2_gguf()
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    """The SmolLM2 GGUF's tokenizer (tokenizer_utils.load_tokenizer), loaded once per test process
+    (8 s a load)."""
+    return load_tokenizer(smollm2_gguf())
 
 
 def runner(engine_dir, device="cpu") -> ModelRunner:
