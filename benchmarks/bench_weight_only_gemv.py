@@ -23,9 +23,9 @@ kernel's own limit, apart from DRAM's.
 
 With --prologues (FP8 formats), each layer read after a norm or an activation in a LLaMA decoder
 layer is also timed with it: `fused us`, the fused op (rms_norm_fp8_linear before qkv,
-add_rms_norm_fp8_linear before gate_up, silu_and_mul_fp8_linear before down: one kernel where
-fp8_gemv_prologue_serves, else the next column's path), and `unfused us`, the norm's or
-activation's kernel then fp8_linear.
+add_rms_norm_fp8_linear before gate_up, silu_and_mul_fp8_linear before down: beyond the FP8
+GEMV's rows, the norm's or activation's kernel writing the E4M3 codes the FP8 GEMM reads; within
+them, the unfused pair itself), and `unfused us`, the norm's or activation's kernel then fp8_linear.
 
     python benchmarks/bench_weight_only_gemv.py [--rows 1,8,32] [--formats int4:128,int8:0]
         [--scale-dtype float32] [--prologues] [--orders tile,row] [--l2_resident] [--json out.json]

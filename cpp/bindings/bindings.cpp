@@ -28,7 +28,7 @@ void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scal
                                 void* stream);
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                   bool perChannel, Fp8GemvPrologue const& prologue, DType dtype, void* stream);
+                   bool perChannel, DType dtype, void* stream);
 void launchFp8Quantize(void* codes, void* rowScales, void const* x, void const* inputScale, int64_t m, int64_t k,
                        int64_t xRowStride, DType dtype, void* stream);
 } // namespace tensorrt_llm
@@ -525,7 +525,7 @@ GemvPrologue gemvPrologue(Call const& c) {
     return static_cast<GemvPrologue>(code);
 }
 
-// x's shape for a layer of in_features k (gemv, fp8_gemv), and the RMSNorm prologue's operands.
+// The RMSNorm prologue's operands for `rows` rows of in_features k (gemv).
 void checkPrologueOperands(Call& c, GemvPrologue prologue, int64_t rows, int64_t k) {
     c.together("residual", "residual_out");
     if (prologue == GemvPrologue::kRmsNorm) {
@@ -684,17 +684,9 @@ void checkFp8Gemv(Call& c) {
         throw std::invalid_argument(q.describe() + " must start on a 16-byte boundary with rows of whole 16-byte packs "
                                     "(in_features a multiple of 16)");
     }
-    GemvPrologue const prologue = gemvPrologue(c);
-    bool const gated = prologue == GemvPrologue::kSiluAndMul;
-    if (x.size(1) != (gated ? 2 * k : k)) {
-        throw std::invalid_argument("x " + x.shapeStr() + " does not match in_features " + std::to_string(k)
-                                    + (gated ? " (x must be [rows, 2 * in_features])" : ""));
+    if (x.size(1) != k) {
+        throw std::invalid_argument("x " + x.shapeStr() + " does not match in_features " + std::to_string(k));
     }
-    if (prologue != GemvPrologue::kNone && !fp8GemvPrologueSupports(prologue, x.size(0), k)) {
-        throw std::invalid_argument("fp8_gemv: a prologue over " + std::to_string(x.size(0)) + " rows of in_features "
-                                    + std::to_string(k) + " is not supported (fp8_gemv_prologue_supports)");
-    }
-    checkPrologueOperands(c, prologue, x.size(0), k);
     if (x.ptr % 16 != 0 || (x.stride(0) * dtypeSize(x.dtype)) % 16 != 0) {
         throw std::invalid_argument(x.describe() + " must start on a 16-byte boundary with 16-byte aligned rows");
     }
@@ -714,15 +706,8 @@ void checkFp8Gemv(Call& c) {
 void launchFp8GemvEntry(Call const& c) {
     TensorArg const &x = c["x"], &out = c["out"], &q = c["qweight"], &ws = c["weight_scale"];
     if constexpr (kCudaKernels) {
-        Fp8GemvPrologue prologue;
-        prologue.kind = gemvPrologue(c);
-        prologue.normWeight = c.ptr("norm_weight");
-        prologue.residual = c.ptr("residual");
-        prologue.residualOut = const_cast<void*>(c.ptr("residual_out"));
-        prologue.residualRowStride = c.has("residual") ? c["residual"].stride(0) : 0;
-        prologue.eps = static_cast<float>(c.real("eps"));
         launchFp8Gemv(out.data(), x.data(), q.data(), ws.data(), c["input_scale"].data(), c.ptr("bias"), x.size(0),
-                      q.size(0), q.size(1) * 4, x.stride(0), out.stride(0), ws.size(0) != 1, prologue, x.dtype,
+                      q.size(0), q.size(1) * 4, x.stride(0), out.stride(0), ws.size(0) != 1, x.dtype,
                       c.stream());
     }
 }
@@ -908,18 +893,13 @@ std::vector<Entry> entries() {
         {"fp8_gemv",
          "out = x @ W.T (+ bias) for a few rows of float16 / bfloat16 x, W the FP8 E4M3 weight of qweight (its bytes "
          "as int32 words [N, K / 4]) times weight_scale (float32 [1] or [N]), x quantized to E4M3 in the kernel "
-         "with the static input_scale (float32 [1]) as formats.quantize_fp8_activation does. x goes through "
-         "gemv's prologue first (1..8 rows): 0 none, 1 RMSNorm (of x + residual, written to residual_out, when "
-         "given), 2 SiLU-and-mul (x [rows, 2k]).",
+         "with the static input_scale (float32 [1]) as formats.quantize_fp8_activation does.",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).dtypes({DType::kFloat16, DType::kBFloat16}).lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({kInt32}).contiguous(),
           tensor("weight_scale").rank(1).dtypes({kFloat32}).contiguous(),
           tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(),
-          optionalTensor("bias").dtypeOf("x").contiguous(), integer("prologue"),
-          optionalTensor("residual").dtypeOf("x").lastDimContiguous(),
-          optionalTensor("residual_out").dtypeOf("x").contiguous().written(),
-          optionalTensor("norm_weight").dtypeOf("x").contiguous(), real("eps"), stream()},
+          optionalTensor("bias").dtypeOf("x").contiguous(), stream()},
          checkFp8Gemv, launchFp8GemvEntry},
         {"fp8_quantize",
          "codes = the E4M3 bytes of x / scale (float32 division, clamp to +-448, round to nearest) as int32 words "
@@ -987,13 +967,6 @@ PYBIND11_MODULE(bindings, m) {
         [](int64_t rows, int64_t k, int dtype) { return gemvSupports(rows, k, static_cast<DType>(dtype)); },
         py::arg("rows"), py::arg("k"), py::arg("dtype"),
         "Whether gemv serves `rows` rows of k elements of this dtype code.");
-    m.def(
-        "fp8_gemv_prologue_supports",
-        [](int prologue, int64_t rows, int64_t k) {
-            return fp8GemvPrologueSupports(static_cast<GemvPrologue>(prologue), rows, k);
-        },
-        py::arg("prologue"), py::arg("rows"), py::arg("k"),
-        "Whether fp8_gemv takes this prologue (gemv's codes) for `rows` rows of in_features k.");
 
     for (Entry& entry : entries()) define(m, std::move(entry));
 }

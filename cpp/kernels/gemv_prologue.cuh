@@ -1,8 +1,8 @@
 // The input row of a GEMV that computes it in front (GemvPrologue): x through RMSNorm (of
 // x + residual) or SiLU-and-mul (x [2k]), each value rounded to T exactly as rms_norm.cu and
-// activation.cu round it, so a fused GEMV gives those kernels' numbers. One home for that
-// arithmetic, used by gemv.cu (rows of T into shared memory) and weight_only_gemv.cu (the FP8
-// GEMV's rows, quantized to E4M3 as they are stored).
+// activation.cu round it, so a fused GEMV gives those kernels' numbers: gemv.cu's rows of T in
+// shared memory. (The FP8 GEMV computed its rows here too, until 2026-11-29: on its pipelined
+// kernel that cost more than the norm's own kernel; weight_only_gemv.cu says by how much.)
 #pragma once
 
 #include "activation.cuh"
@@ -10,9 +10,8 @@
 
 namespace tensorrt_llm {
 
-// Row r of the prologue PRO (kRmsNorm or kSiluAndMul) of a GEMV's parameters p (GemvParams or
-// the weight-only GEMV's Params: x, xRowStride, residual, residualRowStride, residualOut,
-// normWeight, eps, k; k values a multiple of 16 bytes of T, rows on 16-byte boundaries): calls
+// Row r of the prologue PRO (kRmsNorm or kSiluAndMul) of a GEMV's parameters p (GemvParams: x,
+// xRowStride, residual, residualRowStride, residualOut, normWeight, eps, k; k values a multiple of 16 bytes of T, rows on 16-byte boundaries): calls
 // store(i, o) for every pack i of the row, o its kVec16<T> values of T. RMSNorm: s = x + residual
 // rounded to T (block 0 writes it to residualOut's row r), the mean of the rounded s's squares in
 // float32, then one rounding of s * inv * weight; s is kept in `scratch` (k values of T, shared

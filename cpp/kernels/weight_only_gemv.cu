@@ -26,12 +26,12 @@
 // (and zero) before using any, turns the codes into floats in registers, and a warp reduction
 // ends the row.
 //
-// FP8 (W8A8, E4M3, static input scale; launchFp8Gemv, fp8_linear's few-row path and the fused
-// *_fp8_linear ops, with an RMSNorm or SiLU-and-mul prologue) is the same
-// tensor-core kernel with an FP8 flavour (its FP8 template flag), on INT8's [N, K] byte layout:
-// weight bytes to float16 (every E4M3 value is exact there) by cvt.rn.f16x2.e4m3x2, x quantized
-// in registers as formats.quantize_fp8_activation does (float32 x / input_scale, correctly
-// rounded; clamp to +-448 and round to nearest E4M3, cvt satfinite) and back to exact float16,
+// FP8 (W8A8, E4M3, static input scale; launchFp8Gemv, fp8_linear's few-row path) is the same
+// kernels with an FP8 flavour (their FP8 template flag; up to 8 rows the pipelined one), on INT8's
+// [N, K] byte layout: weight bytes to float16 (every E4M3 value is exact there) by
+// cvt.rn.f16x2.e4m3x2, x quantized as formats.quantize_fp8_activation does (float32 x /
+// input_scale, correctly rounded; clamp to +-448 and round to nearest E4M3, cvt satfinite) and
+// back to exact float16,
 // mma.sync in float16 whatever x's dtype (the products of two E4M3 values are exact in float32),
 // input_scale x weight_scale (per tensor or channel) once per output, then bias.
 // Figures and commands (NVIDIA H100 80GB HBM3, `python benchmarks/bench_weight_only_gemv.py`,
@@ -51,7 +51,6 @@
 // W = code * scale + zero in float32 exactly as formats.py (two roundings, no fused
 // multiply-add), rounded once to the dtype, for a tensor-core matmul by the caller.
 #include "common.cuh"
-#include "gemv_prologue.cuh"
 
 #include <cuda_fp8.h>
 
@@ -88,14 +87,6 @@ struct Params {
     // inputScale the float32 static activation scale [1].
     float const* inputScale;
     int64_t scaleStride;
-    // FP8 with a prologue (stageFp8Input): RMSNorm's weight [k], the residual added first [m, k]
-    // (or nullptr) and its sum's output [m, k] (contiguous), eps.
-    GemvPrologue prologue;
-    void const* normWeight;
-    void const* residual;
-    void* residualOut;
-    int64_t residualRowStride;
-    float eps;
     // INT8 / INT4: the codes in tile order (packIndex) instead of row order.
     bool tiled;
 };
@@ -579,27 +570,6 @@ __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarp
     }
 }
 
-// FP8 with a prologue (PRO): x's rows through RMSNorm (of x + residual, which block 0 also writes
-// to residualOut) or SiLU-and-mul (x [m, 2k]) as gemv_prologue.cuh computes them (so the fused op
-// equals the rms_norm / silu_and_mul kernels then fp8_gemv), then quantized as quantizeX does,
-// into xs [m][k]: the E4M3 codes as float16, every k-step's B operands. The RMS needs the whole
-// row before any output, so every block computes it once, here, instead of each k-step
-// quantizing its own x. Every thread of the block calls it. B: packs a thread loads before using
-// any (x comes from L2).
-template <typename T, GemvPrologue PRO, int B>
-__device__ __forceinline__ void stageFp8Input(Params const& p, __half* xs, float inverseScale) {
-    using P = Pack<T, kVec16<T>>;
-    static_assert(sizeof(P) == sizeof(uint4) && sizeof(T) == sizeof(__half), "8 values of T: 16 bytes, 8 codes");
-    for (int r = 0; r < p.m; ++r) {
-        P* row = reinterpret_cast<P*>(xs + static_cast<int64_t>(r) * p.k);  // s, then the codes over it
-        prologueRow<T, PRO, kMmaWarps * 32, B>(p, r, row, [&](int i, P const& o) {
-            uint4 codes = *reinterpret_cast<uint4 const*>(&o);
-            quantizeX<T>(codes, inverseScale);
-            *reinterpret_cast<uint4*>(row + i) = codes;
-        });
-    }
-}
-
 // MASKED: groups of 1 or 2 packs (a k-step spans several groups); its own instance, as the masked
 // passes take registers the plain one needs for its loads.
 // FP8: W8A8 E4M3 (BITS 8, S float): weight bytes to float16 codes, x quantized in registers
@@ -617,15 +587,8 @@ __device__ __forceinline__ void stageFp8Input(Params const& p, __half* xs, float
 // k-step of codes in flight (U = 4). H100 batch 1, INT4 group 128, before -> after: qkv 11.24 ->
 // 10.80 us, o 7.66 -> 6.76, gate_up 40.47 -> 38.50; engine step 3.586 -> 3.473 ms (0.577 -> 0.589
 // of its floor; different machines). down (28 KB of x) and 8 rows (64 KB) were slower staged.
-// PRO (FP8, one n-tile): the layer's input computed from x by a prologue, staged in shared memory
-// (stageFp8Input), where the unfused engine runs an RMSNorm or SiLU-and-mul kernel before the GEMV.
-// Its grid is the blocks that run at once, each looping over tiles of 16 features, so each block
-// computes the prologue once (a block per tile paid it per tile: 7 times an SM for gate_up).
-// H100, LLaMA-8B at 1 row, the fused kernel minus the GEMV alone (the prologue's kernel then the
-// GEMV minus the GEMV alone): qkv +0.55 us (+1.88), gate_up -1.03 (+3.35); the FP8 engine's step
-// 4.08-4.17 -> 3.86-3.90 ms over this and later runs (0.745-0.770 -> 0.78-0.83 of its floor).
 template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false,
-          bool SHARED_X = false, GemvPrologue PRO = GemvPrologue::kNone>
+          bool SHARED_X = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
     allowNextKernel();  // see launchKernel
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
@@ -638,12 +601,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
     constexpr int U = BITS == 8 ? (NT == 1 ? (ONE_WAVE ? 3 : 4) : NT == 2 ? 2 : 1)
                                 : NT == 1 ? (MASKED ? 2 : SHARED_X ? 4 : 3) : 1;
     static_assert(!SHARED_X || (BITS == 4 && NT == 1), "SHARED_X: INT4, one n-tile");
-    constexpr bool STAGED = PRO != GemvPrologue::kNone;
-    static_assert(!STAGED || (FP8 && NT == 1), "a prologue: FP8, one n-tile");
     extern __shared__ __align__(16) unsigned char sharedX[];
     T* xShared = reinterpret_cast<T*>(sharedX);  // [p.m][k] (SHARED_X)
     if constexpr (SHARED_X) copyXToShared(p, xShared);
-    bool xPending = SHARED_X || STAGED;  // until this thread has waited for the copies and the block met
+    bool xPending = SHARED_X;  // until this thread has waited for the copies and the block met
     static_assert(BITS == 8 || NT <= 2, "INT4 tiles of 32 rows: x alone would take 64 registers");
     static_assert(!ONE_WAVE || (FP8 && NT == 1), "ONE_WAVE: FP8, one n-tile");
     __shared__ float red[kMmaWarps][NT * 8][kMmaRows];
@@ -659,7 +620,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
     // layer of many tiles launches no further waves of blocks; else one tile per block.
     // H100 batch 1, one tile a block -> LOOP: FP8 gate_up 52.0 -> 46.1 us, INT4 gate_up 40.0 -> 36.3; INT8
     // was slower (qkv, 384 tiles on 264 blocks, 13.7 -> 16.0; down 27.3 -> 28.9) and keeps a tile a block.
-    constexpr bool LOOP = STAGED || SHARED_X || (FP8 && NT == 1 && !ONE_WAVE);
+    constexpr bool LOOP = SHARED_X || (FP8 && NT == 1 && !ONE_WAVE);
     int64_t const tileStride = int64_t{gridDim.x} * kMmaRows;
     for (int64_t n0 = firstRow; n0 < p.n; n0 = LOOP ? n0 + tileStride : p.n) {
         int64_t const rowA = n0 + g, rowB = n0 + g + 8;
@@ -696,13 +657,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
                     za[u] = zb[u] = 0.f;
                 }
             }
-            if constexpr (SHARED_X || STAGED) {
+            if constexpr (SHARED_X) {
                 if (xPending) {  // the first k-steps' codes are on their way
-                    if constexpr (STAGED) {
-                        stageFp8Input<T, PRO, ONE_WAVE ? 1 : 2>(p, reinterpret_cast<__half*>(sharedX), inverseScale);
-                    } else {
-                        copyAsyncWaitAll();
-                    }
+                    copyAsyncWaitAll();
                     __syncthreads();
                     xPending = false;
                 }
@@ -712,9 +669,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
                     if (step >= kSteps) break;  // the same for the whole warp
                     uint4 xs[NT][XW];
                     loadX<T, BITS, NT, true>(p, xShared, step, numPacks, xs);
-                    if constexpr (STAGED) {
-                        mmaStepFp8<NT>(wa[u], wb[u], xs, acc);  // staged as codes
-                    } else if constexpr (!MASKED) {
+                    if constexpr (!MASKED) {
                         mmaStep<T, S, BITS, NT, false>(wa[u], wb[u], xs, sa[u], sb[u], za[u], zb[u], 0, 0, acc);
                     } else {
                         int const groupsPerStep = 4 >> p.groupShift;
@@ -754,12 +709,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
             }
         }
 
-        if (xPending) {  // a warp with no k-step still meets the block (SHARED_X, PRO)
-            if constexpr (STAGED) {
-                stageFp8Input<T, PRO, ONE_WAVE ? 1 : 2>(p, reinterpret_cast<__half*>(sharedX), inverseScale);
-            } else {
-                copyAsyncWaitAll();
-            }
+        if (xPending) {  // a warp with no k-step still meets the block (SHARED_X)
+            copyAsyncWaitAll();
             __syncthreads();
         }
         storeTile<T, FP8, NT>(p, red, acc, n0, inputScale);
@@ -792,12 +743,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // 29.42 (76% of the copy bandwidth), down 21.12 -> 17.95; INT8 per channel qkv 13.80 -> 10.23, o
 // 8.82 -> 8.59, gate_up 49.61 -> 47.11, down 27.45 -> 26.93. The engine's step
 // (`bench_generation.py --batch_sizes 1`, both kernels on one machine): INT4 3.163 -> 2.885 ms,
-// INT8 4.070 -> 3.576. FP8 keeps the kernel above. Tried twice, with x quantized once into shared
-// memory: on this kernel's first form, its o took the step from 3.781 to 3.854 ms (o alone 10.22
-// -> 9.20 us) and the fused gate_up (RMSNorm prologue) went 47.16 -> 61.55 us alone; on this
-// form, o 10.23 -> 7.76 us and qkv 12.68 -> 10.46 alone, but the fused gate_up 47.20 -> 51.01,
-// and with only the FP8 layers without a prologue (o, down) on it the step was 3.842 / 3.748 ms
-// against 3.733 / 3.747 (two rounds, one machine).
+// INT8 4.070 -> 3.576. FP8 (up to 8 rows) since 2026-11-29: see fp8XForMma.
 // The k-step's scale and zero addresses are 32-bit offsets from each tile's rows, and the ring's
 // counters unsigned: the compiler had recomputed 64-bit row products at every k-step (223 -> 175
 // instructions a k-step, INT4 bfloat16, 3 blocks an SM). H100, batch 1, one machine, before ->
@@ -914,8 +860,31 @@ __device__ __forceinline__ void halfXForMma(Params const& p, T* xShared, float* 
     }
 }
 
-template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X>
+// FP8 (W8A8 E4M3 on INT8's byte layout): x's rows quantized once per block in shared memory, as
+// quantizeX does it in the kernel above (float16 codes in place); each k-step then takes
+// mmaStepFp8's products, and the tile's end input_scale x weight_scale: the same sums in the same
+// order as the kernel above, so the same bits. H200, batch 1, each layer alone, us, the kernel
+// above -> this: qkv 12.13 -> 8.25, o 9.50 -> 6.72, gate_up 41.82 -> 35.49, down 23.52 -> 17.85,
+// lm_head 167.0 -> 148.8. An RMSNorm computed in front by every block, as the kernel above could,
+// cost more here than the norm's own kernel (gate_up 44.3 us fused, 36.8 with the norm kernel
+// before it, 35.5 alone; with the norm's weight prefetched and 3 or 4 blocks an SM alike). The FP8
+// engine's batch-1 step, one engine captured three ways: the kernel above with the norm in front
+// of qkv and gate_up 3.27-3.31 ms, this kernel with it 3.13-3.19, this kernel after the norm's own
+// kernels 2.86-2.87. So both kernels now take x as it is.
+template <typename T>
+__device__ __forceinline__ void fp8XForMma(Params const& p, T* xShared, float inverseScale) {
+    uint4* v = reinterpret_cast<uint4*>(xShared);
+    int const packs = static_cast<int>(p.m * p.k / 8);
+    for (int i = threadIdx.x; i < packs; i += kMmaWarps * 32) {
+        uint4 a = v[i];
+        quantizeX<T>(a, inverseScale);
+        v[i] = a;
+    }
+}
+
+template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
+    static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeSlots<PAIRS>;
     constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
@@ -981,7 +950,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     };
     // The scale (and zero) lines of a tile's 16 rows, towards L1.
     auto prefetchScales = [&](int tile) {
-        if (tile >= tiles) return;
+        if (FP8 || tile >= tiles) return;  // FP8: one weight scale an output, at the tile's end
         int const lines = (p.groups * static_cast<int>(sizeof(float)) + 127) / 128;
         int const perArray = kMmaRows * lines;
         for (int e = threadIdx.x; e < perArray * (BITS == 4 ? 2 : 1); e += kMmaWarps * 32) {
@@ -995,11 +964,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     prefetchScales(0);
     waitForPreviousKernel();
 
+    float const inputScale = FP8 ? *p.inputScale : 0.f;
+    float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
     copyXToShared(p, xShared);
     copyAsyncCommit();
     copyAsyncWait<0>();
     __syncthreads();
-    if constexpr (BITS == 4) {
+    if constexpr (FP8) {
+        fp8XForMma(p, xShared, inverseScale);
+        __syncthreads();
+    } else if constexpr (BITS == 4) {
         pairXForMma(p, xShared, xSum, kSteps);
         __syncthreads();
     } else if constexpr (HALF_X) {
@@ -1018,7 +992,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         // pointers the compiler recomputed two 64-bit products every k-step, out of registers.
         int const offA = static_cast<int>(rowOf(tile, g)) * p.groups;
         int const offB = static_cast<int>(rowOf(tile, g + 8)) * p.groups;
-        bool const perChannel = BITS == 8 && p.groups == 1;  // one scale a row: read once per tile (INT4 has groups)
+        // One scale a row: read once per tile (INT4 has groups; FP8 applies its own at the end).
+        bool const perChannel = BITS == 8 && !FP8 && p.groups == 1;
         float sa = perChannel ? __ldg(scales + offA) : 0.f, sb = perChannel ? __ldg(scales + offB) : 0.f;
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
         // The codes and x of item `item` (k-step `step` of this tile), into registers.
@@ -1032,6 +1007,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         };
         // k-step `step`'s sum, added to acc.
         auto accumulate = [&](uint4 const& wa, uint4 const& wb, uint4 const (&xs)[1][XW], int step) {
+            if constexpr (FP8) {
+                mmaStepFp8<1>(wa, wb, xs, acc);  // x staged as codes
+                return;
+            }
             int const group = (4 * step) >> p.groupShift;
             int const ia = offA + group, ib = offB + group;  // the k-step's scale (and zero) of rows g, g + 8
             if (!perChannel) {
@@ -1099,7 +1078,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             load(used, step, wa, wb, xs);
             accumulate(wa, wb, xs, step);
         }
-        storeTile<T, false, 1>(p, red, acc, firstRow + tile * tileStride, 0.f);
+        storeTile<T, FP8, 1>(p, red, acc, firstRow + tile * tileStride, inputScale);
         __syncthreads();  // red is read before the next tile writes it
     }
 }
@@ -1116,14 +1095,14 @@ bool pipelinedGemvEnabled() {
 
 // The pipelined kernel with at least MINB blocks an SM, on a grid of the blocks that fit at once
 // (at most one a tile).
-template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X = false>
+template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
-    if constexpr (BITS == 8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
+    if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
-            return launchPipelined<T, BITS, MINB, PAIRS, true>(q, tiles, stream);
+            return launchPipelined<T, BITS, FP8, MINB, PAIRS, true>(q, tiles, stream);
         }
     }
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X>;
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
     size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
@@ -1139,14 +1118,14 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
     unsigned const blocks =
         static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{std::max(1, perSm)} * multiprocessors()));
-    launchKernel("weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
+    launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
 }
 
 // Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales, groups of whole
-// k-steps (or per channel), up to 8 rows whose x fits kMaxPipeX. False elsewhere.
+// k-steps (or per channel), and FP8, up to 8 rows whose x fits kMaxPipeX. False elsewhere.
 template <typename T, typename S, int BITS, bool FP8, bool MASKED>
 bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
-    if constexpr (FP8 || !std::is_same_v<S, float> || MASKED) {
+    if constexpr (!std::is_same_v<S, float> || MASKED) {
         return false;
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
@@ -1165,31 +1144,18 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // -> 19.25, o 8.03 -> 7.77; but INT4 o 5.73 -> 5.87 and down unchanged (14.2), and INT8 qkv
         // (384 tiles, where the larger ring leaves two blocks an SM instead of three) 8.64 -> 11.85.
         if (tiles > twoRounds) {
-            launchPipelined<T, BITS, 3, false>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 3, false>(q, tiles, stream);
         } else if constexpr (BITS == 8) {
             if (tiles <= 2 * static_cast<int64_t>(multiprocessors())) {
-                launchPipelined<T, BITS, 2, true>(q, tiles, stream);
+                launchPipelined<T, BITS, FP8, 2, true>(q, tiles, stream);
             } else {
-                launchPipelined<T, BITS, 2, false>(q, tiles, stream);
+                launchPipelined<T, BITS, FP8, 2, false>(q, tiles, stream);
             }
         } else {
-            launchPipelined<T, BITS, 2, false>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 2, false>(q, tiles, stream);
         }
         return true;
     }
-}
-
-// FP8 with a prologue: x's codes staged as float16 [m][k], within the 48 KB of dynamic shared
-// memory a launch gets without opting in.
-static_assert(kFp8PrologueMaxElements * sizeof(__half) <= 48 * 1024, "staged FP8 prologue codes beyond 48 KB");
-size_t fp8StagedBytes(int64_t m, int64_t k) { return static_cast<size_t>(m) * static_cast<size_t>(k) * sizeof(__half); }
-
-template <typename T, bool ONE_WAVE>
-auto fp8PrologueKernel(GemvPrologue prologue) {
-    if (prologue == GemvPrologue::kRmsNorm) {
-        return weightOnlyGemvMmaKernel<T, float, 8, 1, false, true, ONE_WAVE, false, GemvPrologue::kRmsNorm>;
-    }
-    return weightOnlyGemvMmaKernel<T, float, 8, 1, false, true, ONE_WAVE, false, GemvPrologue::kSiluAndMul>;
 }
 
 // Tiles of rows of x, each one pass over the weight: up to 32 rows (4 mma n-tiles) for byte
@@ -1205,10 +1171,7 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     bool loops = FP8 && q.m <= 8;  // the kernel's LOOP
     if constexpr (FP8) {
         bool const oneWave = q.m <= 8 && blocks > 2 * sms && blocks <= 3 * sms;
-        if (q.prologue != GemvPrologue::kNone) {
-            kernel = oneWave ? fp8PrologueKernel<T, true>(q.prologue) : fp8PrologueKernel<T, false>(q.prologue);
-            smem = fp8StagedBytes(q.m, q.k);
-        } else if (oneWave) {
+        if (oneWave) {
             kernel = weightOnlyGemvMmaKernel<T, S, 8, 1, false, true, true>;
             loops = false;
         }
@@ -1222,8 +1185,7 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
         }
     }
     if (loops) {
-        // As many blocks as run at once (a block per tile paid a prologue per tile: the fused
-        // gate_up's 1,792 tiles, 7 waves, were slower than the RMSNorm kernel and the GEMV apart).
+        // As many blocks as run at once (a block per tile staged x per tile).
         int perSm = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
         blocks = static_cast<unsigned>(std::min<int64_t>(blocks, std::max(1, perSm) * sms));
@@ -1372,24 +1334,13 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
 // FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMV above with FP8 codes.
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                   bool perChannel, Fp8GemvPrologue const& prologue, DType dtype, void* stream) {
+                   bool perChannel, DType dtype, void* stream) {
     if (m == 0 || n == 0) return;
-    if (prologue.kind != GemvPrologue::kNone && !fp8GemvPrologueSupports(prologue.kind, m, k)) {
-        throw std::invalid_argument("fp8_gemv: a prologue takes 1.." + std::to_string(kFp8PrologueMaxRows)
-                                    + " rows of x of at most " + std::to_string(kFp8PrologueMaxElements)
-                                    + " elements in all, k a multiple of 16");
-    }
     Params p = gemvParams(out, x, qweight, weightScale, bias, m, n, k, xRowStride, outRowStride);
     p.groups = 1;
     p.groupShift = 31;
     p.inputScale = static_cast<float const*>(inputScale);
     p.scaleStride = perChannel ? 1 : 0;
-    p.prologue = prologue.kind;
-    p.normWeight = prologue.normWeight;
-    p.residual = prologue.residual;
-    p.residualOut = prologue.residualOut;
-    p.residualRowStride = prologue.residualRowStride;
-    p.eps = prologue.eps;
     auto const st = static_cast<cudaStream_t>(stream);
     if (dtype == DType::kFloat16) {
         launchGemvMma<__half, float, 8, true>(p, st);

@@ -59,8 +59,8 @@ import torch
 from ..network import Tensor
 from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
 from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
-from .launch import cuda_kernels_available, get_bindings, launch, rows
-from .linear import GEMV_PROLOGUES, linear_shape, on_16_byte_packs
+from .launch import cuda_kernels_available, launch, rows
+from .linear import linear_shape
 from .norm import (
     fused_add_rms_norm_cpu,
     fused_add_rms_norm_cuda,
@@ -155,30 +155,14 @@ def fp8_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Option
             and (x2.stride(0) * x2.element_size()) % 16 == 0)
 
 
-def fp8_gemv_prologue_serves(prologue: str, x2: torch.Tensor, qweight: torch.Tensor,
-                             input_scale: Optional[torch.Tensor], norm_weight: Optional[torch.Tensor] = None,
-                             residual: Optional[torch.Tensor] = None) -> bool:
-    """Whether the FP8 GEMV serves x2 with `prologue` in front (fp8_gemv_serves, an x small enough
-    that every block computing all of it costs less than a kernel of its own: the bindings'
-    fp8_gemv_prologue_supports, the prologue's operands on 16-byte packs)."""
-    return (fp8_gemv_serves(x2, qweight, input_scale) and on_16_byte_packs(norm_weight) and on_16_byte_packs(residual)
-            and get_bindings().fp8_gemv_prologue_supports(GEMV_PROLOGUES[prologue], x2.shape[0], qweight.shape[1]))
-
-
 def fp8_gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
-             bias: Optional[torch.Tensor] = None, prologue: str = "none", residual: Optional[torch.Tensor] = None,
-             norm_weight: Optional[torch.Tensor] = None,
-             eps: float = 0.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(out [M, N] in x2's dtype, x2 + residual or None): the FP8 GEMV on x2 [M, K] (a call
-    fp8_gemv_serves), with linear.gemv's prologues in front ("rms_norm" of x2 + residual when
-    given, "silu_and_mul" of x2 [M, 2K]; a call fp8_gemv_prologue_serves)."""
+             bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out [M, N] in x2's dtype: the FP8 GEMV on x2 [M, K] (a call fp8_gemv_serves)."""
     out = torch.empty(x2.shape[0], qweight.shape[0], dtype=x2.dtype, device=x2.device)
-    total = torch.empty_like(residual, memory_format=torch.contiguous_format) if residual is not None else None
     if x2.shape[0]:
         launch("fp8_gemv", out, x2, qweight.view(torch.int32), weight_scale.contiguous(),
-               _static_scale(input_scale), None if bias is None else bias.contiguous(),
-               GEMV_PROLOGUES[prologue], residual, total, norm_weight, float(eps))
-    return out, total
+               _static_scale(input_scale), None if bias is None else bias.contiguous())
+    return out
 
 
 @fp8_linear.implementation(CUDA)
@@ -186,7 +170,7 @@ def fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
     n, k = qweight.shape
     x2 = rows(x)
     if fp8_gemv_serves(x2, qweight, input_scale):
-        return fp8_gemv(x2, qweight, weight_scale, input_scale, bias)[0].reshape(*x.shape[:-1], n)
+        return fp8_gemv(x2, qweight, weight_scale, input_scale, bias).reshape(*x.shape[:-1], n)
     return fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale, bias)
 
 
@@ -230,9 +214,11 @@ def scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype):
 # ---- a norm or gated activation fused in front (the fuse_norm_linear / fuse_act_linear passes) ----
 # As linear.py's rms_norm_linear family: the references compose the unfused references, and the
 # CPU implementations the unfused CPU ones (the fused graph gives the unfused graph's numbers bit
-# for bit); on a GPU, a few rows with a static input
-# scale run as one FP8 GEMV that computes its input in front (cpp/kernels/weight_only_gemv.cu,
-# stageFp8Input: rounded as the rms_norm / silu_and_mul kernels round), else the unfused CUDA ops.
+# for bit). On a GPU, many rows with a static input scale: the norm / activation kernel writes the
+# E4M3 codes that cuBLASLt's FP8 GEMM reads; a few rows (the FP8 GEMV's): the norm / activation
+# kernel, then the GEMV. The pipelined FP8 GEMV computing the norm in front in every block cost
+# more than the norm's own kernel (an H200, LLaMA-8B's gate_up at 1 row: 44.3 us fused, 36.8
+# apart; the FP8 engine's batch-1 step 3.13 -> 2.87 ms without it; benchmarks/README.md).
 
 
 @define
@@ -282,9 +268,6 @@ def _gemm_after_codes(kernel: str, x2: torch.Tensor, qweight, weight_scale, inpu
 def rms_norm_fp8_linear_cuda(x, norm_weight, qweight, weight_scale, input_scale=None, bias=None, *, eps):
     x2 = rows(x)
     n, k = qweight.shape
-    if fp8_gemv_prologue_serves("rms_norm", x2, qweight, input_scale, norm_weight):
-        out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", norm_weight=norm_weight, eps=eps)
-        return out.reshape(*x.shape[:-1], n)
     if _codes_prologue_serves(x2, qweight, input_scale, k):  # the norm kernel writes the GEMM's codes
         y = _gemm_after_codes("rms_norm_fp8", x2, qweight, weight_scale, input_scale, bias, norm_weight,
                               eps=float(eps))
@@ -324,9 +307,6 @@ def add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qweight, weight_scale
                                  eps):
     x2, r2 = rows(x), rows(residual)
     n, k = qweight.shape
-    if x.shape == residual.shape and fp8_gemv_prologue_serves("rms_norm", x2, qweight, input_scale, norm_weight, r2):
-        out, total = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "rms_norm", r2, norm_weight, eps)
-        return out.reshape(*x.shape[:-1], n), total.reshape(x.shape)
     if x.shape == residual.shape and _codes_prologue_serves(x2, qweight, input_scale, k):
         total = torch.empty_like(residual, memory_format=torch.contiguous_format)
         y = _gemm_after_codes("rms_norm_fp8", x2, qweight, weight_scale, input_scale, bias, norm_weight,
@@ -356,9 +336,6 @@ def silu_and_mul_fp8_linear_reference(x, qweight, weight_scale, input_scale=None
 def silu_and_mul_fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
     x2 = rows(x)
     n, k = qweight.shape
-    if fp8_gemv_prologue_serves("silu_and_mul", x2, qweight, input_scale):
-        out, _ = fp8_gemv(x2, qweight, weight_scale, input_scale, bias, "silu_and_mul")
-        return out.reshape(*x.shape[:-1], n)
     if _codes_prologue_serves(x2, qweight, input_scale, k):  # the activation kernel writes the GEMM's codes
         y = _gemm_after_codes("silu_and_mul_fp8", x2, qweight, weight_scale, input_scale, bias)
         return y.reshape(*x.shape[:-1], n)

@@ -304,17 +304,29 @@ _KERNEL_CASES = [(fmt, group, m, n, k) for fmt, group in [("int4", 128), ("int8"
                 [(fmt, group, 1, 4608, 1536) for fmt, group in [("int8", 0), ("int4", 128)]] + \
                 [("int8", group, m, 256, 1536, x_range) for group in (0, 64) for m in (1, 2)
                  for x_range in (1e6, 1e-30, "chunks")] + \
-                [("int8", 0, m, 9216, 1024, *x_range) for m, x_range in [(3, ()), (8, ()), (5, ("chunks",))]]
+                [("int8", 0, m, 9216, 1024, *x_range) for m, x_range in [(3, ()), (8, ()), (5, ("chunks",))]] + \
+                [("fp8", per_channel, m, n, k) for per_channel in (0, 1) for m in (1, 2, 5, 8)
+                 for n, k in [(37, 384), (1000, 1024)]] + \
+                [("fp8", 1, m, n, k) for m in (1, 3) for n, k in [(64, 4096), (4608, 1536), (17408, 512)]]
 
 _KERNEL_OUTPUTS = """
 import sys, torch
+from tensorrt_llm.ops.fp8_linear import fp8_linear_cuda
 from tensorrt_llm.ops.quantized_linear import weight_only_linear_cuda
 from tensorrt_llm.quantization import quantize_int4, quantize_int8
+from tensorrt_llm.quantization.formats import fp8_scale_from_amax, quantize_fp8
 outs = []
 for i, (fmt, group, m, n, k, *x_range) in enumerate(eval(sys.argv[1])):
     gen = torch.Generator().manual_seed(i)
     w = torch.randn(n, k, generator=gen) * 0.05
     x = torch.randn(m, k, generator=gen)
+    if fmt == "fp8":  # group: per-channel weight scales; the input scale from x's range
+        q = quantize_fp8(w, per_channel=bool(group), input_scale=fp8_scale_from_amax(x.abs().amax()))
+        bias = torch.randn(n, generator=gen).to(torch.bfloat16).cuda() if i % 2 else None
+        y = fp8_linear_cuda(x.to(torch.bfloat16).cuda(), q.qweight.view(torch.uint8).cuda(), q.scale.cuda(),
+                            q.input_scale.cuda(), bias)
+        outs.append(y.cpu())
+        continue
     if x_range == ["chunks"]:  # each k-step's 64 inputs at a power of two of its own, 2^-40 .. 2^40
         x = x * (2.0 ** torch.randint(-40, 41, (m, k // 64, 1), generator=gen)).expand(m, k // 64, 64).reshape(m, k)
     elif x_range:  # beyond float16's range, or far below its normal numbers
@@ -336,7 +348,8 @@ def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_pat
     # process, hence the second process). INT8: the same products in the same order, so the same
     # bits, also where bfloat16 x goes through float16 scaled by a power of two per k-step (up to 2
     # rows, or up to 8 in layers of many tiles: x beyond float16's range, far below its normal
-    # numbers, or k-steps 2^80 apart). INT4: the pipelined kernel sums x (offset + code) and
+    # numbers, or k-steps 2^80 apart). FP8 (x quantized once per block): the same bits, per tensor
+    # or per channel, at 2, 3 and 4 blocks an SM. INT4: the pipelined kernel sums x (offset + code) and
     # corrects with the k-step's sum of x, so the float32 sums differ by roundings far below the
     # output's: at most one bfloat16 step.
     import subprocess
@@ -350,7 +363,7 @@ def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_pat
         assert run.returncode == 0, run.stderr[-2000:]
         outs[knob] = torch.load(path)
     for case, new, old in zip(_KERNEL_CASES, outs["1"], outs["0"]):
-        if case[0] == "int8":
+        if case[0] != "int4":
             assert torch.equal(new, old), f"{case}: the kernels differ by {(new.float() - old.float()).abs().max():.3g}"
             continue
         new, old = new.float(), old.float()

@@ -15,7 +15,6 @@ from tensorrt_llm.ops.fp8_linear import (
     add_rms_norm_fp8_linear_cuda,
     add_rms_norm_fp8_linear_reference,
     fp8_gemv,
-    fp8_gemv_prologue_serves,
     fp8_gemv_serves,
     fp8_linear_cuda,
     fp8_linear_reference,
@@ -266,7 +265,7 @@ def test_fp8_gemv_tile_loop(m, per_channel):
     same): tiles of 32 rows per pass over the weight, the last one partial."""
     x, qw, ws, xs = _gpu_case(m, 1024, 272, per_channel, True, torch.bfloat16, seed=m)
     bias = torch.randn(272, device="cuda").to(torch.bfloat16)
-    _assert_within_summation_order(fp8_gemv(x, qw, ws, xs, bias)[0], fp8_linear_reference(x, qw, ws, xs, bias))
+    _assert_within_summation_order(fp8_gemv(x, qw, ws, xs, bias), fp8_linear_reference(x, qw, ws, xs, bias))
 
 
 @pytest.mark.gpu
@@ -341,63 +340,22 @@ def test_fused_references_are_the_unfused_references():
                        fp8_linear_reference(silu_and_mul_reference(wide), qw, ws, xs))
 
 
-# ---- GPU: the FP8 GEMV with its input's op in front ----------------------------------------------
+# ---- GPU: the fused ops ----------------------------------------------------------------------------
 
 
-def _prologue_case(m, k, n, dtype, seed, prologue):
-    """x (and residual, norm weight) for a prologue, and a layer calibrated on the prologue's output."""
+def _fused_case(m, k, n, dtype, seed, op):
+    """x (and residual, norm weight) for the op in front ("rms_norm" or "silu_and_mul"), and a layer
+    calibrated on that op's output."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    width = 2 * k if prologue == "silu_and_mul" else k
+    width = 2 * k if op == "silu_and_mul" else k
     x = torch.randn(m, width, generator=g, device="cuda").to(dtype)
     residual = torch.randn(m, k, generator=g, device="cuda").to(dtype)
     norm_weight = (torch.rand(k, generator=g, device="cuda") + 0.5).to(dtype)
-    layer_input = silu_and_mul_reference(x) if prologue == "silu_and_mul" else rms_norm_reference(
+    layer_input = silu_and_mul_reference(x) if op == "silu_and_mul" else rms_norm_reference(
         x + residual, norm_weight, eps=1e-5)
     _, _, (qw, ws, xs) = _layer(n, k, seed % 2 == 1, True, layer_input, seed=seed, device="cuda")
     bias = torch.randn(n, device="cuda").to(dtype) if seed % 3 == 0 else None
     return x, residual, norm_weight, qw, ws, xs, bias
-
-
-# LLaMA-3-8B's: qkv (a 3-blocks-an-SM grid on an H100), gate_up, down; small and odd shapes.
-PROLOGUE_SHAPES = [(4096, 6144), (4096, 28672), (4096, 4096), (64, 48), (272, 17), (1040, 1000)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k,n", PROLOGUE_SHAPES)
-@pytest.mark.parametrize("m", [1, 2, 5, 8])
-def test_rms_norm_prologue_is_the_rms_norm_kernel_then_the_gemv(m, k, n, dtype):
-    """The fused op rounds as the rms_norm kernel does, so it gives that kernel then fp8_gemv's
-    numbers up to the order of the sum of squares (another block size): an x rounding that flips,
-    and with it an E4M3 code, is the only way they can differ (none seen)."""
-    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(m, k, n, dtype, m + k + n, "rms_norm")
-    assert fp8_gemv_prologue_serves("rms_norm", x, qw, xs, norm_weight, residual) == (m * k <= 8192)
-    got = rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, xs, bias, eps=1e-5)
-    want = fp8_gemv(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, xs, bias)[0]
-    _assert_within_summation_order(got, want)
-    y, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
-    normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
-    assert torch.equal(total, want_total) and torch.equal(total, x + residual)
-    _assert_within_summation_order(y, fp8_gemv(normed, qw, ws, xs, bias)[0])
-    # the reference normalises in float32, rounds, then scales (two roundings): x differs by a
-    # unit of its dtype's last place in places, moving some E4M3 codes by one step
-    want_ref, _ = add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
-    assert (y.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k,n", [(14336, 4096), (4096, 6144), (64, 48), (1040, 1000)])
-@pytest.mark.parametrize("m", [1, 2, 5, 8])
-def test_silu_and_mul_prologue_is_the_activation_kernel_then_the_gemv(m, k, n, dtype):
-    """The same arithmetic as the silu_and_mul kernel then fp8_gemv: bit for bit (where x is small
-    enough to fuse; other calls are that composition)."""
-    x, _, _, qw, ws, xs, bias = _prologue_case(m, k, n, dtype, m + k + n, "silu_and_mul")
-    got = silu_and_mul_fp8_linear_cuda(x, qw, ws, xs, bias)
-    assert fp8_gemv_prologue_serves("silu_and_mul", x, qw, xs) == (m * 2 * k <= 8192)
-    torch.testing.assert_close(got, fp8_gemv(silu_and_mul_cuda(x), qw, ws, xs, bias)[0], rtol=0, atol=0)
-    want_ref = silu_and_mul_fp8_linear_reference(x, qw, ws, xs, bias)
-    assert (got.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
 
 
 def _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, input_scale, bias):
@@ -414,24 +372,30 @@ def _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, 
     return y
 
 
+# LLaMA-3-8B's qkv, gate_up and o (as (K, N); SiLU-and-mul's x is 2K wide), small and odd shapes.
+FEW_ROW_SHAPES = [(4096, 6144), (4096, 28672), (4096, 4096), (64, 48), (272, 17), (1040, 1000)]
+
+
 @pytest.mark.gpu
-def test_prologue_dispatch_and_fallbacks():
-    """Calls the fused kernel does not serve run the unfused CUDA ops, with their numbers."""
-    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(9, 512, 64, torch.bfloat16, 0, "rms_norm")
-    assert not fp8_gemv_prologue_serves("rms_norm", x, qw, xs, norm_weight)  # 9 rows
-    assert not fp8_gemv_prologue_serves("rms_norm", x[:2], qw, None, norm_weight)  # dynamic scales
-    assert not fp8_gemv_prologue_serves("rms_norm", x[:2], qw, xs, norm_weight[1:])  # off a 16-byte boundary
-    assert fp8_gemv_prologue_serves("rms_norm", x[:8], qw, xs, norm_weight)
-    wide = torch.randn(8, 2 * 512, device="cuda", dtype=torch.bfloat16)
-    assert fp8_gemv_prologue_serves("silu_and_mul", wide, qw, xs)  # 8 x 1,024 elements of x: the bound
-    _, _, (qw_wide, ws_wide, xs_wide) = _layer(64, 1024, False, True, x, device="cuda")
-    assert fp8_gemv_prologue_serves("rms_norm", wide, qw_wide, xs_wide)  # 8 x 1,024 again
-    gate_up = torch.randn(5, 2 * 1024, device="cuda", dtype=torch.bfloat16)
-    assert not fp8_gemv_prologue_serves("silu_and_mul", gate_up, qw_wide, xs_wide)  # 5 x 2,048
-    _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, xs, bias)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n", FEW_ROW_SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_fused_ops_over_few_rows_are_the_unfused_cuda_ops(m, k, n, dtype):
+    """The GEMV's rows: the norm / activation kernel, then the FP8 GEMV, bit for bit the unfused
+    CUDA ops, with static and dynamic (the _scaled_mm path) input scales; near the reference."""
+    x, residual, norm_weight, qw, ws, xs, bias = _fused_case(m, k, n, dtype, m + k + n, "rms_norm")
+    assert fp8_gemv_serves(x, qw, xs)
+    y = _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, xs, bias)
     _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, None, bias)
-    with pytest.raises(ValueError, match="prologue over 9 rows"):
-        fp8_gemv(x, qw, ws, xs, bias, "rms_norm", norm_weight=norm_weight, eps=1e-5)
+    # the reference normalises in float32, rounds, then scales (two roundings): x differs by a
+    # unit of its dtype's last place in places, moving some E4M3 codes by one step
+    want_ref, _ = add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
+    assert (y.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
+    wide, _, _, qw2, ws2, xs2, bias2 = _fused_case(m, k, n, dtype, m + k + n + 1, "silu_and_mul")
+    got = silu_and_mul_fp8_linear_cuda(wide, qw2, ws2, xs2, bias2)
+    torch.testing.assert_close(got, fp8_gemv(silu_and_mul_cuda(wide), qw2, ws2, xs2, bias2), rtol=0, atol=0)
+    want_ref = silu_and_mul_fp8_linear_reference(wide, qw2, ws2, xs2, bias2)
+    assert (got.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
 
 
 # ---- GPU: many rows, the norm / activation kernel writing the FP8 GEMM's codes -----------------
@@ -472,20 +436,20 @@ def test_fused_ops_over_many_rows_are_the_unfused_cuda_ops(m, k, n, dtype):
     """Over the GEMV's rows, the fused ops quantize x in the norm / activation kernel and run the
     same cuBLASLt FP8 GEMM: the unfused CUDA ops' numbers bit for bit; dynamic scales and
     widths that are not whole int32 words run the unfused ops themselves."""
-    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(m, k, n, dtype, m + k + n, "rms_norm")
+    x, residual, norm_weight, qw, ws, xs, bias = _fused_case(m, k, n, dtype, m + k + n, "rms_norm")
     assert not fp8_gemv_serves(x, qw, xs)
     y = _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, xs, bias)
     want_ref, _ = add_rms_norm_fp8_linear_reference(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
     assert (y.float() - want_ref.float()).norm() <= 0.02 * want_ref.float().norm()
     _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, None, bias)  # dynamic scales
-    wide, _, _, qw2, ws2, xs2, bias2 = _prologue_case(m, k, n, dtype, m + k + n + 1, "silu_and_mul")
+    wide, _, _, qw2, ws2, xs2, bias2 = _fused_case(m, k, n, dtype, m + k + n + 1, "silu_and_mul")
     torch.testing.assert_close(silu_and_mul_fp8_linear_cuda(wide, qw2, ws2, xs2, bias2),
                                fp8_linear_cuda(silu_and_mul_cuda(wide), qw2, ws2, xs2, bias2), rtol=0, atol=0)
 
 
 @pytest.mark.gpu
-def test_prologue_replays_in_a_cuda_graph():
-    x, residual, norm_weight, qw, ws, xs, bias = _prologue_case(4, 4096, 6144, torch.bfloat16, 1, "rms_norm")
+def test_fused_op_replays_in_a_cuda_graph():
+    x, residual, norm_weight, qw, ws, xs, bias = _fused_case(4, 4096, 6144, torch.bfloat16, 1, "rms_norm")
     add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, qw, ws, xs, bias, eps=1e-5)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -496,4 +460,4 @@ def test_prologue_replays_in_a_cuda_graph():
     torch.cuda.synchronize()
     normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
     assert torch.equal(total, want_total)
-    _assert_within_summation_order(y, fp8_gemv(normed, qw, ws, xs, bias)[0])
+    _assert_within_summation_order(y, fp8_gemv(normed, qw, ws, xs, bias))

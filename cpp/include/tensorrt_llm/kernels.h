@@ -258,29 +258,5 @@ struct GemvParams {
 bool gemvSupports(int64_t rows, int64_t k, DType dtype);
 void launchGemv(GemvParams const& p, void* stream);
 
-// The FP8 GEMV's prologue (launchFp8Gemv in weight_only_gemv.cu): none, or GemvParams's RMSNorm /
-// SiLU-and-mul computed in front of it (fp8GemvPrologueSupports).
-struct Fp8GemvPrologue {
-    GemvPrologue kind = GemvPrologue::kNone;
-    void const* normWeight = nullptr;  // [k] (kRmsNorm)
-    void const* residual = nullptr;    // [rows, k] or nullptr (kRmsNorm)
-    void* residualOut = nullptr;       // [rows, k], contiguous, with residual
-    int64_t residualRowStride = 0;
-    float eps = 0.f;
-};
-// Every block computes the prologue over all of x (rows times x's width: 2k for SiLU-and-mul)
-// before its first product, so it pays where x is small: up to kFp8PrologueMaxElements, where it
-// costs less than a kernel of its own (H100, LLaMA-8B's layers, fused minus the GEMV alone against
-// the RMSNorm kernel then the GEMV: RMSNorm 1 row +0.6 us / +1.9, 2 rows +2.0 / +2.0, 4 rows +5.1
-// / +2.2; SiLU-and-mul of 2 x 14,336 at 1 row +3.5 / +2.6). Tried for SiLU-and-mul: each k-step
-// computing its own x in registers, no staging: 121 us against 21 for the GEMV alone (the
-// activation's exp and division on the 4 lanes of 32 that hold a row, in every k-step).
-constexpr int64_t kFp8PrologueMaxRows = 8;
-constexpr int64_t kFp8PrologueMaxElements = 8192;
-inline bool fp8GemvPrologueSupports(GemvPrologue prologue, int64_t rows, int64_t k) {
-    int64_t const width = prologue == GemvPrologue::kSiluAndMul ? 2 * k : k;  // x's
-    return rows >= 1 && rows <= kFp8PrologueMaxRows && k > 0 && k % 16 == 0
-           && rows * width <= kFp8PrologueMaxElements;
-}
 
 } // namespace tensorrt_llm
