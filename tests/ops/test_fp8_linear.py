@@ -360,8 +360,7 @@ def _fused_case(m, k, n, dtype, seed, op):
 
 def _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, input_scale, bias):
     """rms_norm_fp8_linear and add_rms_norm_fp8_linear give the rms_norm / fused_add_rms_norm
-    kernels then fp8_linear's numbers bit for bit (calls the fused FP8 GEMV does not serve);
-    returns add_rms_norm_fp8_linear's output."""
+    kernels then fp8_linear's numbers bit for bit; returns add_rms_norm_fp8_linear's output."""
     torch.testing.assert_close(rms_norm_fp8_linear_cuda(x, norm_weight, qw, ws, input_scale, bias, eps=1e-5),
                                fp8_linear_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), qw, ws, input_scale, bias),
                                rtol=0, atol=0)
