@@ -31,9 +31,9 @@
 // [N, K] byte layout: weight bytes to float16 (every E4M3 value is exact there) by
 // cvt.rn.f16x2.e4m3x2, x quantized as formats.quantize_fp8_activation does (float32 x /
 // input_scale, correctly rounded; clamp to +-448 and round to nearest E4M3, cvt satfinite) and
-// back to exact float16,
-// mma.sync in float16 whatever x's dtype (the products of two E4M3 values are exact in float32),
-// input_scale x weight_scale (per tensor or channel) once per output, then bias.
+// back to exact float16, mma.sync in float16 whatever x's dtype (the products of two E4M3 values
+// are exact in float32), input_scale x weight_scale (per tensor or channel) once per output, then
+// bias.
 // Figures and commands (NVIDIA H100 80GB HBM3, `python benchmarks/bench_weight_only_gemv.py`,
 // engines with bench_generation.py): benchmarks/README.md's weight-only section.
 //
