@@ -11,15 +11,15 @@
 namespace tensorrt_llm {
 
 // Row r of the prologue PRO (kRmsNorm or kSiluAndMul) of a GEMV's parameters p (GemvParams: x,
-// xRowStride, residual, residualRowStride, residualOut, normWeight, eps, k; k values a multiple of 16 bytes of T, rows on 16-byte boundaries): calls
-// store(i, o) for every pack i of the row, o its kVec16<T> values of T. RMSNorm: s = x + residual
-// rounded to T (block 0 writes it to residualOut's row r), the mean of the rounded s's squares in
-// float32, then one rounding of s * inv * weight; s is kept in `scratch` (k values of T, shared
-// memory) between the two passes, and each thread reads back only the packs it wrote, so store
-// may write over them. p's fields are read where they are used (a kernel parameter: the
-// constant bank), not held in registers across the row. Every thread of the block calls it (a
-// block reduction); THREADS: the block size; B: packs a thread loads before it uses any (x is
-// read from L2).
+// xRowStride, residual, residualRowStride, residualOut, normWeight, eps, k; k values a multiple of
+// 16 bytes of T, rows on 16-byte boundaries): calls store(i, o) for every pack i of the row, o its
+// kVec16<T> values of T. RMSNorm: s = x + residual rounded to T (block 0 writes it to residualOut's
+// row r), the mean of the rounded s's squares in float32, then one rounding of s * inv * weight; s
+// is kept in `scratch` (k values of T, shared memory) between the two passes, and each thread reads
+// back only the packs it wrote, so store may write over them. p's fields are read where they are
+// used (a kernel parameter: the constant bank), not held in registers across the row. Every thread
+// of the block calls it (a block reduction); THREADS: the block size; B: packs a thread loads
+// before it uses any (x is read from L2).
 template <typename T, GemvPrologue PRO, int THREADS, int B, typename Params, typename Store>
 __device__ __forceinline__ void prologueRow(Params const& p, int r, Pack<T, kVec16<T>>* scratch, Store store) {
     static_assert(PRO == GemvPrologue::kRmsNorm || PRO == GemvPrologue::kSiluAndMul, "a prologue");

@@ -1185,7 +1185,8 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
         }
     }
     if (loops) {
-        // As many blocks as run at once (a block per tile staged x per tile).
+        // As many blocks as run at once (the kernel's LOOP: what a block does once, it does once per
+        // block, not per tile).
         int perSm = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
         blocks = static_cast<unsigned>(std::min<int64_t>(blocks, std::max(1, perSm) * sms));
@@ -1331,7 +1332,7 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
     });
 }
 
-// FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMV above with FP8 codes.
+// FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMVs above with FP8 codes.
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
                    bool perChannel, DType dtype, void* stream) {

@@ -349,9 +349,9 @@ def test_pipelined_kernel_agrees_with_the_register_kernel(needs_kernels, tmp_pat
     # bits, also where bfloat16 x goes through float16 scaled by a power of two per k-step (up to 2
     # rows, or up to 8 in layers of many tiles: x beyond float16's range, far below its normal
     # numbers, or k-steps 2^80 apart). FP8 (x quantized once per block): the same bits, per tensor
-    # or per channel, at 2, 3 and 4 blocks an SM. INT4: the pipelined kernel sums x (offset + code) and
-    # corrects with the k-step's sum of x, so the float32 sums differ by roundings far below the
-    # output's: at most one bfloat16 step.
+    # or per channel, at 2 and 3 blocks an SM and in pairs. INT4: the pipelined kernel sums x
+    # (offset + code) and corrects with the k-step's sum of x, so the float32 sums differ by
+    # roundings far below the output's: at most one bfloat16 step.
     import subprocess
     import sys
     outs = {}
