@@ -75,11 +75,12 @@ from .op import CPU, CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
 SCALED_MM_ALIGNMENT = 16
-# Rows the FP8 GEMV serves (static input scale, float16 / bfloat16 x); more take _scaled_mm. The
-# kernel reads the weight once for up to 32 rows, but at 17-32 rows it re-reads x from L2 for
-# every 16 features and loses to cuBLASLt (H100, the 8B engine at batch 32: 6.73 ms a step
-# against 4.76 through _scaled_mm).
-FP8_GEMV_MAX_ROWS = 16
+# Rows the FP8 GEMV serves (static input scale, float16 / bfloat16 x); more take _scaled_mm. Up to
+# 8 rows it is the pipelined kernel; at 9-32 rows its register kernel re-reads x from L2 for every
+# 16 features and loses to cuBLASLt (H200, each layer alone, 16 rows, us: qkv 17.3 against 11.1,
+# o 10.8 / 8.9, gate_up 55.6 / 33.4, down 31.3 / 22.3; 32 rows: 21.7 / 11.5, 14.5 / 8.9, 83.5 /
+# 34.2, 47.2 / 21.4).
+FP8_GEMV_MAX_ROWS = 8
 
 
 @define

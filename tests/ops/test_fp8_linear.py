@@ -235,7 +235,7 @@ def _assert_within_summation_order(got, want):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096), (48, 40), (272, 17), (1040, 1000)])
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 13, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
 def test_fp8_gemv_matches_reference(m, k, n, per_channel, dtype):
     x, qw, ws, xs = _gpu_case(m, k, n, per_channel, True, dtype, seed=m + k)
     assert fp8_gemv_serves(x, qw, xs)
@@ -261,8 +261,8 @@ def test_fp8_gemv_grid_sizes(m, blocks_per_sm):
 @pytest.mark.parametrize("m", [17, 24, 32, 33, 37, 70])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_fp8_gemv_tile_loop(m, per_channel):
-    """More than 16 rows (fp8_linear takes _scaled_mm there; the kernel serves them all the
-    same): tiles of 32 rows per pass over the weight, the last one partial."""
+    """More rows than fp8_linear gives it (the kernel serves them all the same): tiles of 32 rows
+    per pass over the weight, the last one partial."""
     x, qw, ws, xs = _gpu_case(m, 1024, 272, per_channel, True, torch.bfloat16, seed=m)
     bias = torch.randn(272, device="cuda").to(torch.bfloat16)
     _assert_within_summation_order(fp8_gemv(x, qw, ws, xs, bias), fp8_linear_reference(x, qw, ws, xs, bias))
@@ -430,11 +430,11 @@ def test_kernels_writing_codes_are_the_kernel_then_the_quantize(dtype, m, k, off
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096), (64, 48)])
-@pytest.mark.parametrize("m", [FP8_GEMV_MAX_ROWS + 1, 64, 2048])
+@pytest.mark.parametrize("m", [FP8_GEMV_MAX_ROWS + 1, 32, 64, 2048])
 def test_fused_ops_over_many_rows_are_the_unfused_cuda_ops(m, k, n, dtype):
     """Over the GEMV's rows, the fused ops quantize x in the norm / activation kernel and run the
-    same cuBLASLt FP8 GEMM: the unfused CUDA ops' numbers bit for bit; dynamic scales and
-    widths that are not whole int32 words run the unfused ops themselves."""
+    same cuBLASLt FP8 GEMM: the unfused CUDA ops' numbers bit for bit; dynamic scales and widths
+    that are not whole int32 words run the unfused ops themselves."""
     x, residual, norm_weight, qw, ws, xs, bias = _fused_case(m, k, n, dtype, m + k + n, "rms_norm")
     assert not fp8_gemv_serves(x, qw, xs)
     y = _assert_norm_ops_are_the_unfused_cuda_ops(x, residual, norm_weight, qw, ws, xs, bias)
