@@ -2,7 +2,7 @@
 // x + residual) or SiLU-and-mul (x [2k]), each value rounded to T exactly as rms_norm.cu and
 // activation.cu round it, so a fused GEMV gives those kernels' numbers: gemv.cu's rows of T in
 // shared memory. (The FP8 GEMV computed its rows here too, until 2026-11-29: on its pipelined
-// kernel that cost more than the norm's own kernel; weight_only_gemv.cu says by how much.)
+// kernel that cost more than the norm's own kernel; weight_only_gemv.cuh says by how much.)
 #pragma once
 
 #include "activation.cuh"

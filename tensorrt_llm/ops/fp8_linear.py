@@ -23,7 +23,7 @@ Implementations:
   float32, back to x's dtype (formats.quantized_linear_reference): the meaning, on every
   device; the CPU runs it.
 - cuda, few rows (decode): with a static input scale, float16 / bfloat16 x and at most
-  FP8_GEMV_MAX_ROWS rows, the FP8 GEMV (`fp8_gemv`, cpp/kernels/weight_only_gemv.cu: the
+  FP8_GEMV_MAX_ROWS rows, the FP8 GEMV (`fp8_gemv`, cpp/kernels/weight_only_gemv.cuh: the
   weight-only tensor-core GEMV with E4M3 codes) reads the weight once for all the rows: E4M3 weight
   bytes to exact float16 in registers, x quantized in the kernel exactly as
   formats.quantize_fp8_activation does (x times input_scale's float32 reciprocal, clamped to

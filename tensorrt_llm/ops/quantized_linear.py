@@ -22,7 +22,7 @@ orders (the reference and the CPU pack restore row order first).
 Implementations:
 - reference: `quantized_linear_reference` (dequantize to float32, x @ W^T in float32, back to
   x's dtype): the meaning of the op, on every device.
-- cuda: the compiled kernels (cpp/kernels/weight_only_gemv.cu), through
+- cuda: the compiled kernels (cpp/kernels/weight_only_gemv.cuh), through
   `weight_only_matmul_cuda`. Up to GEMV_MAX_ROWS rows (decode) the weight-only GEMV reads the
   weight once per tile of rows, turning the codes into exact small integers in registers (float16 / bfloat16 x:
   tensor-core products summed in float32; float32 x: float FMAs), with the group's scale and
@@ -87,7 +87,7 @@ def tile_codes(qweight: torch.Tensor) -> torch.Tensor:
     """qweight [N, B] (int8 / uint8 codes, row order) in tile order, same dtype and shape: its
     16-byte packs as [N / 16][B / 64][2][8][4], i.e. (tile, k-step, half of the tile, row in the
     half, pack in the k-step) = row 16 tile + 8 half + r, pack 4 step + p (packIndex in
-    cpp/kernels/weight_only_gemv.cu)."""
+    cpp/kernels/weight_only_gemv.cuh)."""
     n, b = qweight.shape
     if not tileable(n, b):
         raise ValueError(f"tile_codes: a [{n}, {b}] weight has no tile order (rows a multiple of {TILE_ROWS}, "

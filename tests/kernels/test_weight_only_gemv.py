@@ -1,4 +1,4 @@
-"""weight_only_linear's CUDA implementation (cpp/kernels/weight_only_gemv.cu) against the
+"""weight_only_linear's CUDA implementation (cpp/kernels/weight_only_gemv.cuh) against the
 reference (quantization/formats.py's quantized_linear_reference) on random data.
 
 CPU: the implementation is registered, runs only on CUDA devices of a build with the kernels.

@@ -138,7 +138,7 @@ def test_shape_rule():
 
 def test_tile_order_puts_each_pack_where_the_kernels_read_it():
     # Pack p (16 bytes) of row r goes to (((r // 16) * steps + p // 4) * 2 + r % 16 // 8) * 32
-    # + (r % 8) * 4 + p % 4 (packIndex in cpp/kernels/weight_only_gemv.cu), steps = packs // 4.
+    # + (r % 8) * 4 + p % 4 (packIndex in cpp/kernels/weight_only_gemv.cuh), steps = packs // 4.
     n, packs = 48, 8
     codes = torch.randint(0, 256, (n, 16 * packs), dtype=torch.uint8)
     tiled = tile_codes(codes)
