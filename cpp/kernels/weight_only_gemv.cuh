@@ -1295,6 +1295,17 @@ Params gemvParams(void* out, void const* x, void const* qweight, void const* sca
     return p;
 }
 
+// Calls fn(std::integral_constant<int, BITS>{}) for the format's bits (4 or 8).
+template <typename Fn>
+void dispatchBits(int bits, char const* what, Fn&& fn) {
+    if (bits == 4) {
+        fn(std::integral_constant<int, 4>{});
+    } else if (bits == 8) {
+        fn(std::integral_constant<int, 8>{});
+    } else {
+        throw std::invalid_argument(std::string(what) + ": bits must be 4 or 8");
+    }
+}
 
 // The launches of one activation dtype T (weight_only_gemv_{float,half,bf16}.cu instantiate them).
 template <typename T>
@@ -1312,13 +1323,7 @@ void gemvTyped(Params const& p, int bits, DType scaleDtype, bool alignedX, cudaS
                 launchGemvTile<T, S, decltype(b)::value>(p, st);
             }
         };
-        if (bits == 4) {
-            launch(std::integral_constant<int, 4>{});
-        } else if (bits == 8) {
-            launch(std::integral_constant<int, 8>{});
-        } else {
-            throw std::invalid_argument("weight_only_gemv: bits must be 4 or 8");
-        }
+        dispatchBits(bits, "weight_only_gemv", launch);
     });
 }
 
@@ -1334,13 +1339,7 @@ void dequantizeTyped(void* out, void const* qweight, void const* scales, void co
                          st, static_cast<T*>(out), static_cast<uint4 const*>(qweight), static_cast<S const*>(scales),
                          static_cast<S const*>(zeros), n, numPacks, groups, shift, tiled);
         };
-        if (bits == 4) {
-            launch(std::integral_constant<int, 4>{});
-        } else if (bits == 8) {
-            launch(std::integral_constant<int, 8>{});
-        } else {
-            throw std::invalid_argument("weight_only_dequantize: bits must be 4 or 8");
-        }
+        dispatchBits(bits, "weight_only_dequantize", launch);
     });
 }
 
