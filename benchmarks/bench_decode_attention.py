@@ -18,6 +18,9 @@ from tensorrt_llm.functional import rope_cos_sin_cache  # noqa: E402
 from tensorrt_llm.ops.attention_cuda import decode_attention_cuda  # noqa: E402
 from tensorrt_llm.quantization.formats import KV_CACHE_STORAGE, kv_cache_scale_from_amax, quantize_kv  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_timing import graph_seconds_per_call  # noqa: E402
+
 CASES = {  # name: (batch, heads, kv_heads, head_dim, sequence length)
     "smollm2 b1 L150": (1, 9, 3, 64, 150),
     "llama-8b b1 L200": (1, 32, 8, 128, 200),
@@ -47,19 +50,7 @@ def run(batch, heads, kv_heads, head_dim, length, tpb=32, dtype=torch.bfloat16, 
 
     def call():
         return decode_attention_cuda(q, cache, tables, lengths, 0.1, None, 0, k, v, cos_sin, True, kv_scale)
-    call()
-    graph = torch.cuda.CUDAGraph()  # time the kernel, not the Python call
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters // 20):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    us = start.elapsed_time(end) * 1e3 / iters
+    us = graph_seconds_per_call([call] * 20, repeats=iters // 20) * 1e6  # the kernel, not the Python call
     kv_bytes = 2 * batch * kv_heads * length * head_dim * cache.element_size()
     return us, kv_bytes / (us * 1e-6) / 1e9
 

@@ -24,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 
 from tensorrt_llm import kernels  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_timing import copy_bandwidth, graph_seconds_per_call  # noqa: E402
+
 # name: (n, k, prologue) per model, in decode-step order.
 LAYERS = {
     "llama-8b": [("qkv", 6144, 4096, "add_rms_norm"), ("o", 4096, 4096, "none"),
@@ -33,39 +36,6 @@ LAYERS = {
                      ("gate_up", 3072, 576, "add_rms_norm"), ("down", 576, 1536, "silu_and_mul"),
                      ("lm_head", 49152, 576, "rms_norm")],
 }
-
-
-def copy_bandwidth() -> float:
-    src = torch.ones(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(10):
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e-3)
-    return 2 * src.numel() / best
-
-
-def time_graph(calls, iters: int = 10) -> float:
-    """Seconds per call of a graph replaying every function in `calls` once."""
-    for fn in calls:  # warm-up, lazy initialisation
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e-3 / (iters * len(calls))
 
 
 def bench_layer(rows: int, n: int, k: int, prologue: str, dtype=torch.bfloat16) -> dict:
@@ -100,7 +70,7 @@ def bench_layer(rows: int, n: int, k: int, prologue: str, dtype=torch.bfloat16) 
     result = {"rows": rows, "n": n, "k": k, "prologue": prologue, "weight_bytes": weight_bytes}
     for name, make in (("fused_gemv", fused), ("ours_then_cublas", unfused),
                        ("cublas_alone", lambda w: (lambda: F.linear(x_plain, w)))):
-        result[name + "_us"] = time_graph([make(w) for w in weights]) * 1e6
+        result[name + "_us"] = graph_seconds_per_call([make(w) for w in weights]) * 1e6
     return result
 
 

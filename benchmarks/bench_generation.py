@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench_timing import copy_bandwidth  # noqa: E402
 from eval_ppl import article_token_ids, perplexity  # noqa: E402
 from launch_ranks import run_split  # noqa: E402
 
@@ -133,21 +134,6 @@ class PeakRSS:
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def copy_bandwidth(device) -> float:
-    """Bytes per second of a device-to-device copy, counting the read and the write."""
-    n = (1 << 30) if device.type == "cuda" else (1 << 27)
-    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(10):
-        sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n / best
 
 
 def matmul_rate(device, dtype) -> float:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -55,48 +54,15 @@ from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda  # noqa
 from tensorrt_llm.ops.quantized_linear import cuda_serves, tile_codes, tileable, weight_only_linear_cuda  # noqa: E402
 from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_timing import copy_bandwidth, graph_seconds_per_call  # noqa: E402
+
 # Llama-3.1-8B: (layer, out_features, in_features).
 LAYERS = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
           ("lm_head", 128256, 4096)]
 L2_OVERFLOW = 512 << 20  # bytes of weight copies per graph: well over any L2 cache
 # What a LLaMA decoder layer computes in front of each layer (--prologues).
 PROLOGUES = {"qkv": "rms_norm", "gate_up": "add_rms_norm", "down": "silu_and_mul"}
-
-
-def copy_bandwidth(repeats: int = 10) -> float:
-    src = torch.ones(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return 2 * src.numel() / statistics.median(times)
-
-
-def time_calls(calls, repeats: int = 10) -> float:
-    """Median seconds per call of a CUDA graph replaying every function in `calls` once."""
-    for fn in calls:  # warm-up, lazy initialisation (cuBLAS handles, kernel attributes)
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / len(calls))
-    return statistics.median(times)
 
 
 def quantized(fmt: str, group: int, n: int, k: int, scale_dtype: torch.dtype):
@@ -141,10 +107,10 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
     scaled_mm = fused = unfused = None
     if fmt == "fp8":
         calls = [lambda q=q: fp8_linear_cuda(x, *q) for q in copies]
-        ours = time_calls(calls)
-        scaled_mm = time_calls([lambda q=q: fp8_linear_scaled_mm(x, *q) for q in copies])
+        ours = graph_seconds_per_call(calls)
+        scaled_mm = graph_seconds_per_call([lambda q=q: fp8_linear_scaled_mm(x, *q) for q in copies])
         if prologue:
-            fused, unfused = (time_calls(pair) for pair in prologue_calls(prologue, rows, k, copies))
+            fused, unfused = (graph_seconds_per_call(pair) for pair in prologue_calls(prologue, rows, k, copies))
     else:
         assert cuda_serves(x, first[0], fmt), "the kernels do not serve this shape"
         tiled = order == "tile" and tileable(*first[0].shape)
@@ -152,15 +118,15 @@ def bench_layer(fmt: str, group: int, rows: int, n: int, k: int, scale_dtype: to
             copies = [(tile_codes(q[0]), *q[1:]) for q in copies]
         calls = [lambda q=q: weight_only_linear_cuda(x, *q, weight_format=fmt, group_size=group, tiled=tiled)
                  for q in copies]
-        ours = time_calls(calls)
+        ours = graph_seconds_per_call(calls)
     # The same weights every call, so that they stay in L2: what the layer takes when its bytes
     # cost (almost) nothing to fetch, i.e. the kernel's own limit.
-    hot = time_calls([calls[0]] * len(calls)) if l2_resident else None
+    hot = graph_seconds_per_call([calls[0]] * len(calls)) if l2_resident else None
     del calls, copies, first
     dense_bytes = n * k * 2
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
              for _ in range(max(2, -(-L2_OVERFLOW // dense_bytes)))]
-    torch_bf16 = time_calls([lambda w=w: F.linear(x, w) for w in dense])
+    torch_bf16 = graph_seconds_per_call([lambda w=w: F.linear(x, w) for w in dense])
     del dense
     torch.cuda.empty_cache()
     return {"format": fmt, "group_size": group, "rows": rows, "n": n, "k": k,
