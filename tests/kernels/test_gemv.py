@@ -5,7 +5,6 @@ CPU: the ops are the references of the ops they compute (linear, rms_norm_linear
 dtype, the residual sum bit-exact, the cases it does not serve falling back to the reference, the
 compiled module refusing what it cannot serve, and CUDA-graph replay.
 """
-import os
 
 import pytest
 import torch
@@ -64,19 +63,6 @@ def test_cpu_ops_are_their_references():
 
 gpu = pytest.mark.gpu
 DEVICE = "cuda"
-
-
-@pytest.fixture
-def gen(request):
-    seed = int.from_bytes(os.urandom(4), "little")
-    request.node.user_properties.append(("seed", seed))
-    return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture(autouse=False)
-def needs_kernels():
-    if not kernels.cuda_kernels_available():
-        pytest.fail("tensorrt_llm.bindings has no CUDA kernels: build with `python build_wheel.py -a native -s -i`")
 
 
 SHAPES = [(1, 8), (37, 64), (960, 576), (3072, 576), (576, 1536), (4099, 4096), (33, 14336)]

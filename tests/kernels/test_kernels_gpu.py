@@ -4,7 +4,6 @@ Needs a GPU and a CUDA build of tensorrt_llm.bindings that covers it, e.g. on th
     python build_wheel.py -a native -s -i && pytest -m gpu tests/kernels -q
 (or scripts/gpu_check.sh). The seed of each test is printed in its failure message.
 """
-import os
 
 import pytest
 import torch
@@ -33,10 +32,8 @@ def compiled_kernels_cover_this_gpu():
 
 
 @pytest.fixture
-def gen(request):
-    """A fresh seed per test (reported on failure) on the CPU, where the inputs are made."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    request.node.user_properties.append(("seed", seed))
+def gen(seed):
+    """The test's seeded CPU generator (conftest's seed), and the seed for messages."""
     return torch.Generator().manual_seed(seed), f"seed={seed}"
 
 

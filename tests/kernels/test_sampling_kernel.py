@@ -10,7 +10,6 @@ top-p cut within it of the target (see rounding_explains).
 """
 import itertools
 import math
-import os
 
 import pytest
 import torch
@@ -241,13 +240,6 @@ def assert_matches_reference(tokens, logits, temperature, top_k, top_p, uniform,
 def compiled():
     if not kernels.cuda_kernels_available():
         pytest.fail("tensorrt_llm.bindings has no CUDA kernels: build with `python build_wheel.py -a native -s -i`")
-
-
-@pytest.fixture
-def seed(request):
-    seed = int.from_bytes(os.urandom(4), "little")
-    request.node.user_properties.append(("seed", seed))
-    return seed
 
 
 HARD_KINDS = 6

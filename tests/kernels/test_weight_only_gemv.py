@@ -65,19 +65,6 @@ gpu = pytest.mark.gpu
 DEVICE = "cuda"
 
 
-@pytest.fixture
-def gen(request):
-    seed = int.from_bytes(os.urandom(4), "little")
-    request.node.user_properties.append(("seed", seed))
-    return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture
-def needs_kernels():
-    if not cuda_kernels_available():
-        pytest.fail("tensorrt_llm.bindings has no CUDA kernels: build with `python build_wheel.py -a native -s -i`")
-
-
 def _weight(gen, fmt, group, n, k, scale_dtype):
     w = torch.randn(n, k, generator=gen) * 0.05
     q = quantize_int8(w, group or None, scale_dtype=scale_dtype) if fmt == "int8" else \
