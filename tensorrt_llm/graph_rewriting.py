@@ -652,10 +652,40 @@ class FuseActLinear(Fusion):
         linear.replace_output_uses_with(linear.network, [y])
 
 
+class FuseFp8GatedMlp(Fusion):
+    """add_rms_norm_fp8_linear (gate_up) -> silu_and_mul_fp8_linear (down) becomes
+    add_rms_norm_fp8_gated_mlp, where the down op is the only reader of gate_up's output and that
+    output no network or debug output: within the FP8 GEMV's rows, silu_and_mul then runs in
+    gate_up's epilogue instead of a kernel of its own. Runs after fuse_norm_linear and
+    fuse_act_linear, whose results it matches."""
+
+    def __init__(self):
+        super().__init__("fuse_fp8_gated_mlp", root_layer={"add_rms_norm_fp8_linear"})
+
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
+        h = layer.get_output(0)
+        users = h.get_users()
+        if (len(users) != 1 or users[0].op != "silu_and_mul_fp8_linear" or not _only_reader(h, users[0])
+                or _has_timed_choice(layer, users[0])):
+            return None
+        down = _info(users[0])
+        return None if down.get_input("x") != h else {"gate_up": _info(layer), "down": down}
+
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        gate_up, down = found["gate_up"], found["down"]
+        y, total = F.add_rms_norm_fp8_gated_mlp(
+            gate_up.get_input("x"), gate_up.get_input("residual"), gate_up.get_input("norm_weight"),
+            gate_up.get_input("qweight"), gate_up.get_input("weight_scale"), gate_up.get_input("input_scale"),
+            gate_up.get_input("bias"), down.get_input("qweight"), down.get_input("weight_scale"),
+            down.get_input("input_scale"), down.get_input("bias"), eps=gate_up.get_input("eps"))
+        gate_up.outputs[1].replace_all_uses_with(total)
+        down.replace_output_uses_with(down.network, [y])
+
+
 # The default order: later passes match what earlier ones make.
 PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
           "fuse_rope_attention": FuseRopeAttention, "fuse_norm_linear": FuseNormLinear,
-          "fuse_act_linear": FuseActLinear}
+          "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp}
 
 
 def optimize(network: Network, passes: Optional[list[str]] = None, plan: Optional[dict] = None) -> dict:

@@ -1,12 +1,14 @@
 """fuse_norm_linear and fuse_act_linear: a norm or gated activation and the one linear reading
 it become one op (rms_norm_linear, add_rms_norm_linear, silu_and_mul_linear) with the same
-numbers bit for bit on the CPU, and only where nothing else reads the intermediate."""
+numbers bit for bit on the CPU, and only where nothing else reads the intermediate; and
+fuse_fp8_gated_mlp, which makes the FP8 pair of an MLP's two fused ops one."""
 import pytest
 import torch
 
 from tensorrt_llm import Network, net_guard
 from tensorrt_llm import functional as F
-from tensorrt_llm.graph_rewriting import FuseActLinear, FuseNormLinear, PatternRewriter, optimize
+from tensorrt_llm.graph_rewriting import FuseActLinear, FuseFp8GatedMlp, FuseNormLinear, PatternRewriter, optimize
+from tensorrt_llm.quantization import quantize_fp8
 from tensorrt_llm.reference_executor import ReferenceExecutor
 from tensorrt_llm.runtime.session import Session
 
@@ -220,4 +222,66 @@ def test_default_build_order_and_registration():
     order = BuildConfig().optimizations
     assert order.index("fuse_norm_linear") > max(order.index(p) for p in BEFORE)
     assert order.index("fuse_act_linear") > order.index("fuse_gate_up")
+    assert order.index("fuse_fp8_gated_mlp") > max(order.index("fuse_norm_linear"), order.index("fuse_act_linear"))
     assert isinstance(FuseNormLinear(), PatternRewriter) and isinstance(FuseActLinear(), PatternRewriter)
+    assert isinstance(FuseFp8GatedMlp(), PatternRewriter)
+
+
+# ---- fuse_fp8_gated_mlp ---------------------------------------------------------------------------
+
+FP8_PASSES = ["fuse_norm_linear", "fuse_act_linear", "fuse_fp8_gated_mlp"]
+
+
+def fp8_mlp(mark=lambda net, h: None):
+    """x + r -> RMSNorm -> FP8 gate_up -> silu_and_mul -> FP8 down, and the residual sum; `mark`
+    gets the network and gate_up's output."""
+    g = torch.Generator().manual_seed(1)
+
+    def fp8(name, out, inp):
+        q = quantize_fp8(torch.randn(out, inp, generator=g) * 0.3, input_scale=torch.tensor([0.02]))
+        return (F.constant(q.qweight.view(torch.uint8), name=f"{name}.weight"),
+                F.constant(q.scale, name=f"{name}.weight_scale"), F.constant(q.input_scale, name=f"{name}.input_scale"))
+
+    net = Network("fp8_mlp")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("n", (1, 4, 8))])
+        r = net.add_input("r", "float32", [-1, H], [("n", (1, 4, 8))])
+        normed, total = F.fused_add_rms_norm(x, r, F.constant(torch.rand(H, generator=g) + 0.5, name="ln.weight"),
+                                             eps=1e-5)
+        h = F.fp8_linear(normed, *fp8("gate_up", 2 * FFN, H))
+        net.mark_output(F.fp8_linear(F.silu_and_mul(h), *fp8("down", H, FFN)), "y")
+        net.mark_output(total, "total")
+        mark(net, h)
+    return net
+
+
+FP8_FEED = {"x": torch.randn(5, H, generator=torch.Generator().manual_seed(2)),
+            "r": torch.randn(5, H, generator=torch.Generator().manual_seed(3))}
+
+
+def test_fp8_gated_mlp_keeps_the_outputs_bit_for_bit():
+    net = fp8_mlp()
+    unfused = copy(net)
+    report = optimize(net, passes=FP8_PASSES)
+    assert report["rewrites"] == {"fuse_norm_linear": 1, "fuse_act_linear": 1, "fuse_fp8_gated_mlp": 1}
+    assert [op for op in ops(net) if op != "constant"] == ["add_rms_norm_fp8_gated_mlp"]
+    for got, want in ((outputs(net, FP8_FEED), outputs(unfused, FP8_FEED)),
+                      (Session(net).run(FP8_FEED), Session(unfused).run(FP8_FEED))):
+        assert list(got) == list(want) == ["y", "total"]
+        assert all(torch.equal(got[name], want[name]) for name in want)
+
+
+@pytest.mark.parametrize("mark", [lambda net, h: net.mark_output(h, "h"), lambda net, h: net.mark_debug(h),
+                                  read_again], ids=["network_output", "debug_output", "other_reader"])
+def test_fp8_gated_mlp_left_alone(mark):
+    net = fp8_mlp(mark)
+    report = optimize(net, passes=FP8_PASSES)
+    assert report["rewrites"]["fuse_fp8_gated_mlp"] == 0
+    assert "add_rms_norm_fp8_gated_mlp" not in ops(net)
+
+
+def test_fp8_gated_mlp_leaves_a_timed_layer_alone():
+    net = fp8_mlp()
+    optimize(net, passes=FP8_PASSES[:2])
+    timed(net, "silu_and_mul_fp8_linear")
+    assert optimize(net, passes=["fuse_fp8_gated_mlp"])["rewrites"] == {"fuse_fp8_gated_mlp": 0}

@@ -28,7 +28,7 @@ void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scal
                                 void* stream);
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                   bool perChannel, DType dtype, void* stream);
+                   bool perChannel, bool gated, DType dtype, void* stream);
 void launchFp8Quantize(void* codes, void* rowScales, void const* x, void const* inputScale, int64_t m, int64_t k,
                        int64_t xRowStride, DType dtype, void* stream);
 } // namespace tensorrt_llm
@@ -676,6 +676,9 @@ void launchWeightOnlyDequantizeEntry(Call const& c) {
 // as int32 words [N, K / 4], rows of whole 16-byte packs (K a multiple of 16).
 
 constexpr int64_t kFp8GemvMaxRows = 1 << 20;
+// gated: the pipelined kernel's rows of x and their bytes (weight_only_gemv.cuh's kMaxPipeX).
+constexpr int64_t kFp8GatedMaxRows = 8;
+constexpr int64_t kFp8GatedMaxX = 64 * 1024;
 
 void checkFp8Gemv(Call& c) {
     TensorArg const &x = c["x"], &q = c["qweight"];
@@ -696,19 +699,26 @@ void checkFp8Gemv(Call& c) {
                                     + "] (per output channel)");
     }
     c.shape("input_scale", {1});
-    c.shape("out", {x.size(0), n});
+    bool const gated = c.flag("gated");
+    c.shape("out", {x.size(0), gated ? n / 2 : n});
     c.shape("bias", {n});
     c.fitsInt("in_features", k);
     c.fitsInt("out_features", n);
     if (x.size(0) > kFp8GemvMaxRows) throw std::invalid_argument("fp8_gemv: too many rows");
+    if (gated && (n % 16 != 0 || x.size(0) > kFp8GatedMaxRows || x.size(0) * k * dtypeSize(x.dtype) > kFp8GatedMaxX)) {
+        throw std::invalid_argument("fp8_gemv: gated takes out_features a multiple of 16 and at most "
+                                    + std::to_string(kFp8GatedMaxRows) + " rows of x within "
+                                    + std::to_string(kFp8GatedMaxX) + " bytes, got " + q.shapeStr() + " and x "
+                                    + x.shapeStr());
+    }
 }
 
 void launchFp8GemvEntry(Call const& c) {
     TensorArg const &x = c["x"], &out = c["out"], &q = c["qweight"], &ws = c["weight_scale"];
     if constexpr (kCudaKernels) {
         launchFp8Gemv(out.data(), x.data(), q.data(), ws.data(), c["input_scale"].data(), c.ptr("bias"), x.size(0),
-                      q.size(0), q.size(1) * 4, x.stride(0), out.stride(0), ws.size(0) != 1, x.dtype,
-                      c.stream());
+                      q.size(0), q.size(1) * 4, x.stride(0), out.stride(0), ws.size(0) != 1, c.flag("gated"),
+                      x.dtype, c.stream());
     }
 }
 
@@ -893,13 +903,15 @@ std::vector<Entry> entries() {
         {"fp8_gemv",
          "out = x @ W.T (+ bias) for a few rows of float16 / bfloat16 x, W the FP8 E4M3 weight of qweight (its bytes "
          "as int32 words [N, K / 4]) times weight_scale (float32 [1] or [N]), x quantized to E4M3 in the kernel "
-         "with the static input_scale (float32 [1]) as formats.quantize_fp8_activation does.",
+         "with the static input_scale (float32 [1]) as formats.quantize_fp8_activation does; gated (at most 8 rows, "
+         "N a multiple of 16): out [M, N / 2] = silu(y[:, :N / 2]) * y[:, N / 2:] of that y rounded to x's dtype, "
+         "as act_and_mul computes it.",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).dtypes({DType::kFloat16, DType::kBFloat16}).lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({kInt32}).contiguous(),
           tensor("weight_scale").rank(1).dtypes({kFloat32}).contiguous(),
           tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(),
-          optionalTensor("bias").dtypeOf("x").contiguous(), stream()},
+          optionalTensor("bias").dtypeOf("x").contiguous(), flag("gated"), stream()},
          checkFp8Gemv, launchFp8GemvEntry},
         {"fp8_quantize",
          "codes = the E4M3 bytes of x / scale (float32 division, clamp to +-448, round to nearest) as int32 words "

@@ -26,12 +26,14 @@ void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void co
     }
 }
 
-// FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMVs with FP8 codes.
+// FP8 (W8A8, E4M3) with a static input scale: the tensor-core GEMVs with FP8 codes; gated: out
+// [m, n / 2] = silu(gate) * up of the weight's halves (Params::gated).
 void launchFp8Gemv(void* out, void const* x, void const* qweight, void const* weightScale, void const* inputScale,
                    void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                   bool perChannel, DType dtype, void* stream) {
+                   bool perChannel, bool gated, DType dtype, void* stream) {
     if (m == 0 || n == 0) return;
     Params p = gemvParams(out, x, qweight, weightScale, bias, m, n, k, xRowStride, outRowStride);
+    p.gated = gated;
     p.groups = 1;
     p.groupShift = 31;
     p.inputScale = static_cast<float const*>(inputScale);

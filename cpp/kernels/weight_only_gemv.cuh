@@ -51,6 +51,7 @@
 // W = code * scale + zero in float32 exactly as formats.py (two roundings, no fused
 // multiply-add), rounded once to the dtype, for a tensor-core matmul by the caller.
 #pragma once
+#include "activation.cuh"
 #include "common.cuh"
 
 #include <cuda_fp8.h>
@@ -79,6 +80,9 @@ struct Params {
     int64_t scaleStride;
     // INT8 / INT4: the codes in tile order (packIndex) instead of row order.
     bool tiled;
+    // FP8, up to 8 rows (the pipelined kernel's GATED): the weight's rows [0, n / 2) are a gated
+    // MLP's gate and [n / 2, n) its up projection, and out [m, n / 2] is silu(gate) * up.
+    bool gated;
 };
 
 } // namespace weight_only_gemv_detail
@@ -585,6 +589,37 @@ __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarp
     }
 }
 
+// GATED's end of a tile: its rows 0..7 are the gate rows base .. base + 7 and its rows 8..15
+// the up rows n / 2 + base .. (issued so by the kernel's rowOf). Each output is reduced, scaled
+// and rounded as storeTile does, and output feature base + r is silu(gate) * up of the rounded
+// pair, as act_and_mul computes it: the same bits as the linear, then the activation kernel.
+template <typename T, bool FP8>
+__device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMmaWarps][8][kMmaRows],
+                                               float const (&acc)[1][4], int64_t base, float inputScale) {
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    red[warp][2 * t][g] = acc[0][0];
+    red[warp][2 * t + 1][g] = acc[0][1];
+    red[warp][2 * t][g + 8] = acc[0][2];
+    red[warp][2 * t + 1][g + 8] = acc[0][3];
+    __syncthreads();
+    // Thread (m, r) of the block's 16 x 16: x row m, tile row r. Every thread takes part in the
+    // shuffle; rows of x past 7 compute row 7's sums and store nothing.
+    static_assert(kMmaWarps * 32 == 16 * kMmaRows, "one thread per x row (of 16) and tile row");
+    int const r = threadIdx.x % kMmaRows, m = threadIdx.x / kMmaRows;
+    int const mr = m < 8 ? m : 7;
+    int64_t const n = r < 8 ? base + r : p.n / 2 + base + r - 8;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) sum += red[w][mr][r];
+    if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
+    if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
+    float const v = toFloat(fromFloat<T>(sum));
+    float const up = __shfl_down_sync(0xffffffffu, v, 8);  // thread (m, r + 8): the up row of feature base + r
+    if (r < 8 && m < p.m) {
+        static_cast<T*>(p.out)[m * p.outRowStride + base + r] = fromFloat<T>(activate<Activation::kSilu>(v) * up);
+    }
+}
+
 // MASKED: groups of 1 or 2 packs (a k-step spans several groups); its own instance, as the masked
 // passes take registers the plain one needs for its loads.
 // FP8: W8A8 E4M3 (BITS 8, S float): weight bytes to float16 codes, x quantized in registers
@@ -897,9 +932,10 @@ __device__ __forceinline__ void fp8XForMma(Params const& p, T* xShared, float in
     }
 }
 
-template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false>
+template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false, bool GATED = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
+    static_assert(!GATED || FP8, "GATED: the FP8 GEMV's");
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeSlots<PAIRS>;
     constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
@@ -926,9 +962,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     float const* zeros = static_cast<float const*>(p.zeros);
 
     // Rows past p.n read row p.n - 1 (their sums are never stored), so that no load needs a
-    // predicate of its row. The block's tile `tile` row `r` (0 .. 15):
+    // predicate of its row. The block's tile `tile` row `r` (0 .. 15); GATED (n a multiple of 16):
+    // tile i's rows are the gate rows 8i .. 8i + 7 and the up rows n / 2 + 8i .., so that one
+    // tile holds both halves of its 8 outputs, and the tiles balance over the blocks as before.
     auto rowOf = [&](int tile, int r) {
         int64_t const row = firstRow + tile * tileStride + r;
+        if constexpr (GATED) {
+            int64_t const base = (firstRow + tile * tileStride) / 2;
+            return r < 8 ? base + r : p.n / 2 + base + r - 8;
+        }
         return row < p.n ? row : p.n - 1;
     };
 
@@ -1093,7 +1135,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             load(used, step, wa, wb, xs);
             accumulate(wa, wb, xs, step);
         }
-        storeTile<T, FP8, 1>(p, red, acc, firstRow + tile * tileStride, inputScale);
+        if constexpr (GATED) {
+            storeGatedTile<T, FP8>(p, red, acc, (firstRow + tile * tileStride) / 2, inputScale);
+        } else {
+            storeTile<T, FP8, 1>(p, red, acc, firstRow + tile * tileStride, inputScale);
+        }
         __syncthreads();  // red is read before the next tile writes it
     }
 }
@@ -1110,14 +1156,14 @@ bool pipelinedGemvEnabled() {
 
 // The pipelined kernel with at least MINB blocks an SM, on a grid of the blocks that fit at once
 // (at most one a tile).
-template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false>
+template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false, bool GATED = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
             return launchPipelined<T, BITS, FP8, MINB, PAIRS, true>(q, tiles, stream);
         }
     }
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8>;
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
     size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
@@ -1138,13 +1184,14 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
 
 // Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales, groups of whole
 // k-steps (or per channel), and FP8, up to 8 rows whose x fits kMaxPipeX. False elsewhere.
-template <typename T, typename S, int BITS, bool FP8, bool MASKED>
+// GATED (FP8 only, which no other kernel serves) ignores TRTLLM_GEMV_PIPELINE.
+template <typename T, typename S, int BITS, bool FP8, bool MASKED, bool GATED = false>
 bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
     if constexpr (!std::is_same_v<S, float> || MASKED) {
         return false;
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
-        if (!pipelinedGemvEnabled() || q.m > 8 || xBytes > kMaxPipeX) return false;
+        if ((!GATED && !pipelinedGemvEnabled()) || q.m > 8 || xBytes > kMaxPipeX) return false;
         if (q.n * q.groups > std::numeric_limits<int32_t>::max()) return false;  // the kernel's 32-bit offsets
         // Three blocks an SM (at most 80 registers a thread) where two a SM would leave tiles for a
         // second round: INT4 beyond 2 tiles an SM, INT8 (whose kernel keeps fewer codes in flight
@@ -1159,15 +1206,15 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // -> 19.25, o 8.03 -> 7.77; but INT4 o 5.73 -> 5.87 and down unchanged (14.2), and INT8 qkv
         // (384 tiles, where the larger ring leaves two blocks an SM instead of three) 8.64 -> 11.85.
         if (tiles > twoRounds) {
-            launchPipelined<T, BITS, FP8, 3, false>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 3, false, false, GATED>(q, tiles, stream);
         } else if constexpr (BITS == 8) {
             if (tiles <= 2 * static_cast<int64_t>(multiprocessors())) {
-                launchPipelined<T, BITS, FP8, 2, true>(q, tiles, stream);
+                launchPipelined<T, BITS, FP8, 2, true, false, GATED>(q, tiles, stream);
             } else {
-                launchPipelined<T, BITS, FP8, 2, false>(q, tiles, stream);
+                launchPipelined<T, BITS, FP8, 2, false, false, GATED>(q, tiles, stream);
             }
         } else {
-            launchPipelined<T, BITS, FP8, 2, false>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 2, false, false, GATED>(q, tiles, stream);
         }
         return true;
     }
@@ -1214,6 +1261,14 @@ void launchGemvMma(Params p, cudaStream_t stream) {
     constexpr int64_t kTileRows = BITS == 8 ? 32 : 16;
     unsigned const blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
     bool const masked = !FP8 && p.groupShift < 2;  // groups of 1 or 2 packs
+    if constexpr (FP8) {
+        if (p.gated) {  // one launch of the pipelined kernel (the binding checks what it serves)
+            if (!launchPipelinedGemv<T, S, BITS, FP8, false, true>(p, blocks, stream)) {
+                throw std::invalid_argument("fp8_gemv: gated takes at most 8 rows of x within 64 KB");
+            }
+            return;
+        }
+    }
     for (int64_t m0 = 0; m0 < p.m; m0 += kTileRows) {
         Params q = p;
         q.m = std::min(kTileRows, p.m - m0);

@@ -29,7 +29,8 @@ BC = dict(max_batch_size=2, max_input_len=64, max_seq_len=128, tokens_per_block=
 LINEARS = ["attention.qkv", "attention.dense", "mlp.gate", "mlp.fc", "mlp.proj"]
 MODES = [(False, False), (True, False), (False, True), (True, True)]  # (per_channel, dynamic)
 PROMPTS = [list(range(3, 40)), list(range(100, 160, 2))]
-UNFUSED_NORM_ACT = [p for p in BuildConfig().optimizations if p not in ("fuse_norm_linear", "fuse_act_linear")]
+UNFUSED_NORM_ACT = [p for p in BuildConfig().optimizations
+                    if p not in ("fuse_norm_linear", "fuse_act_linear", "fuse_fp8_gated_mlp")]
 
 
 @pytest.fixture(scope="module")
@@ -186,16 +187,18 @@ def test_fused_gate_up_engine_generates_what_the_unfused_one_does(hf, float_weig
 def test_norm_and_activation_fusions_keep_fp8_logits_bit_for_bit(hf, float_weights, per_channel, dynamic,
                                                                   tmp_path):
     """fuse_norm_linear / fuse_act_linear put the norms and the SiLU in front of the fp8_linear
-    layers that read them (the *_fp8_linear ops, whose references compose the unfused ones)."""
+    layers that read them (the *_fp8_linear ops, whose references compose the unfused ones), and
+    fuse_fp8_gated_mlp makes each MLP's pair of them one add_rms_norm_fp8_gated_mlp."""
     config, weights = _fp8(hf, float_weights, per_channel, dynamic)
     _engine(config, weights, tmp_path / "fused")
     _engine(config, weights, tmp_path / "unfused", optimizations=UNFUSED_NORM_ACT)
     ops = {name: [layer.op for layer in Engine.from_dir(tmp_path / name).network.layers]
            for name in ("fused", "unfused")}
-    # two layers: layer 0's input norm (rms_norm) and three residual-add norms read FP8 linears;
-    # ln_f reads the float LM head
+    # two layers: layer 0's input norm (rms_norm) and three residual-add norms read FP8 linears,
+    # two of them the MLPs' gate_up; ln_f reads the float LM head
     assert [ops["fused"].count(op) for op in ("rms_norm_fp8_linear", "add_rms_norm_fp8_linear",
-                                              "silu_and_mul_fp8_linear", "rms_norm_linear")] == [1, 3, 2, 1]
+                                              "silu_and_mul_fp8_linear", "add_rms_norm_fp8_gated_mlp",
+                                              "rms_norm_linear")] == [1, 1, 0, 2, 1]
     assert not {"rms_norm", "fused_add_rms_norm", "silu_and_mul"} & set(ops["fused"])
     ours, ref = (runner(tmp_path / name).generate(PROMPTS, max_new_tokens=6, return_context_logits=True)
                  for name in ("fused", "unfused"))

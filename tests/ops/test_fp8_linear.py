@@ -12,8 +12,13 @@ from tensorrt_llm.ops.activation import silu_and_mul_cuda, silu_and_mul_referenc
 from tensorrt_llm.ops.fp8_linear import (
     FP8_GEMV_MAX_ROWS,
     _quantize_activation_cuda,
+    add_rms_norm_fp8_gated_mlp_cpu,
+    add_rms_norm_fp8_gated_mlp_cuda,
+    add_rms_norm_fp8_gated_mlp_reference,
+    add_rms_norm_fp8_linear_cpu,
     add_rms_norm_fp8_linear_cuda,
     add_rms_norm_fp8_linear_reference,
+    fp8_gated_gemv_serves,
     fp8_gemv,
     fp8_gemv_serves,
     fp8_linear_cuda,
@@ -460,3 +465,114 @@ def test_fused_op_replays_in_a_cuda_graph():
     normed, want_total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=1e-5)
     assert torch.equal(total, want_total)
     _assert_within_summation_order(y, fp8_gemv(normed, qw, ws, xs, bias))
+
+
+# ---- the gated MLP: add_rms_norm_fp8_linear (gate_up) then silu_and_mul_fp8_linear (down) --------
+
+
+def test_gated_mlp_shape_rule():
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "bfloat16", [-1, 64], [("num_tokens", (1, 4, 8))])
+        gate_up = F.constant(torch.zeros(96, 64, dtype=torch.uint8))
+        down = F.constant(torch.zeros(64, 48, dtype=torch.uint8))
+        one = F.constant(torch.ones(1))
+        g = F.constant(torch.ones(64, dtype=torch.bfloat16))
+        y, total = F.add_rms_norm_fp8_gated_mlp(x, x, g, gate_up, one, one, None, down, one, one, eps=1e-6)
+        assert (y.shape, total.shape) == ((-1, 64), (-1, 64))
+        with pytest.raises(ValueError, match=r"add_rms_norm_fp8_gated_mlp: gate_up's output \[-1, 96\] gated to "
+                                             r"\[-1, 48\] does not match in_features 64"):
+            F.add_rms_norm_fp8_gated_mlp(x, x, g, gate_up, one, one, None,
+                                         F.constant(torch.zeros(64, 64, dtype=torch.uint8)), one, one, eps=1e-6)
+
+
+def _mlp_case(m, k, inter, dtype, seed, device):
+    """x, residual, norm weight, and gate_up [2 inter, k] / down [k, inter] FP8 layers calibrated
+    on their inputs (static input scales; per-channel weight scales and biases on odd seeds)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, k, generator=g, device=device).to(dtype)
+    residual = torch.randn(m, k, generator=g, device=device).to(dtype)
+    norm_weight = (torch.rand(k, generator=g, device=device) + 0.5).to(dtype)
+    normed = rms_norm_reference(x + residual, norm_weight, eps=1e-5)
+    _, _, gate_up = _layer(2 * inter, k, seed % 2 == 1, True, normed, seed=seed, device=device)
+    h = silu_and_mul_reference(fp8_linear_reference(normed, *gate_up))
+    _, _, down = _layer(k, inter, seed % 2 == 0, True, h, seed=seed + 1, device=device)
+    gate_up_bias = torch.randn(2 * inter, device=device).to(dtype) if seed % 2 else None
+    return x, residual, norm_weight, (*gate_up, gate_up_bias), (*down, None)
+
+
+def test_gated_mlp_is_the_two_fused_ops_on_the_cpu():
+    """Reference and CPU implementation: add_rms_norm_fp8_linear's, then silu_and_mul_fp8_linear's."""
+    for seed in (1, 2):
+        x, r, w, gate_up, down = _mlp_case(3, 64, 48, torch.float32, seed, "cpu")
+        h, total = add_rms_norm_fp8_linear_reference(x, r, w, *gate_up, eps=1e-5)
+        y, got_total = add_rms_norm_fp8_gated_mlp_reference(x, r, w, *gate_up, *down, eps=1e-5)
+        assert torch.equal(got_total, total)
+        assert torch.equal(y, silu_and_mul_fp8_linear_reference(h, *down))
+        h, total = add_rms_norm_fp8_linear_cpu(x, r, w, *gate_up, eps=1e-5)
+        y, got_total = add_rms_norm_fp8_gated_mlp_cpu(x, r, w, *gate_up, *down, eps=1e-5)
+        assert torch.equal(got_total, total) and torch.equal(y, silu_and_mul_fp8_linear_reference(h, *down))
+
+
+# gate_up [2I, K] as (K, 2I): LLaMA-3-8B's (1,792 tiles: three blocks an SM), 256 tiles (two an
+# SM, k-steps in pairs), 384 tiles (two an SM), and small and odd ones.
+GATED_SHAPES = [(4096, 28672), (4096, 4096), (4096, 6144), (64, 32), (1040, 1008), (272, 16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n", GATED_SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gated_gemv_is_the_gemv_then_silu_and_mul(m, k, n, dtype):
+    """fp8_gemv(gated=True): silu_and_mul's kernel on the plain GEMV's output, bit for bit, with
+    per-tensor and per-channel weight scales, with and without a bias."""
+    if not cuda_kernels_available():
+        pytest.skip("needs the compiled CUDA kernels")
+    for seed in (m + k + n, m + k + n + 1):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+        _, _, (qw, ws, xs) = _layer(n, k, seed % 2 == 1, True, x, seed=seed, device="cuda")
+        bias = torch.randn(n, generator=g, device="cuda").to(dtype) if seed % 2 else None
+        assert fp8_gated_gemv_serves(x, qw, xs)
+        got = fp8_gemv(x, qw, ws, xs, bias, gated=True)
+        assert got.shape == (m, n // 2)
+        torch.testing.assert_close(got, silu_and_mul_cuda(fp8_gemv(x, qw, ws, xs, bias)), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gated_gemv_refuses_what_it_does_not_serve():
+    if not cuda_kernels_available():
+        pytest.skip("needs the compiled CUDA kernels")
+    x = torch.randn(9, 64, device="cuda", dtype=torch.bfloat16)
+    _, _, (qw, ws, xs) = _layer(32, 64, False, True, x, device="cuda")
+    assert not fp8_gated_gemv_serves(x, qw, xs)
+    with pytest.raises(ValueError, match="fp8_gemv: gated takes out_features a multiple of 16 and at most 8 rows"):
+        fp8_gemv(x, qw, ws, xs, gated=True)
+    _, _, (qw, ws, xs) = _layer(24, 64, False, True, x, device="cuda")
+    with pytest.raises(ValueError, match=r"got \[24, 16\] and x \[2, 64\]"):
+        fp8_gemv(x[:2], qw, ws, xs, gated=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 8, FP8_GEMV_MAX_ROWS + 1, 32])
+def test_gated_mlp_is_the_two_fused_cuda_ops(m, dtype):
+    """add_rms_norm_fp8_gated_mlp on the GPU: add_rms_norm_fp8_linear then silu_and_mul_fp8_linear,
+    bit for bit, within the GEMV's rows (silu_and_mul in gate_up's epilogue) and beyond them; in
+    a CUDA graph too."""
+    if not cuda_kernels_available():
+        pytest.skip("needs the compiled CUDA kernels")
+    for seed in (m, m + 1):
+        x, r, w, gate_up, down = _mlp_case(m, 4096, 1024, dtype, seed, "cuda")
+        assert fp8_gated_gemv_serves(x, gate_up[0], gate_up[2]) == (m <= FP8_GEMV_MAX_ROWS)
+        h, want_total = add_rms_norm_fp8_linear_cuda(x, r, w, *gate_up, eps=1e-5)
+        want = silu_and_mul_fp8_linear_cuda(h, *down)
+        y, total = add_rms_norm_fp8_gated_mlp_cuda(x, r, w, *gate_up, *down, eps=1e-5)
+        assert torch.equal(total, want_total)
+        torch.testing.assert_close(y, want, rtol=0, atol=0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y, total = add_rms_norm_fp8_gated_mlp_cuda(x, r, w, *gate_up, *down, eps=1e-5)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, want, rtol=0, atol=0)
