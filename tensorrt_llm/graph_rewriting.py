@@ -682,10 +682,36 @@ class FuseFp8GatedMlp(Fusion):
         down.replace_output_uses_with(down.network, [y])
 
 
+class FuseGatedLinear(Fusion):
+    """weight_only_linear -> silu_and_mul becomes weight_only_linear(gated=True), where the
+    activation is the product's only reader and the product no network or debug output: within
+    the GEMV's rows, silu_and_mul then runs in the GEMV's epilogue (the FP8 MLP's counterpart is
+    fuse_fp8_gated_mlp). Runs after fuse_gate_up, which makes the pair."""
+
+    def __init__(self):
+        super().__init__("fuse_gated_linear", root_layer={"silu_and_mul"})
+
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
+        product = _info(layer).get_input("x")
+        linear = product.get_parent()
+        if (linear is None or linear.op != "weight_only_linear" or linear.attrs.get("gated")
+                or not _only_reader(product, layer) or _has_timed_choice(layer, linear)):
+            return None
+        return {"activation": _info(layer), "linear": _info(linear)}
+
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        act, linear = found["activation"], found["linear"]
+        attrs = {k: v for k, v in linear.raw_inputs.items() if k in ("weight_format", "group_size", "tiled")}
+        y = F.weight_only_linear(linear.get_input("x"), linear.get_input("qweight"), linear.get_input("scales"),
+                                 linear.get_input("zeros"), linear.get_input("bias"), **attrs, gated=True)
+        act.replace_output_uses_with(act.network, [y])
+
+
 # The default order: later passes match what earlier ones make.
 PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
           "fuse_rope_attention": FuseRopeAttention, "fuse_norm_linear": FuseNormLinear,
-          "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp}
+          "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp,
+          "fuse_gated_linear": FuseGatedLinear}
 
 
 def optimize(network: Network, passes: Optional[list[str]] = None, plan: Optional[dict] = None) -> dict:

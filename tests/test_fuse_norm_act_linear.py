@@ -7,8 +7,15 @@ import torch
 
 from tensorrt_llm import Network, net_guard
 from tensorrt_llm import functional as F
-from tensorrt_llm.graph_rewriting import FuseActLinear, FuseFp8GatedMlp, FuseNormLinear, PatternRewriter, optimize
-from tensorrt_llm.quantization import quantize_fp8
+from tensorrt_llm.graph_rewriting import (
+    FuseActLinear,
+    FuseFp8GatedMlp,
+    FuseGatedLinear,
+    FuseNormLinear,
+    PatternRewriter,
+    optimize,
+)
+from tensorrt_llm.quantization import quantize_fp8, quantize_int4, quantize_int8
 from tensorrt_llm.reference_executor import ReferenceExecutor
 from tensorrt_llm.runtime.session import Session
 
@@ -224,7 +231,8 @@ def test_default_build_order_and_registration():
     assert order.index("fuse_act_linear") > order.index("fuse_gate_up")
     assert order.index("fuse_fp8_gated_mlp") > max(order.index("fuse_norm_linear"), order.index("fuse_act_linear"))
     assert isinstance(FuseNormLinear(), PatternRewriter) and isinstance(FuseActLinear(), PatternRewriter)
-    assert isinstance(FuseFp8GatedMlp(), PatternRewriter)
+    assert isinstance(FuseFp8GatedMlp(), PatternRewriter) and isinstance(FuseGatedLinear(), PatternRewriter)
+    assert order.index("fuse_gated_linear") > order.index("fuse_gate_up")
 
 
 # ---- fuse_fp8_gated_mlp ---------------------------------------------------------------------------
@@ -285,3 +293,44 @@ def test_fp8_gated_mlp_leaves_a_timed_layer_alone():
     optimize(net, passes=FP8_PASSES[:2])
     timed(net, "silu_and_mul_fp8_linear")
     assert optimize(net, passes=["fuse_fp8_gated_mlp"])["rewrites"] == {"fuse_fp8_gated_mlp": 0}
+
+
+# ---- fuse_gated_linear ------------------------------------------------------------------------------
+
+
+def weight_only_mlp(mark=lambda net, h: None):
+    """x -> INT4 gate_up (made by fuse_gate_up) -> silu_and_mul -> INT8 down; `mark` gets the
+    network and the product."""
+    g = torch.Generator().manual_seed(4)
+    gate_up = quantize_int4(torch.randn(2 * FFN + 16, H * 8, generator=g) * 0.1, 32)
+    down = quantize_int8(torch.randn(H, FFN + 8, generator=g) * 0.1, None)
+    net = Network("wo_mlp")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H * 8], [("n", (1, 4, 8))])
+        h = F.weight_only_linear(x, F.constant(gate_up.qweight, name="gu.q"), F.constant(gate_up.scales, name="gu.s"),
+                                 F.constant(gate_up.zeros, name="gu.z"), weight_format="int4", group_size=32)
+        y = F.weight_only_linear(F.silu_and_mul(h), F.constant(down.qweight, name="d.q"),
+                                 F.constant(down.scales, name="d.s"), weight_format="int8")
+        net.mark_output(y, "y")
+        mark(net, h)
+    return net
+
+
+def test_gated_linear_keeps_the_outputs_bit_for_bit():
+    net = weight_only_mlp()
+    unfused = copy(net)
+    assert optimize(net, passes=["fuse_gated_linear"])["rewrites"] == {"fuse_gated_linear": 1}
+    assert [op for op in ops(net) if op != "constant"] == ["weight_only_linear", "weight_only_linear"]
+    assert [layer.attrs.get("gated") for layer in net.layers if layer.op == "weight_only_linear"] == [True, None]
+    feed = {"x": torch.randn(5, H * 8, generator=torch.Generator().manual_seed(5))}
+    for run in (outputs, lambda network, feed: Session(network).run(feed)):
+        assert torch.equal(run(net, feed)["y"], run(unfused, feed)["y"])
+    assert copy(net).to_json() == net.to_json()  # the attr travels with the graph
+
+
+@pytest.mark.parametrize("mark", [lambda net, h: net.mark_output(h, "h"), lambda net, h: net.mark_debug(h),
+                                  read_again], ids=["network_output", "debug_output", "other_reader"])
+def test_gated_linear_left_alone(mark):
+    net = weight_only_mlp(mark)
+    assert optimize(net, passes=["fuse_gated_linear"])["rewrites"] == {"fuse_gated_linear": 0}
+    assert "silu_and_mul" in ops(net)

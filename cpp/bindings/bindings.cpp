@@ -22,7 +22,8 @@ namespace tensorrt_llm {
 // weight_only_gemv.cu
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                          int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype, void* stream);
+                          int bits, int64_t groupSize, bool tiled, bool gated, DType dtype, DType scaleDtype,
+                          void* stream);
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
                                 int64_t k, int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype,
                                 void* stream);
@@ -592,6 +593,25 @@ void launchGemvEntry(Call const& c) {
 
 constexpr int64_t kWeightOnlyGemvMaxK = 32768;  // a row of x as float32 (and its pack sums) in shared memory
 
+// The GEMVs' `gated` (silu_and_mul in the epilogue; weight_only_gemv.cuh's Params::gated) is the
+// pipelined kernel's: at most kGatedMaxRows rows of float16 / bfloat16 x on 16-byte boundaries
+// within kGatedMaxX bytes (its kMaxPipeX), out_features a multiple of 16, and `served`, what else
+// that kernel needs (`needs` says it).
+constexpr int64_t kGatedMaxRows = 8;
+constexpr int64_t kGatedMaxX = 64 * 1024;
+
+void checkGated(TensorArg const& x, int64_t n, bool served, std::string const& needs) {
+    bool const halfX = x.dtype == DType::kFloat16 || x.dtype == DType::kBFloat16;
+    if (n % 16 == 0 && x.size(0) <= kGatedMaxRows && halfX && x.size(0) * x.size(1) * dtypeSize(x.dtype) <= kGatedMaxX
+        && x.ptr % 16 == 0 && (x.stride(0) * dtypeSize(x.dtype)) % 16 == 0 && served) {
+        return;
+    }
+    throw std::invalid_argument("gated takes out_features a multiple of 16 (got " + std::to_string(n) + "), at most "
+                                + std::to_string(kGatedMaxRows) + " rows of float16 / bfloat16 x on 16-byte boundaries "
+                                + "within " + std::to_string(kGatedMaxX) + " bytes (got " + x.describe() + ")"
+                                + (needs.empty() ? "" : ", " + needs));
+}
+
 struct WeightOnlyShape {
     int bits;
     int64_t n, k, groupSize;
@@ -640,9 +660,13 @@ void checkWeightOnlyGemv(Call& c) {
         throw std::invalid_argument("in_features " + std::to_string(w.k) + " is more than the GEMV's "
                                     + std::to_string(kWeightOnlyGemvMaxK) + " (use weight_only_dequantize)");
     }
-    c.shape("out", {x.size(0), w.n});
+    bool const gated = c.flag("gated");
+    c.shape("out", {x.size(0), gated ? w.n / 2 : w.n});
     c.shape("bias", {w.n});
     c.fitsInt("rows", x.size(0));
+    // The pipelined kernel's groups: whole k-steps of 4 packs (or one scale a row).
+    if (gated) checkGated(x, w.n, c["scales"].dtype == kFloat32 && (w.groupSize == 0 || w.groupSize >= 512 / w.bits),
+                          "float32 scales and groups of at least " + std::to_string(512 / w.bits) + " inputs");
 }
 
 void launchWeightOnlyGemvEntry(Call const& c) {
@@ -651,7 +675,7 @@ void launchWeightOnlyGemvEntry(Call const& c) {
     if constexpr (kCudaKernels) {
         launchWeightOnlyGemv(out.data(), x.data(), q.data(), c["scales"].data(), c.ptr("zeros"), c.ptr("bias"),
                              x.size(0), q.size(0), x.size(1), x.stride(0), out.stride(0), bits, c.integer("group_size"),
-                             c.flag("tiled"), x.dtype, c["scales"].dtype, c.stream());
+                             c.flag("tiled"), c.flag("gated"), x.dtype, c["scales"].dtype, c.stream());
     }
 }
 
@@ -676,9 +700,6 @@ void launchWeightOnlyDequantizeEntry(Call const& c) {
 // as int32 words [N, K / 4], rows of whole 16-byte packs (K a multiple of 16).
 
 constexpr int64_t kFp8GemvMaxRows = 1 << 20;
-// gated: the pipelined kernel's rows of x and their bytes (weight_only_gemv.cuh's kMaxPipeX).
-constexpr int64_t kFp8GatedMaxRows = 8;
-constexpr int64_t kFp8GatedMaxX = 64 * 1024;
 
 void checkFp8Gemv(Call& c) {
     TensorArg const &x = c["x"], &q = c["qweight"];
@@ -705,12 +726,7 @@ void checkFp8Gemv(Call& c) {
     c.fitsInt("in_features", k);
     c.fitsInt("out_features", n);
     if (x.size(0) > kFp8GemvMaxRows) throw std::invalid_argument("fp8_gemv: too many rows");
-    if (gated && (n % 16 != 0 || x.size(0) > kFp8GatedMaxRows || x.size(0) * k * dtypeSize(x.dtype) > kFp8GatedMaxX)) {
-        throw std::invalid_argument("fp8_gemv: gated takes out_features a multiple of 16 and at most "
-                                    + std::to_string(kFp8GatedMaxRows) + " rows of x within "
-                                    + std::to_string(kFp8GatedMaxX) + " bytes, got " + q.shapeStr() + " and x "
-                                    + x.shapeStr());
-    }
+    if (c.flag("gated")) checkGated(x, n, true, "");
 }
 
 void launchFp8GemvEntry(Call const& c) {
@@ -886,12 +902,13 @@ std::vector<Entry> entries() {
         {"weight_only_gemv",
          "out = x @ W.T (+ bias) for a few rows of x, W the INT8 / INT4 weight of qweight (its bytes as int32 words), "
          "scales (and zeros): weight_format 'int8' (group_size 0: per channel) or 'int4'; tiled: the codes in tile "
-         "order (tile_codes).",
+         "order (tile_codes); gated (at most 8 rows, N a multiple of 16): out [M, N / 2] = silu(y[:, :N / 2]) * "
+         "y[:, N / 2:] of that y rounded to x's dtype, as act_and_mul computes it.",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({kInt32}).contiguous(), tensor("scales").floats().contiguous(),
           optionalTensor("zeros").dtypeOf("scales").contiguous(), optionalTensor("bias").dtypeOf("x").contiguous(),
-          text("weight_format"), integer("group_size"), flag("tiled"), stream()},
+          text("weight_format"), integer("group_size"), flag("tiled"), flag("gated"), stream()},
          checkWeightOnlyGemv, launchWeightOnlyGemvEntry},
         {"weight_only_dequantize",
          "out [N, K] = the INT8 / INT4 weight of qweight (its bytes as int32 words), scales (and zeros) in out's "

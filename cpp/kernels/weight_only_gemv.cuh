@@ -80,8 +80,8 @@ struct Params {
     int64_t scaleStride;
     // INT8 / INT4: the codes in tile order (packIndex) instead of row order.
     bool tiled;
-    // FP8, up to 8 rows (the pipelined kernel's GATED): the weight's rows [0, n / 2) are a gated
-    // MLP's gate and [n / 2, n) its up projection, and out [m, n / 2] is silu(gate) * up.
+    // Up to 8 rows (the pipelined kernel's GATED; n a multiple of 16): the weight's rows [0, n / 2)
+    // are a gated MLP's gate and [n / 2, n) its up projection, and out [m, n / 2] is silu(gate) * up.
     bool gated;
 };
 
@@ -935,7 +935,6 @@ __device__ __forceinline__ void fp8XForMma(Params const& p, T* xShared, float in
 template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false, bool GATED = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
-    static_assert(!GATED || FP8, "GATED: the FP8 GEMV's");
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeSlots<PAIRS>;
     constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
@@ -1160,7 +1159,7 @@ template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = fa
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
-            return launchPipelined<T, BITS, FP8, MINB, PAIRS, true>(q, tiles, stream);
+            return launchPipelined<T, BITS, FP8, MINB, PAIRS, true, GATED>(q, tiles, stream);
         }
     }
     auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED>;
@@ -1184,7 +1183,7 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
 
 // Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales, groups of whole
 // k-steps (or per channel), and FP8, up to 8 rows whose x fits kMaxPipeX. False elsewhere.
-// GATED (FP8 only, which no other kernel serves) ignores TRTLLM_GEMV_PIPELINE.
+// GATED (which no other kernel serves) ignores TRTLLM_GEMV_PIPELINE.
 template <typename T, typename S, int BITS, bool FP8, bool MASKED, bool GATED = false>
 bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
     if constexpr (!std::is_same_v<S, float> || MASKED) {
@@ -1261,13 +1260,12 @@ void launchGemvMma(Params p, cudaStream_t stream) {
     constexpr int64_t kTileRows = BITS == 8 ? 32 : 16;
     unsigned const blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
     bool const masked = !FP8 && p.groupShift < 2;  // groups of 1 or 2 packs
-    if constexpr (FP8) {
-        if (p.gated) {  // one launch of the pipelined kernel (the binding checks what it serves)
-            if (!launchPipelinedGemv<T, S, BITS, FP8, false, true>(p, blocks, stream)) {
-                throw std::invalid_argument("fp8_gemv: gated takes at most 8 rows of x within 64 KB");
-            }
-            return;
+    if (p.gated) {  // one launch of the pipelined kernel (the bindings check what it serves)
+        if (masked || !launchPipelinedGemv<T, S, BITS, FP8, false, true>(p, blocks, stream)) {
+            throw std::invalid_argument("gated: at most 8 rows of x within 64 KB, float32 scales, groups of whole "
+                                        "k-steps");
         }
+        return;
     }
     for (int64_t m0 = 0; m0 < p.m; m0 += kTileRows) {
         Params q = p;

@@ -73,6 +73,7 @@ from .norm import (
     rms_norm_reference,
 )
 from .op import CPU, CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, define
+from .quantized_linear import GATED_GEMV_MAX_X_BYTES
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
@@ -83,8 +84,6 @@ SCALED_MM_ALIGNMENT = 16
 # o 10.8 / 8.9, gate_up 55.6 / 33.4, down 31.3 / 22.3; 32 rows: 21.7 / 11.5, 14.5 / 8.9, 83.5 /
 # 34.2, 47.2 / 21.4).
 FP8_GEMV_MAX_ROWS = 8
-# The bytes of x the gated GEMV (its pipelined kernel) holds in shared memory.
-FP8_GATED_GEMV_MAX_X_BYTES = 64 * 1024
 
 
 @define
@@ -176,7 +175,7 @@ def fp8_gated_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: 
     """Whether the FP8 GEMV takes a gated MLP's gate_up [2I, K] with silu_and_mul in its epilogue:
     a call fp8_gemv_serves, I a multiple of 8 and x within the pipelined kernel's shared memory."""
     return (fp8_gemv_serves(x2, qweight, input_scale) and qweight.shape[0] % 16 == 0
-            and x2.numel() * x2.element_size() <= FP8_GATED_GEMV_MAX_X_BYTES)
+            and x2.numel() * x2.element_size() <= GATED_GEMV_MAX_X_BYTES)
 
 
 @fp8_linear.implementation(CUDA)

@@ -45,8 +45,12 @@ Implementations:
   to bfloat16: against the reference a relative error of a few 2^-9 per output (cpu.py's
   docstring). INT8 group 16 (GGUF Q6_K) is requantized per row there.
 
-The fusions of graph_rewriting (gate/up, norm + linear, activation + linear) match `linear`
-layers only, so they never fire on this op.
+`gated=True` (made by graph_rewriting's fuse_gated_linear from this op and the silu_and_mul
+reading it): the output is silu_and_mul of the product, [..., N / 2]. Up to 8 rows the CUDA GEMV
+applies it in its epilogue (each 16-row tile holds 8 gate rows and their 8 up rows), bit for bit
+the GEMV then silu_and_mul's kernel, one kernel and its wait fewer a decode layer; elsewhere
+the product, then silu_and_mul. Of the other fusions, fuse_gate_up makes this op's gate_up;
+the norm + linear ones match `linear` and `fp8_linear` only.
 """
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ from ..network import Tensor
 from ..quantization import cpu as qcpu
 from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
 from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
+from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import bindings_available, cuda_kernels_available, get_bindings, launch, rows, tensor_arg
 from .linear import linear_shape
 from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
@@ -117,9 +122,9 @@ def _weight(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.T
 @define
 def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor] = None,
                        bias: Optional[Tensor] = None, *, weight_format: str, group_size: int = 0,
-                       tiled: bool = False) -> Tensor:
+                       tiled: bool = False, gated: bool = False) -> Tensor:
     """x @ W^T + bias with W the INT8 / INT4 weight of qweight, scales (and zeros); `tiled`:
-    qweight's codes in tile order (tile_codes)."""
+    qweight's codes in tile order (tile_codes); `gated`: silu_and_mul of that."""
     op = "weight_only_linear"
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"{op}: weight_format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
@@ -162,18 +167,23 @@ def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Option
     if tiled and not tileable(n, qweight.shape[1]):
         raise ValueError(f"{op}: a [{n}, {qweight.shape[1]}] qweight has no tile order (out_features a multiple "
                          f"of {TILE_ROWS}, rows of a multiple of {TILE_STEP_BYTES} bytes)")
+    if not isinstance(gated, bool):
+        raise ValueError(f"{op}: gated must be true or false, got {gated!r}")
     shape = linear_shape(op, x.shape, (n, k), bias, dtype=x.dtype)
-    attrs = {"tiled": True} if tiled else {}
+    if gated:
+        shape = gated_shape(op, shape)
+    attrs = {**({"tiled": True} if tiled else {}), **({"gated": True} if gated else {})}
     return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, shape)],
                      weight_format=weight_format, group_size=int(group_size), **attrs)
 
 
 @weight_only_linear.implementation(REFERENCE)
 def weight_only_linear_reference(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0,
-                                 tiled=False):
+                                 tiled=False, gated=False):
     if tiled:
         qweight = untile_codes(qweight)
-    return quantized_linear_reference(x, _weight(qweight, scales, zeros, weight_format, group_size), bias)
+    y = quantized_linear_reference(x, _weight(qweight, scales, zeros, weight_format, group_size), bias)
+    return silu_and_mul_reference(y) if gated else y
 
 
 # ---- CPU: torch's int8pack / int4pack kernels, each weight packed once ------------------------
@@ -243,7 +253,12 @@ def cpu_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.
 
 
 @weight_only_linear.implementation(CPU)
-def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False):
+def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False,
+                           gated=False):
+    if gated:  # silu_and_mul has no CPU implementation of its own: its reference, as unfused
+        return silu_and_mul_reference(weight_only_linear_cpu(x, qweight, scales, zeros, bias,
+                                                             weight_format=weight_format, group_size=group_size,
+                                                             tiled=tiled))
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     if 0 < m <= HOST_GEMV_MAX_ROWS and host_gemv_serves(weight_format, k, group_size):
@@ -271,6 +286,9 @@ GEMV_MAX_ROWS = 64
 # The binding's limit on in_features for the GEMV (the float32-activation kernel keeps a row of
 # x as float32 in shared memory).
 GEMV_MAX_K = 32768
+# `gated` (silu_and_mul in the GEMV's epilogue): the pipelined kernel's rows and bytes of x.
+GATED_GEMV_MAX_ROWS = 8
+GATED_GEMV_MAX_X_BYTES = 64 * 1024
 
 
 def _codes_per_pack(weight_format: str) -> int:
@@ -286,13 +304,26 @@ def cuda_serves(x: torch.Tensor, qweight: torch.Tensor, weight_format: str) -> b
             and qweight.is_contiguous() and qweight.data_ptr() % 16 == 0)
 
 
+def gated_gemv_serves(x2: torch.Tensor, n: int, scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
+    """Whether the GEMV applies silu_and_mul in its epilogue (`gated`): at most 8 rows of float16 /
+    bfloat16 x on 16-byte boundaries within 64 KB, out_features a multiple of 16, float32 scales,
+    groups of whole k-steps (4 packs) or one scale a row."""
+    m, k = x2.shape
+    bits = 8 if weight_format == "int8" else 4
+    return (m <= GATED_GEMV_MAX_ROWS and n % 16 == 0 and x2.dtype in (torch.float16, torch.bfloat16)
+            and m * k * x2.element_size() <= GATED_GEMV_MAX_X_BYTES and x2.data_ptr() % 16 == 0
+            and (x2.stride(0) * x2.element_size()) % 16 == 0 and scales.dtype == torch.float32
+            and (group_size == 0 or group_size >= 512 // bits))
+
+
 def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                             zeros: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, *,
                             weight_format: str, group_size: int = 0,
-                            perm: Optional[torch.Tensor] = None, tiled: bool = False) -> torch.Tensor:
+                            perm: Optional[torch.Tensor] = None, tiled: bool = False,
+                            gated: bool = False) -> torch.Tensor:
     """x[..., perm] @ W^T (+ bias) with the compiled kernels, for a call `cuda_serves`; perm is
     INT4's act-order input permutation (formats.py), applied to x by a gather first; tiled:
-    qweight in tile order."""
+    qweight in tile order; gated: silu_and_mul of that (in the GEMV's epilogue where it serves)."""
     if perm is not None:
         x = x.index_select(-1, perm.to(device=x.device, dtype=torch.long))
     x2 = rows(x)
@@ -302,23 +333,30 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
     scales = scales.contiguous()
     zeros = None if zeros is None else zeros.contiguous()
     bias = None if bias is None else bias.contiguous()
+    if gated and 0 < m and k <= GEMV_MAX_K and gated_gemv_serves(x2, n, scales, weight_format, group_size):
+        out = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
+        launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled, True)
+        return out.reshape(*x.shape[:-1], n // 2)
     if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         if m:
-            launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled)
+            launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled,
+                   False)
     else:
         # Prompt steps are bound by arithmetic, not by the weight's bytes: a scratch copy of W in
         # x's dtype for cuBLAS's tensor cores costs one more pass over N * K elements.
         w = torch.empty(n, k, dtype=x.dtype, device=x.device)
         launch("weight_only_dequantize", w, words, scales, zeros, weight_format, int(group_size), tiled)
         out = F.linear(x2, w, bias)
-    return out.reshape(*x.shape[:-1], n)
+    out = out.reshape(*x.shape[:-1], n)
+    return silu_and_mul_cuda(out) if gated else out
 
 
 @weight_only_linear.implementation(CUDA)
-def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False):
+def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False,
+                            gated=False):
     if not cuda_serves(x, qweight, weight_format):
         return weight_only_linear_reference(x, qweight, scales, zeros, bias, weight_format=weight_format,
-                                            group_size=group_size, tiled=tiled)
+                                            group_size=group_size, tiled=tiled, gated=gated)
     return weight_only_matmul_cuda(x, qweight, scales, zeros, bias, weight_format=weight_format,
-                                   group_size=group_size, tiled=tiled)
+                                   group_size=group_size, tiled=tiled, gated=gated)

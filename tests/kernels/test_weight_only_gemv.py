@@ -106,7 +106,7 @@ def _check(got, want, x, q, bias, dtype, matmul_path, msg):
 
 def _gemv(x, qweight, scales, zeros, bias, fmt, group, tiled=False):
     out = torch.empty(x.shape[0], qweight.shape[0], dtype=x.dtype, device=x.device)
-    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled)
+    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled, False)
     return out
 
 
@@ -240,16 +240,16 @@ def test_binding_refuses_what_the_kernels_cannot_read(needs_kernels):
     words = torch.zeros(8, 8, dtype=torch.int32, device=DEVICE)  # INT4 [8, 64]
     scales = torch.ones(8, 2, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="weight_only_gemv: INT4 weights need zeros"):
-        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32, False)
+        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32, False, False)
     with pytest.raises(ValueError, match="group_size 48"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48, False)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48, False, False)
     with pytest.raises(ValueError, match="16-byte"):
-        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32, False)
+        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32, False, False)
     with pytest.raises(ValueError, match="weight_format"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32, False)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32, False, False)
     # Tile order needs whole tiles of 16 rows and k-steps of 64 bytes: [8, 32 bytes] has neither.
     with pytest.raises(ValueError, match="tiled codes need out_features a multiple of 16"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 32, True)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 32, True, False)
     with pytest.raises(ValueError, match="tiled codes"):
         launch("weight_only_dequantize", torch.empty(8, 64, dtype=torch.float16, device=DEVICE), words, scales,
                scales, "int4", 32, True)
@@ -257,7 +257,7 @@ def test_binding_refuses_what_the_kernels_cannot_read(needs_kernels):
     with pytest.raises(ValueError, match="more than the GEMV"):
         launch("weight_only_gemv", out[:1], big, torch.zeros(8, 8192, dtype=torch.int32, device=DEVICE),
                torch.ones(8, 512, dtype=torch.float16, device=DEVICE),
-               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128, False)
+               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128, False, False)
 
 
 @gpu
@@ -391,3 +391,71 @@ def test_tile_order_gives_row_orders_bits(gen, needs_kernels, fmt, group, dtype)
             out = torch.empty(n, k, dtype=dtype, device=DEVICE)
             launch("weight_only_dequantize", out, tiled.view(torch.int32), s, z, fmt, group, True)
             assert torch.equal(out.cpu(), dequantize(q).to(dtype))
+
+
+# ---- gated: silu_and_mul in the GEMV's epilogue ----
+
+from tensorrt_llm.ops.activation import silu_and_mul_cuda  # noqa: E402
+from tensorrt_llm.ops.quantized_linear import gated_gemv_serves  # noqa: E402
+
+GATED_FORMATS = [("int8", 0), ("int8", 64), ("int4", 128)]  # the pipelined kernel's groups
+# gate_up [2I, K] as (2I, K): 1,792 tiles (three blocks an SM), 256 (two, INT8 k-steps in pairs),
+# 384 (two), and small ones.
+GATED_SHAPES = [(28672, 4096), (4096, 4096), (6144, 1024), (32, 256), (1008, 1280)]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fmt,group", GATED_FORMATS)
+@pytest.mark.parametrize("n,k", GATED_SHAPES)
+@pytest.mark.parametrize("tiled", [False, True])
+def test_gated_gemv_is_the_gemv_then_silu_and_mul(gen, needs_kernels, n, k, fmt, group, dtype, tiled):
+    """weight_only_gemv(gated=True): silu_and_mul's kernel on the plain GEMV's output, bit for bit,
+    at 1-8 rows, in row and tile order (a tile's 8 gate rows are one half of a tile in tile order)."""
+    q = _weight(gen, fmt, group, n, k, torch.float32)
+    qweight, scales, zeros = _on_device(q)
+    if tiled:
+        qweight = tile_codes(qweight)
+    for m in (1, 3, 8):
+        x, bias = (t.to(DEVICE) for t in _inputs(gen, m, n, k, dtype))
+        bias = bias if m == 3 else None
+        assert gated_gemv_serves(x, n, scales, fmt, group)
+        out = torch.empty(m, n // 2, dtype=dtype, device=DEVICE)
+        launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled, True)
+        want = silu_and_mul_cuda(_gemv(x, qweight, scales, zeros, bias, fmt, group, tiled))
+        torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"{m} rows")
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 8, 9, 40])
+def test_gated_op_is_the_op_then_silu_and_mul(gen, needs_kernels, m):
+    """weight_only_linear(gated=True) on the GPU: the epilogue within its rows, the product then
+    silu_and_mul beyond them (and for groups the pipelined kernel does not take); near the
+    reference's silu_and_mul."""
+    for fmt, group in (("int4", 128), ("int4", 32), ("int8", 0)):
+        q = _weight(gen, fmt, group, 512, 1024, torch.float32)
+        qweight, scales, zeros = _on_device(q)
+        x, bias = (t.to(DEVICE) for t in _inputs(gen, m, 512, 1024, torch.bfloat16))
+        kw = dict(weight_format=fmt, group_size=group)
+        got = weight_only_linear_cuda(x, qweight, scales, zeros, bias, gated=True, **kw)
+        assert got.shape == (m, 256)
+        want = silu_and_mul_cuda(weight_only_linear_cuda(x, qweight, scales, zeros, bias, **kw))
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{fmt} g{group}")
+        ref = weight_only_linear_reference(x, qweight, scales, zeros, bias, gated=True, **kw)
+        assert (got.float() - ref.float()).norm() <= 0.02 * ref.float().norm()
+
+
+@gpu
+def test_gated_binding_refuses_what_the_pipelined_kernel_cannot_take(gen, needs_kernels):
+    q = _weight(gen, "int4", 32, 64, 256, torch.float32)
+    qweight, scales, zeros = _on_device(q)
+    x = torch.zeros(2, 256, dtype=torch.bfloat16, device=DEVICE)
+    out = torch.empty(2, 32, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="weight_only_gemv: gated takes .*groups of at least 128 inputs"):
+        launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, None, "int4", 32, False, True)
+    q = _weight(gen, "int8", 0, 64, 256, torch.float32)
+    qweight, scales, _ = _on_device(q)
+    x = torch.zeros(9, 256, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"at most 8 rows .* \(got x \(bfloat16 \[9, 256\]"):
+        launch("weight_only_gemv", torch.empty(9, 32, dtype=torch.bfloat16, device=DEVICE), x,
+               qweight.view(torch.int32), scales, None, None, "int8", 0, False, True)

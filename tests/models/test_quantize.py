@@ -94,6 +94,9 @@ def test_engine_logits_are_those_of_the_dequantized_weights(hf, precision, group
     rewrites = engine.config["build_summary"]["rewrites"]["rewrites"]
     assert rewrites["fuse_gate_up"] == 2
     assert rewrites["fuse_norm_linear"] == rewrites["fuse_act_linear"] == 0
+    # ...and each gate_up takes its silu_and_mul (fuse_gated_linear)
+    assert rewrites["fuse_gated_linear"] == 2 and "silu_and_mul" not in ops
+    assert sum(bool(layer.attrs.get("gated")) for layer in engine.network.layers) == 2
     _engine(*_dequantized(config, weights), tmp_path / "f")
     prompt = torch.randint(0, 320, (20,), generator=torch.Generator().manual_seed(0)).tolist()
     q = runner(tmp_path / "q").generate([prompt], max_new_tokens=1, return_context_logits=True)

@@ -192,3 +192,30 @@ def test_tile_weight_only_codes_leaves_shapes_without_a_tile_order():
     net, (qw, _, _) = _network("int8", 0, n=40)  # 40 rows: no whole tiles
     assert tile_weight_only_codes(net) == 0
     assert torch.equal(net.weights["w"], qw)
+
+
+# ---- gated: silu_and_mul of the product (graph_rewriting's fuse_gated_linear) ----
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 0), ("int4", 32)])
+def test_gated_is_silu_and_mul_of_the_product(fmt, group):
+    """Reference and CPU implementation (host GEMV rows and torch's prompt path): silu_and_mul's
+    reference of the ungated output, bit for bit; the shape is [..., N / 2]."""
+    from tensorrt_llm.ops.activation import silu_and_mul_reference
+    _, (qw, s, z) = _weight(fmt, 64, 256, group)
+    for rows in (1, 3, 40):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+        kw = dict(weight_format=fmt, group_size=group)
+        for impl in (weight_only_linear_reference, weight_only_linear_cpu):
+            got = impl(x, qw, s, z, None, gated=True, **kw)
+            assert got.shape == (rows, 32)
+            assert torch.equal(got, silu_and_mul_reference(impl(x, qw, s, z, None, **kw)))
+    net = Network("gated")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, 256], [("n", (1, 4, 8))])
+        y = OP(x, F.constant(qw), F.constant(s), None if z is None else F.constant(z), weight_format=fmt,
+               group_size=group, gated=True)
+        assert y.shape == (-1, 32)
+        with pytest.raises(ValueError, match="weight_only_linear: gated must be true or false"):
+            OP(x, F.constant(qw), F.constant(s), None if z is None else F.constant(z), weight_format=fmt,
+               group_size=group, gated="yes")
