@@ -726,7 +726,7 @@ void checkFp8Gemv(Call& c) {
     c.fitsInt("in_features", k);
     c.fitsInt("out_features", n);
     if (x.size(0) > kFp8GemvMaxRows) throw std::invalid_argument("fp8_gemv: too many rows");
-    if (c.flag("gated")) checkGated(x, n, true, "");
+    if (gated) checkGated(x, n, true, "");
 }
 
 void launchFp8GemvEntry(Call const& c) {

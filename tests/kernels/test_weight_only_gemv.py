@@ -4,7 +4,8 @@ reference (quantization/formats.py's quantized_linear_reference) on random data.
 CPU: the implementation is registered, runs only on CUDA devices of a build with the kernels.
 GPU (`-m gpu`): the GEMV kernel for any number of rows, the dequantization kernel bit for bit,
 the op's choice of the two by rows, act-order permutations, the calls it leaves to the
-reference, the binding's refusals, and CUDA-graph replay.
+reference, the binding's refusals, CUDA-graph replay, and `gated` (silu_and_mul in the GEMV's
+epilogue) bit for bit against the GEMV then the activation kernel.
 
 Tolerances, from the output dtype's rounding and K (eps: 2^-10 float16, 2^-7 bfloat16, the
 spacing of the dtype relative to the value; mag = (|x| @ |W|^T), the sum of the products'
