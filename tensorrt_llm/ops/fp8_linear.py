@@ -73,7 +73,7 @@ from .norm import (
     rms_norm_reference,
 )
 from .op import CPU, CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, define
-from .quantized_linear import GATED_GEMV_MAX_X_BYTES
+from .quantized_linear import gated_epilogue_takes
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
@@ -173,9 +173,8 @@ def fp8_gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor
 
 def fp8_gated_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor]) -> bool:
     """Whether the FP8 GEMV takes a gated MLP's gate_up [2I, K] with silu_and_mul in its epilogue:
-    a call fp8_gemv_serves, I a multiple of 8 and x within the pipelined kernel's shared memory."""
-    return (fp8_gemv_serves(x2, qweight, input_scale) and qweight.shape[0] % 16 == 0
-            and x2.numel() * x2.element_size() <= GATED_GEMV_MAX_X_BYTES)
+    a call fp8_gemv_serves that gated_epilogue_takes."""
+    return fp8_gemv_serves(x2, qweight, input_scale) and gated_epilogue_takes(x2, qweight.shape[0])
 
 
 @fp8_linear.implementation(CUDA)

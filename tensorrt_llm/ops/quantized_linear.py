@@ -304,15 +304,20 @@ def cuda_serves(x: torch.Tensor, qweight: torch.Tensor, weight_format: str) -> b
             and qweight.is_contiguous() and qweight.data_ptr() % 16 == 0)
 
 
-def gated_gemv_serves(x2: torch.Tensor, n: int, scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
-    """Whether the GEMV applies silu_and_mul in its epilogue (`gated`): at most 8 rows of float16 /
-    bfloat16 x on 16-byte boundaries within 64 KB, out_features a multiple of 16, float32 scales,
-    groups of whole k-steps (4 packs) or one scale a row."""
+def gated_epilogue_takes(x2: torch.Tensor, n: int) -> bool:
+    """What every GEMV's `gated` needs (the bindings' checkGated): at most 8 rows of float16 /
+    bfloat16 x on 16-byte boundaries within 64 KB, out_features a multiple of 16."""
     m, k = x2.shape
-    bits = 8 if weight_format == "int8" else 4
     return (m <= GATED_GEMV_MAX_ROWS and n % 16 == 0 and x2.dtype in (torch.float16, torch.bfloat16)
             and m * k * x2.element_size() <= GATED_GEMV_MAX_X_BYTES and x2.data_ptr() % 16 == 0
-            and (x2.stride(0) * x2.element_size()) % 16 == 0 and scales.dtype == torch.float32
+            and (x2.stride(0) * x2.element_size()) % 16 == 0)
+
+
+def gated_gemv_serves(x2: torch.Tensor, n: int, scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
+    """Whether the GEMV applies silu_and_mul in its epilogue (`gated`): gated_epilogue_takes, float32
+    scales, groups of whole k-steps (4 packs) or one scale a row."""
+    bits = 8 if weight_format == "int8" else 4
+    return (gated_epilogue_takes(x2, n) and scales.dtype == torch.float32
             and (group_size == 0 or group_size >= 512 // bits))
 
 
@@ -333,7 +338,7 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
     scales = scales.contiguous()
     zeros = None if zeros is None else zeros.contiguous()
     bias = None if bias is None else bias.contiguous()
-    if gated and 0 < m and k <= GEMV_MAX_K and gated_gemv_serves(x2, n, scales, weight_format, group_size):
+    if gated and 0 < m and gated_gemv_serves(x2, n, scales, weight_format, group_size):
         out = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
         launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled, True)
         return out.reshape(*x.shape[:-1], n // 2)
