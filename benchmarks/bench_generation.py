@@ -435,6 +435,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (on a shared 2-core machine 1 thread can be faster: "
                         "a busy core stalls the kernels' 2-thread parallel regions)")
+    p.add_argument("--no_host_tape", action="store_true",
+                   help="CPU: decode steps run op by op, not replayed from a host tape (runtime/host_tape.py)")
     p.add_argument("--tp_size", type=int, default=1,
                    help="tensor-parallel ranks (the script starts the --tp_size x --pp_size rank processes)")
     p.add_argument("--pp_size", type=int, default=1, help="pipeline-parallel ranks")
@@ -630,7 +632,8 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
             with PeakRSS() as rss_load:
                 base = rss_load.peak
                 t = time.perf_counter()
-                runner = ModelRunner.from_dir(tmp, device=device)
+                replay = {"use_host_tape": False} if args.no_host_tape and device.type == "cpu" else {}
+                runner = ModelRunner.from_dir(tmp, device=device, **replay)
                 sync(device)
                 result["load_seconds"] = time.perf_counter() - t
         result.update(engine_bytes=engine_bytes, params=params,

@@ -202,14 +202,14 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
             "graphs_captured": captured_graphs(runner) - graphs_before}
 
 
-def cuda_graphs(runner):
-    """The runner's CUDA graph decoder, or None (CPU, graphs off)."""
-    return getattr(getattr(runner.executor, "runner", None), "cuda_graphs", None)
+def decode_graphs(runner):
+    """The runner's decode recordings (CUDA graphs, or host tapes on the CPU), or None (off)."""
+    return getattr(getattr(runner.executor, "runner", None), "decode_graphs", None)
 
 
 def captured_graphs(runner) -> int:
-    """CUDA graphs captured so far (a capture inside a timed run is part of its time)."""
-    graphs = cuda_graphs(runner)
+    """Decode recordings captured so far (a capture inside a timed run is part of its time)."""
+    graphs = decode_graphs(runner)
     return len(graphs.graphs) if graphs is not None else 0
 
 
@@ -381,8 +381,8 @@ def run(args):
                                                "dataset": "fixed", "input_len": min(64, max_in),
                                                "output_len": min(8, max_out)}), vocab, rng)
     run_executor(runner, warm, np.zeros(len(warm)), device)
-    if cuda_graphs(runner) is not None:  # every bucket now: the timed runs time steps, not captures
-        cuda_graphs(runner).capture()
+    if decode_graphs(runner) is not None:  # every bucket now: the timed runs time steps, not captures
+        decode_graphs(runner).capture()
 
     if args.scenario == "throughput":
         workload = make_workload(args, vocab, rng)

@@ -82,16 +82,16 @@ def main():
     graphs = ModelRunner.from_dir(tmp.name, device=dev, **pool)
     # Long enough that every row decodes at once after a chunked prompt (the graph is captured).
     graphs.generate(prompts, max_new_tokens=args.steps + 1)
-    cuda_graphs = graphs.executor.runner.cuda_graphs
-    if cuda_graphs.bucket(args.batch) not in cuda_graphs.graphs:
-        sys.exit(f"no decode step of all {args.batch} rows ran (graphs of {sorted(cuda_graphs.graphs)})")
-    graph = cuda_graphs.graphs[cuda_graphs.bucket(args.batch)]
+    decode_graphs = graphs.executor.runner.decode_graphs
+    if decode_graphs.bucket(args.batch) not in decode_graphs.graphs:
+        sys.exit(f"no decode step of all {args.batch} rows ran (graphs of {sorted(decode_graphs.graphs)})")
+    graph = decode_graphs.graphs[decode_graphs.bucket(args.batch)]
     # A graph replays what its input buffers hold: after the run, its last step, in which the
     # rows that had already finished (their prompts were chunked, so they started decoding
     # earlier) are padding of one token. One step of every row at a full length on blocks of its
     # own, so that the replays below attend over the whole batch.
     n = args.batch
-    cuda_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
+    decode_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
                      torch.full((n,), args.input_len + args.steps, dtype=torch.int32, device=dev),
                      torch.arange(n * blocks_per_seq, dtype=torch.int32, device=dev).view(n, blocks_per_seq))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -107,7 +107,7 @@ def main():
     graph_kernels = replay_timeline(graph)
     if graph_kernels:
         step_timeline(graphs, prompts, graph_kernels, args.steps)
-    del graphs, cuda_graphs, graph
+    del graphs, decode_graphs, graph
     torch.cuda.empty_cache()
     eager = ModelRunner.from_dir(tmp.name, device=dev, use_cuda_graph=False, **pool)
     tmp.cleanup()

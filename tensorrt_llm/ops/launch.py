@@ -93,6 +93,12 @@ def stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
+# While a host tape records a CPU decode step (runtime/host_tape.py): the list each call is
+# appended to, as (binding function, converted positional args, converted named args, the
+# tensors, which the tape keeps alive so that the recorded addresses stay theirs).
+recording: Optional[list] = None
+
+
 def launch(kernel: str, *args, **kwargs) -> None:
     """Call binding entry `kernel`: tensors as tensor tuples, on the current stream of the
     first tensor's device (see the module's docstring); a host kernel (CPU tensors) takes no
@@ -114,7 +120,10 @@ def launch(kernel: str, *args, **kwargs) -> None:
         named[name] = a
     if first.is_cuda:
         named["stream"] = stream_of(first)
-    getattr(get_bindings(), kernel)(*positional, **named)
+    fn = getattr(get_bindings(), kernel)
+    if recording is not None:
+        recording.append((fn, tuple(positional), named, (args, kwargs)))
+    fn(*positional, **named)
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

@@ -110,7 +110,7 @@ class _Search:
             host_lengths = lengths.cpu()
             tables = self._reorder(src.cpu(), host_lengths)
             logits = self.gs.runner.decode(tokens.reshape(-1).int(), lengths.int(), tables,
-                                           host_lengths.int(), use_cuda_graph=False)
+                                           host_lengths.int(), use_graphs=False)
 
         yield self._final(context_logits, outputs)
 

@@ -17,7 +17,7 @@ from ..kv_cache_layout import KVCacheLayout
 from ..logger import logger
 from ..mapping import Mapping
 from ..ops.launch import cuda_kernels_available
-from .cuda_graph import CudaGraphDecoder
+from .decode_graphs import DecodeGraphs
 from .executor import Executor
 from .generation import GenerationSession
 from .kv_cache_manager import KVCacheConfig, KVCacheManager, allocate_pool
@@ -65,13 +65,15 @@ class ModelRunner:
                  max_tokens_in_paged_kv_cache: Optional[int] = None,
                  use_cuda_graph: Optional[bool] = None, enable_chunked_context: bool = False,
                  enable_block_reuse: bool = False, max_batch_size: Optional[int] = None,
-                 max_num_tokens: Optional[int] = None):
+                 max_num_tokens: Optional[int] = None, use_host_tape: Optional[bool] = None):
         """An engine on `device` with its KV pool, executor and static generate.
 
         max_batch_size / max_num_tokens: the executor's limits per step (sequences, tokens),
         at most the engine's (its default). enable_chunked_context: prompts longer than what
         is left of a step's token budget are computed over several steps.
         enable_block_reuse: requests share the cached KV blocks of a common prompt prefix.
+        use_cuda_graph (default: on a GPU) / use_host_tape (default: on the CPU, one rank):
+        decode steps replayed from a recording per batch bucket (decode_graphs.py).
         """
         self.engine = engine
         self.device = device
@@ -115,12 +117,18 @@ class ModelRunner:
                                            dtype, device)
         if use_cuda_graph is None:
             use_cuda_graph = device.type == "cuda"
+        if use_cuda_graph and device.type != "cuda":
+            raise ValueError("use_cuda_graph needs a CUDA device")
+        # Host tapes replay the recorded calls of one process; a multi-rank step's collectives
+        # are not theirs to repeat.
+        if use_host_tape is None:
+            use_host_tape = device.type == "cpu" and self.mapping.world_size == 1
+        if use_host_tape and (device.type != "cpu" or self.mapping.world_size != 1):
+            raise ValueError("use_host_tape needs the CPU and an engine of one rank")
         graphs = None
-        if use_cuda_graph:
-            if device.type != "cuda":
-                raise ValueError("use_cuda_graph needs a CUDA device")
-            graphs = CudaGraphDecoder(self.session, self.kv_cache_pool, bc.max_batch_size,
-                                      max_blocks_per_seq, scratch_block=num_blocks)
+        if use_cuda_graph or use_host_tape:
+            graphs = DecodeGraphs(self.session, self.kv_cache_pool, bc.max_batch_size, max_blocks_per_seq,
+                                  scratch_block=num_blocks)
         limits = ModelLimits(vocab_size=cfg["vocab_size"], max_batch_size=bc.max_batch_size,
                              max_input_len=bc.max_input_len, max_seq_len=bc.max_seq_len,
                              max_num_tokens=bc.max_num_tokens, max_beam_width=bc.max_beam_width)

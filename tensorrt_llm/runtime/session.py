@@ -37,6 +37,11 @@ class Session:
         return cls(engine.network, device)
 
     @property
+    def plan_globals(self) -> dict:
+        """The globals the plan runs with (a host tape lends it `__import__` while recording)."""
+        return self._plan.__globals__
+
+    @property
     def input_names(self) -> list[str]:
         return list(self._input_specs)
 

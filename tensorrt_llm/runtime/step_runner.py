@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from .cuda_graph import CudaGraphDecoder
+from .decode_graphs import DecodeGraphs
 from .kv_cache_manager import KVCacheManager
 from .pipeline import InFlightLogits, LogitsExchange
 from .session import Session
@@ -43,12 +43,12 @@ class StepInput:
 class StepRunner:
 
     def __init__(self, session: Session, kv_cache: KVCacheManager, kv_cache_pool: torch.Tensor,
-                 cuda_graphs: Optional[CudaGraphDecoder] = None,
+                 decode_graphs: Optional[DecodeGraphs] = None,
                  logits_exchange: Optional[LogitsExchange] = None):
         self.session = session
         self.kv_cache = kv_cache
         self.kv_cache_pool = kv_cache_pool
-        self.cuda_graphs = cuda_graphs
+        self.decode_graphs = decode_graphs
         self.logits_exchange = logits_exchange
         self.device = session.device
         self._pin = self.device.type == "cuda"
@@ -156,21 +156,21 @@ class StepRunner:
         return logits[last.to(logits.device)], list(torch.split(logits, counts))
 
     def decode(self, tokens: torch.Tensor, lengths: torch.Tensor, block_tables: torch.Tensor,
-               host_lengths: torch.Tensor, use_cuda_graph: bool = True) -> torch.Tensor:
+               host_lengths: torch.Tensor, use_graphs: bool = True) -> torch.Tensor:
         """Logits [n, V] of one decode step: `tokens` [n] (device) of sequences holding
         `lengths` [n] tokens once these are added (`host_lengths`: the same on the host), in
-        `block_tables` (device). A CUDA graph replay when the runner has them (the logits
-        are then a view valid until the next step; the graph reads lengths on the device
-        only)."""
-        output = self._decode(tokens, lengths, block_tables, host_lengths, use_cuda_graph)
+        `block_tables` (device). A replay of the runner's decode recording when it has them
+        (a CUDA graph, or a host tape on the CPU: the logits are then a view valid until the
+        next step; the recording reads lengths on the device only)."""
+        output = self._decode(tokens, lengths, block_tables, host_lengths, use_graphs)
         if self.logits_exchange is not None:
             output = self.logits_exchange.start(output, tokens.numel(), slot=0).wait()
         return output
 
-    def _decode(self, tokens, lengths, block_tables, host_lengths, use_cuda_graph: bool = True):
+    def _decode(self, tokens, lengths, block_tables, host_lengths, use_graphs: bool = True):
         """`decode`'s network output (a non-last pipeline stage's: the hidden states it sent)."""
-        if self.cuda_graphs is not None and use_cuda_graph:
-            return self.cuda_graphs.step(tokens, lengths, block_tables)
+        if self.decode_graphs is not None and use_graphs:
+            return self.decode_graphs.step(tokens, lengths, block_tables)
         n = tokens.numel()
         ones = torch.ones(n, dtype=torch.int32)
         feed = {

@@ -401,14 +401,14 @@ def test_a_static_generate_without_streaming_assembles_its_result_once(runners):
 
 @pytest.mark.gpu
 def test_graphs_captured_up_front_decode_as_graphs_captured_at_first_use(engine_dir):
-    """CudaGraphDecoder.capture() (every bucket, before any step) gives the tokens of the
+    """DecodeGraphs.capture() (every bucket, before any step) gives the tokens of the
     graphs a runner captures as it meets each batch size."""
     device = torch.device("cuda")
     engine = Engine.from_dir(engine_dir, device=device)
     prompts = [TEXT[:5], TEXT[:12], TEXT[:30], TEXT]
     lazy = ModelRunner(engine, device).generate(prompts, max_new_tokens=12)
     runner = ModelRunner(engine, device)
-    graphs = runner.executor.runner.cuda_graphs
+    graphs = runner.executor.runner.decode_graphs
     graphs.capture()
     assert sorted(graphs.graphs) == graphs.buckets
     up_front = runner.generate(prompts, max_new_tokens=12)

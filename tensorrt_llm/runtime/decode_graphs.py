@@ -1,34 +1,45 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+"""Decode steps replayed, one recording per batch-size bucket: CUDA graphs on a GPU, host
+tapes (host_tape.py) on the CPU.
 
 A decode step runs the same kernels with the same shapes every time for a given batch
-size, so it is captured once and replayed: the launch cost of hundreds of small kernels
-becomes one graph launch. Inputs live in static buffers that every graph reads; a step
-copies the new tokens, positions, lengths and block tables into them (the block tables are
-updated in place) and replays the graph of the smallest bucket that holds the batch. Rows
-of the bucket past the real batch are padding: they point at a scratch KV block of their
-own, so they never touch another sequence's cache.
+size, so it is captured once and replayed: on a GPU the launch cost of hundreds of small
+kernels becomes one graph launch; on the CPU the Python around each op's host kernel goes.
+Inputs live in static buffers that every recording reads; a step copies the new tokens,
+positions, lengths and block tables into them (the block tables are updated in place) and
+replays the recording of the smallest bucket that holds the batch. Rows of the bucket past
+the real batch are padding: they point at a scratch KV block of their own, so they never
+touch another sequence's cache.
 """
 from __future__ import annotations
 
 import torch
 
+from ..logger import logger
+from .host_tape import HostTape, TapeRefused
 from .session import Session
 
+# The first replays of each host tape are checked against the step run as usual (a value the
+# step read into Python unseen would be frozen into the tape: host_tape.py).
+VERIFY_STEPS = 2
 
-def batch_buckets(max_batch_size: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 up to max_batch_size (and max_batch_size itself)."""
-    sizes = [b for b in (1, 2, 4) if b < max_batch_size]
+
+def batch_buckets(max_batch_size: int, small=(1, 2, 4)) -> list[int]:
+    """The sizes in `small`, 8, then every multiple of 8 up to max_batch_size (and max_batch_size
+    itself). On the CPU, where a padding row costs as much as a real one, small is 1 to 8."""
+    sizes = [b for b in small if b < max_batch_size]
     sizes += list(range(8, max_batch_size, 8))
     return sorted(set(sizes + [max_batch_size]))
 
 
-class CudaGraphDecoder:
+class DecodeGraphs:
+    """The decode recordings of one session (a CUDA or a CPU one)."""
 
     def __init__(self, session: Session, kv_cache_pool: torch.Tensor, max_batch_size: int,
                  max_blocks_per_seq: int, scratch_block: int):
         dev = session.device
         self.session = session
-        self.buckets = batch_buckets(max_batch_size)
+        self.on_cpu = dev.type == "cpu"
+        self.buckets = batch_buckets(max_batch_size, range(1, 9) if self.on_cpu else (1, 2, 4))
         n = max_batch_size
         self.input_ids = torch.zeros(n, dtype=torch.int32, device=dev)
         self.position_ids = torch.zeros(n, dtype=torch.int32, device=dev)
@@ -43,13 +54,16 @@ class CudaGraphDecoder:
         self.scratch_block = scratch_block
         self.kv_cache_pool = kv_cache_pool
         self.max_batch_size = max_batch_size
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.memory_pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, torch.cuda.CUDAGraph | HostTape] = {}
+        self.memory_pool = None if self.on_cpu else torch.cuda.graph_pool_handle()
+        self.plan_only: set[int] = set()  # CPU buckets whose step a tape refused: run as usual
+        self.unverified: dict[int, int] = {}  # CPU buckets: replays still to check
         # Every graph ends by copying its output into this one buffer [max_batch_size, ...]
         # (made at the first capture): a buffer per graph would hold [bucket, vocab] float32
         # logits for each of up to ~70 buckets, 8.5 GB at max_batch_size 512 and Llama 3's
         # vocabulary. The copy costs about 1% of a 512-row step.
         self.output: torch.Tensor | None = None
+        self.tape_outputs: dict[int, torch.Tensor] = {}  # CPU: each tape's own output tensor
 
     def _feed(self, b: int) -> dict[str, torch.Tensor]:
         return {
@@ -65,6 +79,9 @@ class CudaGraphDecoder:
         }
 
     def _capture(self, b: int):
+        if self.on_cpu:
+            self._capture_tape(b)
+            return
         feed = self._feed(b)
         # Warm-up outside the graph (lazy initialisation, autotuning), on a side stream as
         # capture requires.
@@ -87,6 +104,38 @@ class CudaGraphDecoder:
             # memory, as the copy has taken what this graph's step needs.
             self.output[:b].copy_(self.session.run(feed, check=False)[name])
         self.graphs[b] = graph
+
+    def _capture_tape(self, b: int):
+        feed = self._feed(b)
+        name = self.session.network.outputs[0]
+        self.session.run(feed, check=False)  # warm-up: what an op makes at its first call (weight packs)
+        tape = HostTape()
+        try:
+            output = tape.capture(lambda: self.session.run(feed, check=False)[name], self.session.plan_globals)
+        except TapeRefused as e:
+            logger.info(f"decode steps of {b} rows run without a host tape: {e}")
+            self.plan_only.add(b)
+            return
+        self.graphs[b] = tape
+        self.tape_outputs[b] = output
+        self.unverified[b] = VERIFY_STEPS
+
+    def _replay_tape(self, b: int) -> torch.Tensor:
+        """The bucket's output from its tape; while the tape is unverified, the step is run as
+        usual too, and the tape dropped at the first difference (that step's output returned)."""
+        tape = self.graphs[b]
+        tape.replay()
+        output = self.tape_outputs[b]
+        if self.unverified.get(b, 0) > 0:
+            name = self.session.network.outputs[0]
+            expected = self.session.run(self._feed(b), check=False)[name]
+            if not torch.equal(expected, output):
+                logger.warning(f"decode steps of {b} rows run without a host tape: its replay differed from the step")
+                del self.graphs[b], self.tape_outputs[b]
+                self.plan_only.add(b)
+                return expected
+            self.unverified[b] -= 1
+        return output
 
     def capture(self, buckets=None) -> None:
         """Capture the graphs of `buckets` (default: every bucket) now instead of at their
@@ -116,7 +165,11 @@ class CudaGraphDecoder:
             self.sequence_lengths[n:b].fill_(1)
             self.position_ids[n:b].zero_()
             self.block_tables[n:b].fill_(self.scratch_block)
-        if b not in self.graphs:
+        if b not in self.graphs and b not in self.plan_only:
             self._capture(b)
+        if self.on_cpu:
+            if b in self.plan_only:
+                return self.session.run(self._feed(b), check=False)[self.session.network.outputs[0]][:n]
+            return self._replay_tape(b)[:n]
         self.graphs[b].replay()
         return self.output[:n]
