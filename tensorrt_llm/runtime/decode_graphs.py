@@ -63,7 +63,6 @@ class DecodeGraphs:
         # logits for each of up to ~70 buckets, 8.5 GB at max_batch_size 512 and Llama 3's
         # vocabulary. The copy costs about 1% of a 512-row step.
         self.output: torch.Tensor | None = None
-        self.tape_outputs: dict[int, torch.Tensor] = {}  # CPU: each tape's own output tensor
 
     def _feed(self, b: int) -> dict[str, torch.Tensor]:
         return {
@@ -77,6 +76,10 @@ class DecodeGraphs:
             "host_context_lengths": self.host_context_lengths[:b],
             "host_sequence_lengths": self.host_sequence_lengths[:b],
         }
+
+    def _run(self, b: int) -> torch.Tensor:
+        """The bucket's step run as usual, op by op: its network output."""
+        return self.session.run(self._feed(b), check=False)[self.session.network.outputs[0]]
 
     def _capture(self, b: int):
         if self.on_cpu:
@@ -106,18 +109,15 @@ class DecodeGraphs:
         self.graphs[b] = graph
 
     def _capture_tape(self, b: int):
-        feed = self._feed(b)
-        name = self.session.network.outputs[0]
-        self.session.run(feed, check=False)  # warm-up: what an op makes at its first call (weight packs)
+        self._run(b)  # warm-up: what an op makes at its first call (weight packs)
         tape = HostTape()
         try:
-            output = tape.capture(lambda: self.session.run(feed, check=False)[name], self.session.plan_globals)
+            tape.capture(lambda: self._run(b), self.session.plan_globals)
         except TapeRefused as e:
             logger.info(f"decode steps of {b} rows run without a host tape: {e}")
             self.plan_only.add(b)
             return
         self.graphs[b] = tape
-        self.tape_outputs[b] = output
         self.unverified[b] = VERIFY_STEPS
 
     def _replay_tape(self, b: int) -> torch.Tensor:
@@ -125,13 +125,12 @@ class DecodeGraphs:
         usual too, and the tape dropped at the first difference (that step's output returned)."""
         tape = self.graphs[b]
         tape.replay()
-        output = self.tape_outputs[b]
+        output = tape.output
         if self.unverified.get(b, 0) > 0:
-            name = self.session.network.outputs[0]
-            expected = self.session.run(self._feed(b), check=False)[name]
+            expected = self._run(b)
             if not torch.equal(expected, output):
                 logger.warning(f"decode steps of {b} rows run without a host tape: its replay differed from the step")
-                del self.graphs[b], self.tape_outputs[b]
+                del self.graphs[b]
                 self.plan_only.add(b)
                 return expected
             self.unverified[b] -= 1
@@ -141,7 +140,7 @@ class DecodeGraphs:
         """Capture the graphs of `buckets` (default: every bucket) now instead of at their
         first step, so that a timed or latency-bound run does not pay for captures."""
         for b in sorted(buckets or self.buckets, reverse=True):
-            if b not in self.graphs:
+            if b not in self.graphs and b not in self.plan_only:
                 self._capture(self.bucket(b))
 
     def bucket(self, n: int) -> int:
@@ -169,7 +168,7 @@ class DecodeGraphs:
             self._capture(b)
         if self.on_cpu:
             if b in self.plan_only:
-                return self.session.run(self._feed(b), check=False)[self.session.network.outputs[0]][:n]
+                return self._run(b)[:n]
             return self._replay_tape(b)[:n]
         self.graphs[b].replay()
         return self.output[:n]

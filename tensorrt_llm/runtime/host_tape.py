@@ -80,6 +80,7 @@ class HostTape:
     def __init__(self):
         self.calls: list[tuple[Callable, tuple, dict]] = []
         self._keep: list = []  # the recorded calls' tensors: their memory is the tape's
+        self.output: torch.Tensor | None = None  # the recorded step's output, rewritten by every replay
 
     def capture(self, step: Callable[[], torch.Tensor], plan_globals: dict) -> torch.Tensor:
         """Runs `step` once, recording it; returns its output, which every replay rewrites in
@@ -102,7 +103,7 @@ class HostTape:
         for fn, args, kwargs, tensors in entries:
             self.calls.append((fn, args, kwargs))
             self._keep.append((args, kwargs) if tensors is None else tensors)
-        self._keep.append(output)
+        self.output = output
         # Replayed once on the same inputs: every call must go through (an out= form may refuse
         # an argument its functional form took) and give the recorded output again.
         recorded = output.clone()
