@@ -29,8 +29,15 @@ namespace tensorrt_llm {
 namespace {
 
 constexpr int64_t kBlock = 32;  // inputs of x per int8 scale
-constexpr int kRows = 4;  // rows of W a pass over x's blocks
+// Rows of x a pass over W serves (each block of W loaded once for them), and rows of W a pass
+// takes for M rows of x: 4 x 1 or 4 x 2 (or 2 x 3, 2 x 4) accumulators of 8 floats, with the
+// blocks' codes, within AVX2's 16 registers.
+constexpr int kXRows = 4;
+constexpr int kRowsFor(int m) { return m <= 2 ? 4 : 2; }
 constexpr int64_t kRowsPerPart = 128;  // the least rows of W worth a thread (a few us)
+// Rows of W a thread takes against all rows of x before moving on (a multiple of every R): their
+// codes stay in L1 / L2 between the passes over x's rows.
+constexpr int64_t kSliceRows = 16;
 // How far ahead of the rows being read their successors' codes are prefetched. R rows are R
 // interleaved streams of a few hundred bytes each, which the hardware prefetcher does not follow:
 // without it INT8 SmolLM2's GEMVs read 4-7 GB/s on the 2-core AMD EPYC (a plain sum reads 17.7),
@@ -93,39 +100,54 @@ TRTLLM_AVX2 float dot(float const* a, float const* b, int64_t n) {
     return sum;
 }
 
-// One block of a row of W against x's codes xv: its 32 products, summed in integers by fours,
-// as 8 floats. INT4: 16 bytes, the block's even inputs in the low nibbles, the odd ones in the
-// high nibbles (x's codes are staged in that order).
+// One block of a row of W: `load` its codes as 32 bytes, `dot` them against x's codes xv (its
+// 32 products summed in integers by fours, as 8 floats). INT4: 16 bytes, the block's even inputs
+// in the low nibbles, the odd ones in the high nibbles (x's codes are staged in that order),
+// loaded as 32 unsigned values.
 struct Int4Block {
     static constexpr int64_t kBytes = kBlock / 2;
-    TRTLLM_AVX2 __m256 operator()(uint8_t const* codes, __m256i xv) const {
+    TRTLLM_AVX2 static __m256i load(uint8_t const* codes) {
         __m128i const low = _mm_set1_epi8(0x0F);
         __m128i const bytes = _mm_loadu_si128(reinterpret_cast<__m128i const*>(codes));
         __m128i const lo = _mm_and_si128(bytes, low);                     // inputs 0, 2, .., 30
         __m128i const hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);  // inputs 1, 3, .., 31
-        return dot32(_mm256_set_m128i(hi, lo), xv);
+        return _mm256_set_m128i(hi, lo);
     }
+    TRTLLM_AVX2 static __m256 dot(__m256i w, __m256i xv) { return dot32(w, xv); }
 };
 
 // INT8: 32 signed codes; maddubs takes one unsigned operand, so |c| against x with c's sign.
 struct Int8Block {
     static constexpr int64_t kBytes = kBlock;
-    TRTLLM_AVX2 __m256 operator()(uint8_t const* codes, __m256i xv) const {
-        __m256i const c = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(codes));
+    TRTLLM_AVX2 static __m256i load(uint8_t const* codes) {
+        return _mm256_loadu_si256(reinterpret_cast<__m256i const*>(codes));
+    }
+    TRTLLM_AVX2 static __m256 dot(__m256i c, __m256i xv) {
         return dot32(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xv, c));
     }
 };
 
-// R rows of W (groups of G codes; INT8 per channel: G = k), rowBytes apart, against one quantized
-// row of x: each row's sum over blocks of block products x weight scale x block scale, as 8
-// floats in total[r]. R rows at once share each block's x codes and give the FMAs R independent
-// chains. One loop over the blocks, the group's scales advanced by a countdown (an index
-// division a block, or a loop a group of one block, cost as much as the block's products).
-// ahead: the codes of R rows a few rows further on (or nullptr), prefetched R * kBytes a block.
-template <int R, typename Block>
+// R rows of W (groups of G codes; INT8 per channel: G = k), rowBytes apart, against M quantized
+// rows of x: each (x row, W row)'s sum over blocks of block products x weight scale x block
+// scale, as 8 floats in total[m][r]. Each block of W is loaded (and INT4 unpacked) once for the
+// M rows of x, which share it from registers: W is read once per M rows of x, and the FMAs have
+// M x R independent chains. One loop over the blocks, the group's scales advanced by a countdown
+// (an index division a block, or a loop a group of one block, cost as much as the block's
+// products). ahead: the codes of R rows a few rows further on (or nullptr), prefetched R * kBytes
+// a block.
+template <int R, int M, typename Block>
 TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* scales, int64_t groups,
-                           XBlocks const& x, int64_t blocksPerGroup, uint8_t const* ahead, __m256 (&total)[R]) {
-    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+                           XBlocks const* const* x, int64_t blocksPerGroup, uint8_t const* ahead,
+                           __m256 (&total)[M][R]) {
+    for (int m = 0; m < M; ++m) {
+        for (int r = 0; r < R; ++r) total[m][r] = _mm256_setzero_ps();
+    }
+    int8_t const* xCodes[M];
+    float const* xScales[M];
+    for (int m = 0; m < M; ++m) {
+        xCodes[m] = x[m]->codes.data();
+        xScales[m] = x[m]->scales.data();
+    }
     int64_t const blocks = groups * blocksPerGroup;
     float const* s = scales;
     int64_t left = blocksPerGroup;
@@ -135,11 +157,17 @@ TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* 
                 _mm_prefetch(reinterpret_cast<char const*>(ahead + b * R * Block::kBytes + i), _MM_HINT_T0);
             }
         }
-        __m256i const xv = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x.codes.data() + b * kBlock));
-        float const xs = x.scales[b];
+        __m256i xv[M];
+        float xs[M];
+        for (int m = 0; m < M; ++m) {
+            xv[m] = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(xCodes[m] + b * kBlock));
+            xs[m] = xScales[m][b];
+        }
         for (int r = 0; r < R; ++r) {
-            total[r] = _mm256_fmadd_ps(Block{}(codes + r * rowBytes + b * Block::kBytes, xv),
-                                       _mm256_set1_ps(s[r * groups] * xs), total[r]);
+            __m256i const w = Block::load(codes + r * rowBytes + b * Block::kBytes);
+            for (int m = 0; m < M; ++m) {
+                total[m][r] = _mm256_fmadd_ps(Block::dot(w, xv[m]), _mm256_set1_ps(s[r * groups] * xs[m]), total[m][r]);
+            }
         }
         if (--left == 0) {
             left = blocksPerGroup;
@@ -148,10 +176,12 @@ TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* 
     }
 }
 
-// R rows of W from row n against one quantized row of x, into out[n..n + R); INT4's zeros meet
-// x's float sums per group.
-template <int R>
-TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const& x, int64_t n, float* out) {
+// R rows of W from row n against M quantized rows of x (x[m] is out row m's), into out[m][n..n + R);
+// INT4's zeros meet x's float sums per group. prefetch: this call brings the next rows' codes
+// (the first call over these rows of W; later ones find them in cache).
+template <int R, int M>
+TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const* const* x, int64_t n, float* const* out,
+                      bool prefetch) {
     int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
     int64_t const groups = p.k / group;
     int64_t const rowBytes = p.bits == 4 ? p.k / 2 : p.k;
@@ -160,7 +190,7 @@ TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const& x, int64
     // zeros are prefetched while these rows are read.
     int64_t const aheadRows = (kPrefetchBytes + R * rowBytes - 1) / (R * rowBytes) * R;
     uint8_t const* ahead = nullptr;
-    if (n + aheadRows + R <= p.n) {
+    if (prefetch && n + aheadRows + R <= p.n) {
         ahead = codes + aheadRows * rowBytes;
         for (float const* t : {p.scales, p.zeros}) {
             if (!t) continue;
@@ -169,16 +199,29 @@ TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const& x, int64
             _mm_prefetch(reinterpret_cast<char const*>(first + R * groups - 1), _MM_HINT_T0);
         }
     }
-    __m256 total[R];
+    __m256 total[M][R];
     if (p.bits == 4) {
-        blockRows<R, Int4Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, ahead, total);
-        for (int r = 0; r < R; ++r) {
-            out[n + r] = horizontalSum(total[r]) + dot(p.zeros + (n + r) * groups, x.groupSums.data(), groups);
+        blockRows<R, M, Int4Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, ahead, total);
+        for (int m = 0; m < M; ++m) {
+            for (int r = 0; r < R; ++r) {
+                out[m][n + r] = horizontalSum(total[m][r]) + dot(p.zeros + (n + r) * groups, x[m]->groupSums.data(), groups);
+            }
         }
     } else {
-        blockRows<R, Int8Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, ahead, total);
-        for (int r = 0; r < R; ++r) out[n + r] = horizontalSum(total[r]);
+        blockRows<R, M, Int8Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, ahead, total);
+        for (int m = 0; m < M; ++m) {
+            for (int r = 0; r < R; ++r) out[m][n + r] = horizontalSum(total[m][r]);
+        }
     }
+}
+
+// Rows n..end of W against the M rows of x from x[0] (M <= kXRows), R rows of W at a time.
+template <int M>
+TRTLLM_AVX2 void rowRange(HostWeightOnlyGemvParams const& p, XBlocks const* const* x, int64_t n, int64_t end,
+                          float* const* out, bool prefetch) {
+    constexpr int R = kRowsFor(M);
+    for (; n + R <= end; n += R) rows<R, M>(p, x, n, out, prefetch);
+    for (; n < end; ++n) rows<1, M>(p, x, n, out, prefetch);
 }
 #endif
 
@@ -198,20 +241,38 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
     }
 #if TRTLLM_HOST_AVX2
     int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
-    XBlocks x;
+    std::vector<XBlocks> xs(static_cast<size_t>(p.m));
+    std::vector<XBlocks const*> x(static_cast<size_t>(p.m));
+    std::vector<float*> out(static_cast<size_t>(p.m));
     for (int64_t r = 0; r < p.m; ++r) {
-        quantizeX(p.x + r * p.xRowStride, p.k, group, p.bits == 4, x);
-        float* out = p.out + r * p.outRowStride;
-        int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
-        int64_t const perPart = ((p.n + parts - 1) / parts + kRows - 1) / kRows * kRows;
-        hostParallel(parts, [&](int part) {
-            int64_t n = part * perPart;
-            int64_t const end = std::min(p.n, n + perPart);
-            for (; n + kRows <= end; n += kRows) rows<kRows>(p, x, n, out);
-            for (; n < end; ++n) rows<1>(p, x, n, out);
-        });
-        if (p.bias) {
-            for (int64_t i = 0; i < p.n; ++i) out[i] += p.bias[i];
+        quantizeX(p.x + r * p.xRowStride, p.k, group, p.bits == 4, xs[r]);
+        x[r] = &xs[r];
+        out[r] = p.out + r * p.outRowStride;
+    }
+    int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
+    // Whole passes of the widest R, so that every part but the last has no single rows.
+    int64_t const perPart = ((p.n + parts - 1) / parts + kRowsFor(1) - 1) / kRowsFor(1) * kRowsFor(1);
+    hostParallel(parts, [&](int part) {
+        int64_t const begin = part * perPart;
+        int64_t const end = std::min(p.n, begin + perPart);
+        // A slice of W's rows against every row of x in turn, kXRows at a time: the slice (a few
+        // KB) is read from memory by the first pass and from cache by the others.
+        for (int64_t n = begin; n < end; n += kSliceRows) {
+            int64_t const sliceEnd = std::min(end, n + kSliceRows);
+            for (int64_t r = 0; r < p.m; r += kXRows) {
+                bool const first = r == 0;
+                switch (std::min<int64_t>(kXRows, p.m - r)) {
+                    case 1: rowRange<1>(p, x.data() + r, n, sliceEnd, out.data() + r, first); break;
+                    case 2: rowRange<2>(p, x.data() + r, n, sliceEnd, out.data() + r, first); break;
+                    case 3: rowRange<3>(p, x.data() + r, n, sliceEnd, out.data() + r, first); break;
+                    default: rowRange<4>(p, x.data() + r, n, sliceEnd, out.data() + r, first); break;
+                }
+            }
+        }
+    });
+    if (p.bias) {
+        for (int64_t r = 0; r < p.m; ++r) {
+            for (int64_t i = 0; i < p.n; ++i) out[r][i] += p.bias[i];
         }
     }
 #endif
