@@ -59,6 +59,25 @@ def test_matches_the_int8_x_reference_on_random_data(fmt, group, n, k, m, with_b
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
+@pytest.mark.parametrize("fmt,group,n,k", [("int4", 32, 1003, 576), ("int8", 0, 530, 1536), ("int8", 64, 37, 256)])
+@pytest.mark.parametrize("m", [2, 3, 5, 8])
+def test_rows_together_are_the_rows_one_by_one_bit_for_bit(fmt, group, n, k, m):
+    """A pass over W serves up to 4 rows of x: each output is the same sum in the same order as
+    the row's own call."""
+    torch.manual_seed(m)
+    w = torch.randn(n, k) * 0.05
+    q = quantize_int4(w, group, scale_dtype=torch.float32) if fmt == "int4" else \
+        quantize_int8(w, group or None, scale_dtype=torch.float32)
+    zeros = None if fmt == "int8" else q.zeros
+    x = torch.randn(m, k)
+    together = torch.empty(m, n)
+    launch("host_weight_only_gemv", together, x, q.qweight, q.scales, zeros, None, fmt, group, 2)
+    for r in range(m):
+        alone = torch.empty(1, n)
+        launch("host_weight_only_gemv", alone, x[r:r + 1].clone(), q.qweight, q.scales, zeros, None, fmt, group, 1)
+        assert torch.equal(together[r], alone[0]), f"row {r}"
+
+
 @pytest.mark.skipif(not host_gemv_serves("int4", 256, 32), reason="PyTorch has AVX-512 kernels here: the op keeps them")
 def test_the_cpu_op_takes_it_for_decode_rows():
     torch.manual_seed(0)
