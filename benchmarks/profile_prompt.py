@@ -1,8 +1,9 @@
-"""Where a long prompt's first token goes: wall time of `generate(prompt, max_new_tokens=1)`,
-the GPU's own time for the same call (the call queued behind a long GPU sleep, so that the host
-has launched everything before the GPU starts: what is left is the GPU's critical path), the
-kernels' busy time, and the kernel table (torch.profiler). Wall minus GPU time is what the host
-costs: launches from Python that the GPU waits for.
+"""Where a long prompt's first token goes: wall time of `generate(prompt, max_new_tokens=1)`;
+where the host's part of it goes (the runtime's phases: before the plan, the plan's enqueue, the
+GPU's time for the plan, after it); the GPU's own time for the same call (the call queued behind
+a long GPU sleep, so that the host has launched everything before the GPU starts: what is left is
+the GPU's critical path); the kernels' busy time, and the kernel table (torch.profiler). Wall minus
+GPU time is what the host costs: launches from Python that the GPU waits for.
 
     python benchmarks/profile_prompt.py --model llama-8b --quant none,fp8 --prompt_len 2048
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 import tempfile
 import time
@@ -58,6 +60,43 @@ def gpu_ms(call, repeats, sleep_ms=400.0):
         torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t) * 1e3 - start.elapsed_time(end))
     return best
+
+
+def host_phases(runner, call, repeats=8):
+    """Medians over `repeats` calls, ms from the call's start: when the plan starts and has been
+    enqueued (host), the GPU's time from the plan's start to its end (CUDA events around it:
+    the GPU idles inside it whenever the host has not launched the next kernel yet), and when
+    the call returns. Stamps the session's run for the duration of the calls only."""
+    session = runner.session
+    run = session.run
+    stamps = {}
+
+    def stamped(feed, check=True):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        stamps["plan start"] = time.perf_counter()
+        a.record()
+        out = run(feed, check)
+        b.record()
+        stamps["plan enqueued"] = time.perf_counter()
+        stamps["events"] = (a, b)
+        return out
+
+    rows = []
+    session.run = stamped
+    try:
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            call()
+            end = time.perf_counter()
+            torch.cuda.synchronize()
+            a, b = stamps["events"]
+            rows.append({"plan start": (stamps["plan start"] - t) * 1e3,
+                         "plan enqueued": (stamps["plan enqueued"] - t) * 1e3,
+                         "plan on the GPU": a.elapsed_time(b), "returned": (end - t) * 1e3})
+    finally:
+        del session.run  # the instance attribute: the class's method again
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
 def kernel_table(call, top):
@@ -113,6 +152,10 @@ def main():
         gpu = gpu_ms(call, args.repeats)
         print(f"{args.model} {quant}, a {args.prompt_len}-token prompt's first token: wall {wall:.2f} ms, "
               f"GPU {gpu:.2f} ms (host-bound {wall - gpu:.2f} ms)")
+        phases = host_phases(runner, call)
+        print("  host phases, ms from the call's start (medians): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+              + f"; the GPU idles {phases['plan on the GPU'] - gpu:.2f} ms inside the plan (about)")
         kernel_table(call, args.top)
         del call, runner
         torch.cuda.empty_cache()

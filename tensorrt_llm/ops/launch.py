@@ -89,8 +89,13 @@ def tensor_arg(t: torch.Tensor) -> tuple:
 
 
 def stream_of(t: torch.Tensor) -> int:
-    """The raw handle of the current CUDA stream of t's device."""
-    return torch.cuda.current_stream(t.device).cuda_stream
+    """The raw handle of the current CUDA stream of t's device. Through torch's raw accessor, as
+    Triton's launcher does: torch.cuda.current_stream builds a Stream object (a device lookup and
+    a few us on the host each time), and a 2,048-token prompt step makes some 200 launches."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:  # a torch without it
+        return torch.cuda.current_stream(t.device).cuda_stream
+    return raw(t.device.index)
 
 
 # While a host tape records a CPU decode step (runtime/host_tape.py): the list each call is
