@@ -46,10 +46,10 @@ Implementations:
   codes) in one kernel (fp8_quantize, cpp/kernels/fp8_quantize.cu). Fast accumulation
   (SCALED_MM_FAST_ACCUM): Hopper's FP8 tensor cores keep their narrower accumulator over the
   whole K instead of cuBLASLt adding it into float32 every few products. The prompt's GEMMs run
-  5-9% faster (an H200, LLaMA-8B's shapes at 2,048 tokens); the sums lose about 2^-13 of their
-  magnitude per product as a random walk: on random data 0.2-0.3% RMS of the output against
-  0.17% for the rounding to bfloat16 alone (the E4M3 rounding of x and W costs about 3.7%).
-  tests/ops/test_fp8_linear.py bounds it.
+  4-9% faster (an H200, LLaMA-8B's shapes at 2,048 tokens; nothing changes at 32 rows); on random
+  data the output's error grows from 0.17% RMS (the rounding to bfloat16 alone) to 0.2-0.3%, a
+  tenth of what the E4M3 rounding of x and W costs (about 3.7%). tests/ops/test_fp8_linear.py
+  bounds it as losses of 2^-13 of the sum per addition adding up as a random walk.
   Speed on an H100 (CUDA graph, bfloat16 x, LLaMA-8B's shapes, 1 to 64 tokens): per-tensor
   scales (FP8, static) take 0.6-0.8x the time of the bfloat16 GEMM; row-wise scales (per
   channel or per token) take 1.05-1.95x, cuBLASLt's row-wise FP8 kernel being slow at so few
