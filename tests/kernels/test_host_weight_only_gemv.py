@@ -22,6 +22,13 @@ def quantized_x(x: torch.Tensor) -> torch.Tensor:
     return (codes * scale).view_as(x)
 
 
+def quantized(fmt: str, w: torch.Tensor, group: int):
+    """W in the kernel's format: INT4 in groups of `group`, INT8 per channel (group 0) or in groups."""
+    if fmt == "int4":
+        return quantize_int4(w, group, scale_dtype=torch.float32)
+    return quantize_int8(w, group or None, scale_dtype=torch.float32)
+
+
 def reference(x, fmt, q, group, bias):
     xq = quantized_x(x)
     if fmt == "int4":
@@ -46,8 +53,7 @@ CASES = [("int4", 32, 960, 576), ("int4", 64, 80, 256), ("int4", 128, 48, 1536),
 def test_matches_the_int8_x_reference_on_random_data(fmt, group, n, k, m, with_bias, threads):
     torch.manual_seed(n * 7 + k + m)
     w = torch.randn(n, k) * 0.05
-    q = quantize_int4(w, group, scale_dtype=torch.float32) if fmt == "int4" else \
-        quantize_int8(w, group or None, scale_dtype=torch.float32)
+    q = quantized(fmt, w, group)
     x = torch.randn(m, k)
     x[0, :32] = 0.0  # a block of zeros: scale 0
     bias = torch.randn(n) if with_bias else None
@@ -66,8 +72,7 @@ def test_rows_together_are_the_rows_one_by_one_bit_for_bit(fmt, group, n, k, m):
     the row's own call."""
     torch.manual_seed(m)
     w = torch.randn(n, k) * 0.05
-    q = quantize_int4(w, group, scale_dtype=torch.float32) if fmt == "int4" else \
-        quantize_int8(w, group or None, scale_dtype=torch.float32)
+    q = quantized(fmt, w, group)
     zeros = None if fmt == "int8" else q.zeros
     x = torch.randn(m, k)
     together = torch.empty(m, n)
@@ -97,14 +102,14 @@ def test_the_cpu_op_takes_it_for_decode_rows():
 def test_codes_in_tile_order_give_row_orders_outputs(fmt):
     torch.manual_seed(1)
     w = torch.randn(32, 256) * 0.05
-    q = quantize_int4(w, 32, scale_dtype=torch.float32) if fmt == "int4" else \
-        quantize_int8(w, 32, scale_dtype=torch.float32)
+    q = quantized(fmt, w, 32)
     zeros = getattr(q, "zeros", None)
-    x = torch.randn(1, 256)  # one row: the host kernel on every CPU it runs on
-    rows = weight_only_linear_cpu(x, q.qweight, q.scales, zeros, weight_format=fmt, group_size=32)
-    tiled = weight_only_linear_cpu(x, tile_codes(q.qweight), q.scales, zeros, weight_format=fmt, group_size=32,
-                                   tiled=True)
-    assert torch.equal(rows, tiled)
+    for m in (1, 2):  # one row takes the host kernel on every CPU; two, PyTorch's where it has AVX-512
+        x = torch.randn(m, 256)
+        rows = weight_only_linear_cpu(x, q.qweight, q.scales, zeros, weight_format=fmt, group_size=32)
+        tiled = weight_only_linear_cpu(x, tile_codes(q.qweight), q.scales, zeros, weight_format=fmt, group_size=32,
+                                       tiled=True)
+        assert torch.equal(rows, tiled)
 
 
 def test_refusals_name_the_argument():
