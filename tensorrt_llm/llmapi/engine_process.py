@@ -9,7 +9,7 @@ torch's CPU ops keeps an OpenMP team, and while two live teams share the cores l
 throttles the second one's workers (a linear layer took 1.45x as long on 2 cores).
 
     engine = EngineProcess(start, progress=print)   # returns once the engine is loaded
-    engine.submit(request, sink)                     # checked here (RequestError), then sent
+    engine.submit([(request, sink), ...])            # checked here (RequestError), then sent
     engine.abort(request_id)
     engine.shutdown()
 
@@ -138,20 +138,26 @@ class EngineProcess:
         """Whether requests are taken: not shut down, and the engine process is alive."""
         return self._alive and not self._stopping
 
-    def submit(self, request: Request, sink: Callable[[Update], None]) -> None:
-        """Check a request here, in the caller's thread (RequestError), then send it."""
+    def submit(self, entries: Sequence[tuple[Request, Callable[[Update], None]]]) -> None:
+        """Check requests here, in the caller's thread (RequestError: none is sent), then send
+        them in one message: the engine queues them together, so they start in the same step
+        (a prompt's n choices, a batch of prompts: which step each starts in changes the rows
+        it is computed with, and the CPU kernels' roundings differ with the rows)."""
         if not self.running:
             raise RuntimeError(f"the engine is not running ({self.error or 'shut down'})")
-        self.admission.check(request)
+        for request, _ in entries:
+            self.admission.check(request)
         with self._sinks_lock:
             if not self._alive:  # died since the check above: the receiver has told its sinks
                 raise RuntimeError(f"the engine is not running ({self.error})")
-            self._sinks[request.request_id] = sink
+            for request, sink in entries:
+                self._sinks[request.request_id] = sink
         try:
-            self._send(("add", request))
+            self._send(("add", [request for request, _ in entries]))
         except OSError:
             with self._sinks_lock:
-                self._sinks.pop(request.request_id, None)
+                for request, _ in entries:
+                    self._sinks.pop(request.request_id, None)
             raise RuntimeError(f"the engine is not running ({self.error or 'its process has exited'})") from None
 
     def abort(self, request_id: int) -> None:
@@ -314,10 +320,11 @@ def _follower_main(follow, launch: dict) -> None:
             commands, step = distributed.broadcast_object(None)
             for kind, *args in commands:
                 if kind == "add":
-                    try:
-                        executor.add_request(args[0])
-                    except Exception:  # refused on rank 0 too, which tells its request
-                        pass
+                    for request in args[0]:
+                        try:
+                            executor.add_request(request)
+                        except Exception:  # refused on rank 0 too, which tells its request
+                            pass
                 elif kind == "abort":
                     executor.abort(args[0])
                 elif kind == "shutdown":
@@ -393,7 +400,8 @@ class _EngineCore:
                 self._applied.append(message)
             kind, *args = message
             if kind == "add":
-                self._add(args[0])
+                for request in args[0]:
+                    self._add(request)
             elif kind == "abort":
                 request = self.executor.abort(args[0])
                 if request is not None:

@@ -347,11 +347,26 @@ class LLM:
     def generate_async(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None,
                        streaming: bool = False) -> GenerationResult:
         """Submit one prompt (text or token ids); checked now (RequestError)."""
-        text, ids = self._prompt_ids(prompt)
-        result = GenerationResult(self, text, ids, sampling_params or SamplingParams(), streaming)
-        for r in result.requests:
-            self._engine.submit(r, result._sink)
-        return result
+        return self.generate_many_async([prompt], sampling_params, streaming)[0]
+
+    def generate_many_async(self, prompts: Sequence[Prompt],
+                            sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                            streaming: bool = False) -> list[GenerationResult]:
+        """Submit prompts together (one SamplingParams for all, or one each): all are checked
+        first (RequestError: none is submitted), then they start in the same engine step, so
+        their answers do not hang on when each reached the engine."""
+        if isinstance(sampling_params, Sequence):
+            if len(sampling_params) != len(prompts):
+                raise RequestError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        results = []
+        for prompt, p in zip(prompts, params):
+            text, ids = self._prompt_ids(prompt)
+            results.append(GenerationResult(self, text, ids, p or SamplingParams(), streaming))
+        self._engine.submit([(r, result._sink) for result in results for r in result.requests])
+        return results
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -361,20 +376,7 @@ class LLM:
         single = isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
                                               and isinstance(prompts[0], int))
         batch = [prompts] if single else list(prompts)
-        if isinstance(sampling_params, Sequence):
-            if len(sampling_params) != len(batch):
-                raise RequestError(f"{len(sampling_params)} sampling params for {len(batch)} prompts")
-            params = list(sampling_params)
-        else:
-            params = [sampling_params or SamplingParams()] * len(batch)
-        results = []
-        try:
-            for prompt, p in zip(batch, params):
-                results.append(self.generate_async(prompt, p))
-        except Exception:
-            for r in results:
-                r.abort()
-            raise
+        results = self.generate_many_async(batch, sampling_params)
         outputs = self._wait_all(results, use_tqdm)
         return outputs[0] if single else outputs
 

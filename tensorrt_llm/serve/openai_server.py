@@ -270,7 +270,7 @@ class OpenAIServer:
             raise OpenAIError(400, "this server has no tokenizer (start it with --tokenizer)")
 
     def _start(self, prompts: list[Union[str, list[int]]], params: SamplingParams) -> _Generation:
-        """Submit every prompt, or none: the first refusal aborts those already submitted."""
+        """Submit every prompt, or none."""
         if not self.llm.running:
             raise OpenAIError(503, "the engine is not running")
         if self.max_queue_size is not None and self.num_waiting() >= self.max_queue_size:
@@ -278,14 +278,9 @@ class OpenAIServer:
                                    f"(--max_queue_size {self.max_queue_size}); retry later",
                               code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         arrival = time.perf_counter()
-        results: list[GenerationResult] = []
-        try:
-            for prompt in prompts:
-                results.append(self.llm.generate_async(prompt, params, streaming=True))
-        except BaseException:
-            for r in results:
-                r.abort()
-            raise  # a RequestError (the engine's checks) becomes a 400 (errors.py)
+        # One submission: all prompts checked, then queued together (a RequestError, the
+        # engine's checks, becomes a 400: errors.py).
+        results = self.llm.generate_many_async(prompts, params, streaming=True)
         self.metrics.prompt_tokens.inc(sum(len(r.output.prompt_token_ids) for r in results))
         return _Generation(self, results, arrival)
 

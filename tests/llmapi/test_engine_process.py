@@ -78,9 +78,40 @@ def test_a_refused_request_never_reaches_the_engine(llm):
         llm.generate([1, 2, 10**9], SamplingParams(max_tokens=2), use_tqdm=False)
     with pytest.raises(RequestError, match="max_seq_len"):
         llm.generate("Hi", SamplingParams(max_tokens=10**4), use_tqdm=False)
+    # Prompts submitted together go all or none: a good one before a bad one is not sent either.
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        llm.generate(["Hi", [1, 2, 10**9]], SamplingParams(max_tokens=2), use_tqdm=False)
     assert llm.stats.requests_received == received
     llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)
     assert llm.stats.requests_received == received + 1
+
+
+def test_choices_and_prompts_submitted_together_start_in_one_step(engine_dir):
+    """A prompt's n choices and the prompts of one generate reach the engine as one message, so
+    they start in the same step, however slow the front end: with block reuse, none reuses the
+    prompt blocks of another. (A choice that started a step late would: blocks are shared from
+    the step after they are computed; and in a row-dependent kernel it would compute with other
+    rows, so a seeded answer would hang on the front end's timing.)"""
+    with LLM(engine_dir, device="cpu", progress=None, enable_block_reuse=True) as llm:
+        send = llm._engine._send
+
+        def slow_send(message):  # a front end descheduled after each message it sends
+            send(message)
+            time.sleep(0.3)
+
+        llm._engine._send = slow_send
+        tpb = llm.admission.tokens_per_block
+        prompt = [1000 + i for i in range(3 * tpb)]  # three whole blocks, in no earlier prompt
+        received, reused = llm.stats.requests_received, llm.stats.reused_blocks
+        out = llm.generate(prompt, SamplingParams(max_tokens=4, n=3, temperature=1.0, seed=5), use_tqdm=False)
+        assert [len(o.token_ids) for o in out.outputs] == [4, 4, 4]
+        llm.generate([prompt[1:] + [7], prompt[1:] + [7]], SamplingParams(max_tokens=4), use_tqdm=False)
+        assert llm.stats.requests_received == received + 5
+        assert llm.stats.reused_blocks == reused
+        # Submitted after the others, it reuses their blocks (what the check above would see); its
+        # last block is computed again, for the logits that pick its first token.
+        llm.generate(prompt, SamplingParams(max_tokens=2), use_tqdm=False)
+        assert llm.stats.reused_blocks == reused + 2
 
 
 def test_logits_travel_when_asked(llm):
