@@ -983,6 +983,8 @@ PYBIND11_MODULE(bindings, m) {
     m.attr("ARGMAX_CHUNK") = kArgmaxChunk;  // argmax_rows: logits a block reduces, one workspace entry each
     m.def("host_weight_only_gemv_available", &hostWeightOnlyGemvAvailable,
           "Whether this CPU runs host_weight_only_gemv (AVX2 and FMA).");
+    m.def("host_weight_only_gemv_vnni", &hostWeightOnlyGemvVnni,
+          "Whether host_weight_only_gemv has AVX-512 VNNI's int8 dot products here (two blocks of W a step).");
     m.def(
         "host_weight_only_gemv_serves",
         [](int bits, int64_t k, int64_t groupSize) { return hostWeightOnlyGemvServes(bits, k, groupSize); },

@@ -33,9 +33,9 @@ Implementations:
   cuBLAS: the weight's rounding to float16 / bfloat16 is that path's extra error. A call the
   kernels' 16-byte packs cannot read (an INT8 in_features not a multiple of 16, a weight not on
   a 16-byte boundary) runs the reference instead, deliberately.
-- cpu: decode rows (up to HOST_GEMV_MAX_ROWS where the CPU has AVX2 + FMA but PyTorch no
-  AVX-512 kernels; one row where it has them: host_gemv_rows), when the groups are whole blocks
-  of 32 inputs, our host kernel (cpp/kernels/host_weight_only_gemv.cpp): x
+- cpu: decode rows (up to HOST_GEMV_MAX_ROWS where the CPU has AVX2 + FMA, and PyTorch no
+  AVX-512 kernels or our kernel AVX-512 VNNI too; else one row: host_gemv_rows), when the groups
+  are whole blocks of 32 inputs, our host kernel (cpp/kernels/host_weight_only_gemv.cpp): x
   quantized per block of 32 inputs to int8 as llama.cpp does, integer dot products, float32
   scales (a relative error of at most 1/254 of a block's largest |x| per input). Otherwise,
   and for prompt rows, torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` through
@@ -208,16 +208,19 @@ HOST_GEMV_MAX_ROWS = 8
 def host_gemv_rows(weight_format: str, in_features: int, group_size: int) -> int:
     """The most rows of x the host kernel takes for this weight here (0: never): it needs the
     bindings, a CPU with AVX2 + FMA and groups of whole 32-input blocks. Where PyTorch has AVX-512
-    int kernels it takes one row only: there SmolLM2's batch-1 decode step ran 23-25 ms with it
-    against 31-43 with PyTorch's (INT8) and 11-17 against 19-26 (INT4), while at 4 and 8 rows
-    PyTorch's were as fast or faster (an Intel Xeon, 2 threads; benchmarks/README.md)."""
+    int kernels and our kernel has no AVX-512 VNNI to match them, it takes one row only: on an
+    Intel Xeon (2 threads) its AVX2 form ran SmolLM2's batch-1 decode step in 23-25 ms against
+    PyTorch's 31-43 (INT8) and 11-17 against 19-26 (INT4), while at 4 and 8 rows PyTorch's were
+    as fast or faster. With VNNI, ours was faster at 1 to 8 rows (benchmarks/README.md)."""
     if not bindings_available():
         return 0
     b = get_bindings()
     if not (b.host_weight_only_gemv_available()
             and b.host_weight_only_gemv_serves(4 if weight_format == "int4" else 8, in_features, group_size)):
         return 0
-    return 1 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else HOST_GEMV_MAX_ROWS
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512") and not b.host_weight_only_gemv_vnni():
+        return 1
+    return HOST_GEMV_MAX_ROWS
 
 
 @dataclass

@@ -174,6 +174,7 @@ struct HostWeightOnlyGemvParams {
     int threads;           // threads over W's rows (1: this one only)
 };
 bool hostWeightOnlyGemvAvailable();  // this CPU runs it (AVX2 and FMA)
+bool hostWeightOnlyGemvVnni();       // and has AVX-512 VNNI, which it uses
 bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize);  // its shapes: G a multiple of 32
 void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p);
 
