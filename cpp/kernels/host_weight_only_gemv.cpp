@@ -170,7 +170,7 @@ struct Int8Block {
 // a block.
 template <int R, int M, typename Block>
 TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* scales, int64_t groups,
-                           XBlocks const* const* x, int64_t blocksPerGroup, uint8_t const* ahead,
+                           XBlocks const* x, int64_t blocksPerGroup, uint8_t const* ahead,
                            __m256 (&total)[M][R]) {
     for (int m = 0; m < M; ++m) {
         for (int r = 0; r < R; ++r) total[m][r] = _mm256_setzero_ps();
@@ -178,8 +178,8 @@ TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* 
     int8_t const* xCodes[M];
     float const* xScales[M];
     for (int m = 0; m < M; ++m) {
-        xCodes[m] = x[m]->codes.data();
-        xScales[m] = x[m]->scales.data();
+        xCodes[m] = x[m].codes.data();
+        xScales[m] = x[m].scales.data();
     }
     int64_t const blocks = groups * blocksPerGroup;
     float const* s = scales;
@@ -213,7 +213,7 @@ TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* 
 // INT4's zeros meet x's float sums per group. prefetch: this call brings the next rows' codes
 // (the first call over these rows of W; later ones find them in cache).
 template <int R, int M>
-TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const* const* x, int64_t n, float* const* out,
+TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n, float* const* out,
                       bool prefetch) {
     int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
     int64_t const groups = p.k / group;
@@ -237,7 +237,7 @@ TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const* const* x
         blockRows<R, M, Int4Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, ahead, total);
         for (int m = 0; m < M; ++m) {
             for (int r = 0; r < R; ++r) {
-                out[m][n + r] = horizontalSum(total[m][r]) + dot(p.zeros + (n + r) * groups, x[m]->groupSums.data(), groups);
+                out[m][n + r] = horizontalSum(total[m][r]) + dot(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups);
             }
         }
     } else {
@@ -250,7 +250,7 @@ TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const* const* x
 
 // Rows n..end of W against the M rows of x from x[0] (M <= kXRows), R rows of W at a time.
 template <int M>
-TRTLLM_AVX2 void rowRange(HostWeightOnlyGemvParams const& p, XBlocks const* const* x, int64_t n, int64_t end,
+TRTLLM_AVX2 void rowRange(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n, int64_t end,
                           float* const* out, bool prefetch) {
     constexpr int R = kRowsFor(M);
     for (; n + R <= end; n += R) rows<R, M>(p, x, n, out, prefetch);
@@ -299,7 +299,7 @@ struct Int8Pair {
 // (blocks per group even, or one group a row).
 template <int R, int M, typename Pair, bool PAIR_SCALES>
 TRTLLM_AVX512_VNNI void pairRows(uint8_t const* codes, int64_t rowBytes, float const* scales, int64_t groups,
-                                 XBlocks const* const* x, int64_t blocksPerGroup, uint8_t const* ahead,
+                                 XBlocks const* x, int64_t blocksPerGroup, uint8_t const* ahead,
                                  __m512 (&total)[M][R]) {
     for (int m = 0; m < M; ++m) {
         for (int r = 0; r < R; ++r) total[m][r] = _mm512_setzero_ps();
@@ -307,8 +307,8 @@ TRTLLM_AVX512_VNNI void pairRows(uint8_t const* codes, int64_t rowBytes, float c
     int8_t const* xCodes[M];
     float const* xScales[M];
     for (int m = 0; m < M; ++m) {
-        xCodes[m] = x[m]->codes.data();
-        xScales[m] = x[m]->pairScales.data();
+        xCodes[m] = x[m].codes.data();
+        xScales[m] = x[m].pairScales.data();
     }
     __m512i const lanes = Pair::scaleLanes();
     int64_t const steps = groups * blocksPerGroup / 2;
@@ -350,7 +350,7 @@ TRTLLM_AVX512_VNNI void pairRows(uint8_t const* codes, int64_t rowBytes, float c
 
 // rows, through pairRows.
 template <int R, int M>
-TRTLLM_AVX512_VNNI void pairRowsOut(HostWeightOnlyGemvParams const& p, XBlocks const* const* x, int64_t n,
+TRTLLM_AVX512_VNNI void pairRowsOut(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n,
                                     float* const* out, bool prefetch) {
     int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
     int64_t const groups = p.k / group;
@@ -379,7 +379,7 @@ TRTLLM_AVX512_VNNI void pairRowsOut(HostWeightOnlyGemvParams const& p, XBlocks c
         for (int m = 0; m < M; ++m) {
             for (int r = 0; r < R; ++r) {
                 out[m][n + r] = _mm512_reduce_add_ps(total[m][r])
-                                + dot(p.zeros + (n + r) * groups, x[m]->groupSums.data(), groups);
+                                + dot(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups);
             }
         }
     } else {
@@ -397,7 +397,7 @@ TRTLLM_AVX512_VNNI void pairRowsOut(HostWeightOnlyGemvParams const& p, XBlocks c
 // rowRange, through pairRowsOut: 4 rows of W a pass for up to 4 rows of x (16 accumulators of
 // AVX-512's 32 registers).
 template <int M>
-TRTLLM_AVX512_VNNI void pairRowRange(HostWeightOnlyGemvParams const& p, XBlocks const* const* x, int64_t n,
+TRTLLM_AVX512_VNNI void pairRowRange(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n,
                                      int64_t end, float* const* out, bool prefetch) {
     constexpr int R = 4;
     for (; n + R <= end; n += R) pairRowsOut<R, M>(p, x, n, out, prefetch);
@@ -429,11 +429,9 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
     bool const pairs = hostAvx512Vnni() && (p.k / kBlock) % 2 == 0 && (blocksPerGroup == 1 || blocksPerGroup % 2 == 0);
     Order const order = pairs ? Order::kPairs : p.bits == 4 ? Order::kEvenOdd : Order::kPlain;
     std::vector<XBlocks> xs(static_cast<size_t>(p.m));
-    std::vector<XBlocks const*> x(static_cast<size_t>(p.m));
     std::vector<float*> out(static_cast<size_t>(p.m));
     for (int64_t r = 0; r < p.m; ++r) {
         quantizeX(p.x + r * p.xRowStride, p.k, group, order, p.bits == 4, xs[r]);
-        x[r] = &xs[r];
         out[r] = p.out + r * p.outRowStride;
     }
     int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
@@ -448,7 +446,7 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
             int64_t const sliceEnd = std::min(end, n + kSliceRows);
             for (int64_t r = 0; r < p.m; r += kXRows) {
                 bool const first = r == 0;
-                XBlocks const* const* xr = x.data() + r;
+                XBlocks const* xr = xs.data() + r;
                 float* const* o = out.data() + r;
                 int64_t const rows = std::min<int64_t>(kXRows, p.m - r);
                 if (pairs) {
