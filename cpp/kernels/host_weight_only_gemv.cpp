@@ -209,39 +209,56 @@ TRTLLM_AVX2 void blockRows(uint8_t const* codes, int64_t rowBytes, float const* 
     }
 }
 
+// R rows of W from row n: their codes and groups, and (prefetch) the codes of rows at least
+// kPrefetchBytes further on, if W has them, whose scales and zeros are prefetched now and whose
+// codes the block loop prefetches while it reads these rows.
+struct RowsOfW {
+    int64_t groups, blocksPerGroup, rowBytes;
+    uint8_t const* codes;
+    uint8_t const* ahead;  // or nullptr
+};
+
+TRTLLM_AVX2 RowsOfW rowsOfW(HostWeightOnlyGemvParams const& p, int64_t n, int R, bool prefetch) {
+    int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
+    RowsOfW w;
+    w.groups = p.k / group;
+    w.blocksPerGroup = group / kBlock;
+    w.rowBytes = p.bits == 4 ? p.k / 2 : p.k;
+    w.codes = static_cast<uint8_t const*>(p.qweight) + n * w.rowBytes;
+    w.ahead = nullptr;
+    int64_t const aheadRows = (kPrefetchBytes + R * w.rowBytes - 1) / (R * w.rowBytes) * R;
+    if (prefetch && n + aheadRows + R <= p.n) {
+        w.ahead = w.codes + aheadRows * w.rowBytes;
+        for (float const* t : {p.scales, p.zeros}) {
+            if (!t) continue;
+            float const* first = t + (n + aheadRows) * w.groups;
+            for (int64_t i = 0; i < R * w.groups; i += kLine / 4) _mm_prefetch(reinterpret_cast<char const*>(first + i), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<char const*>(first + R * w.groups - 1), _MM_HINT_T0);
+        }
+    }
+    return w;
+}
+
 // R rows of W from row n against M quantized rows of x (x[m] is out row m's), into out[m][n..n + R);
 // INT4's zeros meet x's float sums per group. prefetch: this call brings the next rows' codes
 // (the first call over these rows of W; later ones find them in cache).
 template <int R, int M>
 TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n, float* const* out,
                       bool prefetch) {
-    int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
-    int64_t const groups = p.k / group;
-    int64_t const rowBytes = p.bits == 4 ? p.k / 2 : p.k;
-    uint8_t const* codes = static_cast<uint8_t const*>(p.qweight) + n * rowBytes;
-    // Rows at least kPrefetchBytes of codes further on, if W has them: their codes, scales and
-    // zeros are prefetched while these rows are read.
-    int64_t const aheadRows = (kPrefetchBytes + R * rowBytes - 1) / (R * rowBytes) * R;
-    uint8_t const* ahead = nullptr;
-    if (prefetch && n + aheadRows + R <= p.n) {
-        ahead = codes + aheadRows * rowBytes;
-        for (float const* t : {p.scales, p.zeros}) {
-            if (!t) continue;
-            float const* first = t + (n + aheadRows) * groups;
-            for (int64_t i = 0; i < R * groups; i += kLine / 4) _mm_prefetch(reinterpret_cast<char const*>(first + i), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<char const*>(first + R * groups - 1), _MM_HINT_T0);
-        }
-    }
+    RowsOfW const w = rowsOfW(p, n, R, prefetch);
+    int64_t const groups = w.groups, rowBytes = w.rowBytes;
+    uint8_t const* codes = w.codes;
+    uint8_t const* ahead = w.ahead;
     __m256 total[M][R];
     if (p.bits == 4) {
-        blockRows<R, M, Int4Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, ahead, total);
+        blockRows<R, M, Int4Block>(codes, rowBytes, p.scales + n * groups, groups, x, w.blocksPerGroup, ahead, total);
         for (int m = 0; m < M; ++m) {
             for (int r = 0; r < R; ++r) {
                 out[m][n + r] = horizontalSum(total[m][r]) + dot(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups);
             }
         }
     } else {
-        blockRows<R, M, Int8Block>(codes, rowBytes, p.scales + n * groups, groups, x, group / kBlock, ahead, total);
+        blockRows<R, M, Int8Block>(codes, rowBytes, p.scales + n * groups, groups, x, w.blocksPerGroup, ahead, total);
         for (int m = 0; m < M; ++m) {
             for (int r = 0; r < R; ++r) out[m][n + r] = horizontalSum(total[m][r]);
         }
@@ -352,22 +369,10 @@ TRTLLM_AVX512_VNNI void pairRows(uint8_t const* codes, int64_t rowBytes, float c
 template <int R, int M>
 TRTLLM_AVX512_VNNI void pairRowsOut(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n,
                                     float* const* out, bool prefetch) {
-    int64_t const group = p.groupSize > 0 ? p.groupSize : p.k;
-    int64_t const groups = p.k / group;
-    int64_t const blocksPerGroup = group / kBlock;
-    int64_t const rowBytes = p.bits == 4 ? p.k / 2 : p.k;
-    uint8_t const* codes = static_cast<uint8_t const*>(p.qweight) + n * rowBytes;
-    int64_t const aheadRows = (kPrefetchBytes + R * rowBytes - 1) / (R * rowBytes) * R;
-    uint8_t const* ahead = nullptr;
-    if (prefetch && n + aheadRows + R <= p.n) {
-        ahead = codes + aheadRows * rowBytes;
-        for (float const* t : {p.scales, p.zeros}) {
-            if (!t) continue;
-            float const* first = t + (n + aheadRows) * groups;
-            for (int64_t i = 0; i < R * groups; i += kLine / 4) _mm_prefetch(reinterpret_cast<char const*>(first + i), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<char const*>(first + R * groups - 1), _MM_HINT_T0);
-        }
-    }
+    RowsOfW const w = rowsOfW(p, n, R, prefetch);
+    int64_t const groups = w.groups, blocksPerGroup = w.blocksPerGroup, rowBytes = w.rowBytes;
+    uint8_t const* codes = w.codes;
+    uint8_t const* ahead = w.ahead;
     __m512 total[M][R];
     float const* scales = p.scales + n * groups;
     if (p.bits == 4) {
