@@ -327,10 +327,7 @@ void checkHostWeightOnlyGemv(Call& c) {
     if (bits == 4 && !c.has("zeros")) throw std::invalid_argument("INT4 takes zeros");
     if (bits == 8 && c.has("zeros")) throw std::invalid_argument("INT8 takes no zeros");
     if (c.has("zeros")) c.shape("zeros", c["scales"].shape);
-    if (c.flag("gated") && n % 2 != 0) {
-        throw std::invalid_argument("gated takes an even out_features (gate rows, then up rows), got " + std::to_string(n));
-    }
-    c.shape("out", {m, c.flag("gated") ? n / 2 : n});
+    c.shape("out", {m, n});
     c.shape("bias", {n});
 }
 
@@ -350,7 +347,6 @@ void launchHostWeightOnlyGemvEntry(Call const& c) {
     p.groupSize = c.integer("group_size");
     p.bits = hostWeightOnlyBits(c);
     p.threads = static_cast<int>(c.integer("threads"));
-    p.gated = c.flag("gated");
     if (p.m == 0 || p.n == 0) return;
     hostWeightOnlyGemv(p);
 }
@@ -838,14 +834,13 @@ std::vector<Entry> entries() {
         {"host_weight_only_gemv",
          "out = x @ W^T + bias on the host CPU (AVX2 + FMA; W's rows over `threads` threads), W the INT8 / INT4 weight of qweight, scales "
          "(and zeros) as formats.py lays them out (INT4: uint8 [N, K / 2]; INT8: int8 [N, K]; group_size 0: per "
-         "channel); x, out float32 [M, K] / [M, N]. gated: out [M, N / 2] = silu(the product's first N / 2 columns) "
-         "* its last N / 2.",
+         "channel); x, out float32 [M, K] / [M, N].",
          {tensor("out").rank(2).dtypes({kFloat32}).lastDimContiguous().written(),
           tensor("x").rank(2).dtypes({kFloat32}).lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({DType::kInt8, DType::kUInt8}).contiguous(),
           tensor("scales").dtypes({kFloat32}).contiguous(), optionalTensor("zeros").dtypes({kFloat32}).contiguous(),
           optionalTensor("bias").rank(1).dtypes({kFloat32}).contiguous(), text("weight_format"),
-          integer("group_size"), integer("threads"), flag("gated")},
+          integer("group_size"), integer("threads")},
          checkHostWeightOnlyGemv, launchHostWeightOnlyGemvEntry, /*host=*/true},
         {"host_rms_norm",
          "rms_norm on the host CPU (float32, one thread): out = rmsnorm(x [+ residual]) * weight over rows of [rows, "

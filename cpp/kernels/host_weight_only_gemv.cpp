@@ -435,12 +435,9 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
     Order const order = pairs ? Order::kPairs : p.bits == 4 ? Order::kEvenOdd : Order::kPlain;
     std::vector<XBlocks> xs(static_cast<size_t>(p.m));
     std::vector<float*> out(static_cast<size_t>(p.m));
-    // gated: the whole product first (its gate and up rows fall to different threads), then the
-    // epilogue into p.out.
-    std::vector<float> product(p.gated ? static_cast<size_t>(p.m * p.n) : 0);
     for (int64_t r = 0; r < p.m; ++r) {
         quantizeX(p.x + r * p.xRowStride, p.k, group, order, p.bits == 4, xs[r]);
-        out[r] = p.gated ? product.data() + r * p.n : p.out + r * p.outRowStride;
+        out[r] = p.out + r * p.outRowStride;
     }
     int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
     // Whole passes of the widest R, so that every part but the last has no single rows.
@@ -478,16 +475,6 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
     if (p.bias) {
         for (int64_t r = 0; r < p.m; ++r) {
             for (int64_t i = 0; i < p.n; ++i) out[r][i] += p.bias[i];
-        }
-    }
-    if (p.gated) {  // silu(gate) * up, silu as PyTorch's CPU kernel writes it: g / (1 + exp(-g))
-        int64_t const half = p.n / 2;
-        for (int64_t r = 0; r < p.m; ++r) {
-            float* y = p.out + r * p.outRowStride;
-            for (int64_t i = 0; i < half; ++i) {
-                float const g = out[r][i];
-                y[i] = g / (1.f + std::exp(-g)) * out[r][half + i];
-            }
         }
     }
 #endif

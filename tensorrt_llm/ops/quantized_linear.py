@@ -48,10 +48,7 @@ Implementations:
 `gated=True` (made by graph_rewriting's fuse_gated_linear from this op and the silu_and_mul
 reading it): the output is silu_and_mul of the product, [..., N / 2]. Up to 8 rows the CUDA GEMV
 applies it in its epilogue (each 16-row tile holds 8 gate rows and their 8 up rows), bit for bit
-the GEMV then silu_and_mul's kernel, one kernel and its wait fewer a decode layer; the host GEMV
-after its product (g / (1 + exp(-g)) * u in float32, PyTorch's formula with the C library's exp:
-within a few float32 roundings of silu_and_mul's reference), two PyTorch calls fewer a decode
-layer, each of which cost 25-30 us after the weights' stream had evicted the caches; elsewhere
+the GEMV then silu_and_mul's kernel, one kernel and its wait fewer a decode layer; elsewhere
 the product, then silu_and_mul. Of the other fusions, fuse_gate_up makes this op's gate_up;
 the norm + linear ones match `linear` and `fp8_linear` only.
 """
@@ -265,6 +262,10 @@ def cpu_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.
 @weight_only_linear.implementation(CPU)
 def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False,
                            gated=False):
+    if gated:  # silu_and_mul has no CPU implementation of its own: its reference, as unfused
+        return silu_and_mul_reference(weight_only_linear_cpu(x, qweight, scales, zeros, bias,
+                                                             weight_format=weight_format, group_size=group_size,
+                                                             tiled=tiled))
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     if 0 < m <= host_gemv_rows(weight_format, k, group_size):
@@ -273,15 +274,10 @@ def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_
         # (each a few us of a decode linear's Python).
         plain = x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
         x2 = x if plain else x.reshape(m, k).float().contiguous()
-        n = pack.out_features // 2 if gated else pack.out_features
-        out = torch.empty(m, n)
+        out = torch.empty(m, pack.out_features)
         launch("host_weight_only_gemv", out, x2, *pack.args, None if bias is None else bias.float().contiguous(),
-               weight_format, int(group_size), torch.get_num_threads(), bool(gated))
-        return out if plain else out.to(x.dtype).reshape(*x.shape[:-1], n)
-    if gated:  # silu_and_mul has no CPU implementation of its own: its reference, as unfused
-        return silu_and_mul_reference(weight_only_linear_cpu(x, qweight, scales, zeros, bias,
-                                                             weight_format=weight_format, group_size=group_size,
-                                                             tiled=tiled))
+               weight_format, int(group_size), torch.get_num_threads())
+        return out if plain else out.to(x.dtype).reshape(*x.shape[:-1], pack.out_features)
     pack = cpu_pack(qweight, scales, zeros, weight_format, group_size, tiled)
     if weight_format == "int8":
         return qcpu.int8_weight_only_linear(x, pack, bias)

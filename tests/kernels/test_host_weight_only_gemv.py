@@ -63,28 +63,9 @@ def test_matches_the_int8_x_reference_on_random_data(fmt, group, n, k, m, with_b
     out = torch.full((m, n), float("nan"))
     # Temporaries as arguments: launch keeps them alive through the call (host memory is reused at once).
     launch("host_weight_only_gemv", out, x.clone(), q.qweight.clone(), q.scales.clone(),
-           None if fmt == "int8" else q.zeros.clone(), None if bias is None else bias.clone(), fmt, group, threads,
-           False)
+           None if fmt == "int8" else q.zeros.clone(), None if bias is None else bias.clone(), fmt, group, threads)
     expected = reference(x, fmt, q, group, bias)
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
-
-
-@pytest.mark.parametrize("fmt,group,n,k", [("int4", 32, 960, 576), ("int8", 0, 576, 1536), ("int4", 32, 40, 96)])
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_gated_is_silu_of_the_gate_rows_times_the_up_rows(fmt, group, n, k, m):
-    """gated: out [m, n / 2] = silu(product[:, :n/2]) * product[:, n/2:], against the float64
-    reference, and within float32 roundings of PyTorch's silu_and_mul of the kernel's own product."""
-    from tensorrt_llm.ops.activation import silu_and_mul_reference
-    torch.manual_seed(n + k + m)
-    q = quantized(fmt, torch.randn(n, k) * 0.05, group)
-    zeros = None if fmt == "int8" else q.zeros
-    x, bias = torch.randn(m, k), torch.randn(n)
-    product, gated = torch.empty(m, n), torch.full((m, n // 2), float("nan"))
-    launch("host_weight_only_gemv", product, x, q.qweight, q.scales, zeros, bias, fmt, group, 2, False)
-    launch("host_weight_only_gemv", gated, x, q.qweight, q.scales, zeros, bias, fmt, group, 2, True)
-    expected = silu_and_mul_reference(reference(x, fmt, q, group, bias))
-    assert (gated.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
-    torch.testing.assert_close(gated, silu_and_mul_reference(product), rtol=4e-7, atol=1e-7)
 
 
 @pytest.mark.parametrize("fmt,group,n,k", [("int4", 32, 1003, 576), ("int8", 0, 530, 1536), ("int8", 64, 37, 256)])
@@ -98,11 +79,10 @@ def test_rows_together_are_the_rows_one_by_one_bit_for_bit(fmt, group, n, k, m):
     zeros = None if fmt == "int8" else q.zeros
     x = torch.randn(m, k)
     together = torch.empty(m, n)
-    launch("host_weight_only_gemv", together, x, q.qweight, q.scales, zeros, None, fmt, group, 2, False)
+    launch("host_weight_only_gemv", together, x, q.qweight, q.scales, zeros, None, fmt, group, 2)
     for r in range(m):
         alone = torch.empty(1, n)
-        launch("host_weight_only_gemv", alone, x[r:r + 1].clone(), q.qweight, q.scales, zeros, None, fmt, group, 1,
-               False)
+        launch("host_weight_only_gemv", alone, x[r:r + 1].clone(), q.qweight, q.scales, zeros, None, fmt, group, 1)
         assert torch.equal(together[r], alone[0]), f"row {r}"
 
 
@@ -120,7 +100,7 @@ def test_the_cpu_op_takes_it_for_decode_rows():
         y = weight_only_linear_cpu(x, q.qweight, q.scales, q.zeros, weight_format="int4", group_size=32)
         assert y.dtype == torch.bfloat16 and y.shape == (m, 64)
         direct = torch.empty(m, 64)
-        launch("host_weight_only_gemv", direct, x.float(), q.qweight, q.scales, q.zeros, None, "int4", 32, 1, False)
+        launch("host_weight_only_gemv", direct, x.float(), q.qweight, q.scales, q.zeros, None, "int4", 32, 1)
         assert torch.equal(y, direct.to(torch.bfloat16))
 
 
@@ -145,22 +125,17 @@ def test_refusals_name_the_argument():
     args = [tensor_arg(t) for t in (out, x, q.qweight, q.scales, q.zeros)]
     with pytest.raises(ValueError, match=r"^host_weight_only_gemv: weight_format must be 'int8' or 'int4', "
                                          r"got 'int2'$"):
-        b.host_weight_only_gemv(*args, None, "int2", 32, 1, False)
+        b.host_weight_only_gemv(*args, None, "int2", 32, 1)
     with pytest.raises(ValueError, match=r"^host_weight_only_gemv: no kernel for in_features 64 in groups of 16"):
-        b.host_weight_only_gemv(*args, None, "int4", 16, 1, False)
+        b.host_weight_only_gemv(*args, None, "int4", 16, 1)
     with pytest.raises(ValueError, match=r"^host_weight_only_gemv: INT4 takes zeros$"):
-        b.host_weight_only_gemv(*args[:4], None, None, "int4", 32, 1, False)
+        b.host_weight_only_gemv(*args[:4], None, None, "int4", 32, 1)
     on_gpu = tensor_arg(out)[:4] + (0,)
     with pytest.raises(ValueError, match=r"host_weight_only_gemv: out \(float32 \[1, 16\] on cuda:0\) must be a host "
                                          r"\(CPU\) tensor"):
-        b.host_weight_only_gemv(on_gpu, *args[1:], None, "int4", 32, 1, False)
+        b.host_weight_only_gemv(on_gpu, *args[1:], None, "int4", 32, 1)
     with pytest.raises(ValueError, match=r"^host_weight_only_gemv: threads must be in \[1, 1024\], got 0$"):
-        b.host_weight_only_gemv(*args, None, "int4", 32, 0, False)
-    odd = quantize_int4(torch.randn(15, 64), 32, scale_dtype=torch.float32)
-    odd_args = [tensor_arg(t) for t in (torch.empty(1, 7), x, odd.qweight, odd.scales, odd.zeros)]
-    with pytest.raises(ValueError, match=r"^host_weight_only_gemv: gated takes an even out_features \(gate rows, "
-                                         r"then up rows\), got 15$"):
-        b.host_weight_only_gemv(*odd_args, None, "int4", 32, 1, True)
+        b.host_weight_only_gemv(*args, None, "int4", 32, 0)
 
 
 def _gemv_rows(seed: int, threads: int) -> list:
@@ -172,7 +147,7 @@ def _gemv_rows(seed: int, threads: int) -> list:
         torch.manual_seed(seed)
         q = quantize_int4(torch.randn(256, 64) * 0.05, 32, scale_dtype=torch.float32)
         x, out = torch.randn(1, 64), torch.empty(1, 256)
-        launch("host_weight_only_gemv", out, x, q.qweight, q.scales, q.zeros, None, "int4", 32, threads, False)
+        launch("host_weight_only_gemv", out, x, q.qweight, q.scales, q.zeros, None, "int4", 32, threads)
         return out.tolist()
     finally:
         torch.set_num_threads(torch_threads)

@@ -172,7 +172,6 @@ struct HostWeightOnlyGemvParams {
     int64_t groupSize;     // G; 0: per channel (INT8)
     int bits;              // 4 or 8
     int threads;           // threads over W's rows (1: this one only)
-    bool gated;            // out [m, n / 2] = silu(product[:, :n/2]) * product[:, n/2:]
 };
 bool hostWeightOnlyGemvAvailable();  // this CPU runs it (AVX2 and FMA)
 bool hostWeightOnlyGemvVnni();       // and has AVX-512 VNNI, which it uses
