@@ -76,6 +76,7 @@ void quantizeX(float const* x, int64_t k, int64_t group, Order order, bool int4,
     out.codes.resize(static_cast<size_t>(k));
     out.scales.resize(static_cast<size_t>(k / kBlock));
     out.groupSums.assign(static_cast<size_t>(k / group), 0.f);
+    bool const pairs = order == Order::kPairs && int4;
     for (int64_t b = 0; b < k / kBlock; ++b) {
         float const* v = x + b * kBlock;
         float amax = 0.f;
@@ -86,7 +87,6 @@ void quantizeX(float const* x, int64_t k, int64_t group, Order order, bool int4,
         float const scale = amax / 127.f;
         float const inverse = scale > 0.f ? 1.f / scale : 0.f;
         out.scales[b] = scale;
-        bool const pairs = order == Order::kPairs && int4;
         int8_t* q = out.codes.data() + (pairs ? (b / 2) * 2 * kBlock : b * kBlock);
         int const second = static_cast<int>(b % 2);
         for (int i = 0; i < kBlock; ++i) {
@@ -239,30 +239,38 @@ TRTLLM_AVX2 RowsOfW rowsOfW(HostWeightOnlyGemvParams const& p, int64_t n, int R,
     return w;
 }
 
-// R rows of W from row n against M quantized rows of x (x[m] is out row m's), into out[m][n..n + R);
-// INT4's zeros meet x's float sums per group. prefetch: this call brings the next rows' codes
-// (the first call over these rows of W; later ones find them in cache).
+// out[m][n + r] = sums[m][r], the block sums of R rows of W against M rows of x; INT4's zeros meet
+// x's float sums per group.
+template <int R, int M>
+TRTLLM_AVX2 void storeRows(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n, int64_t groups,
+                           float const (&sums)[M][R], float* const* out) {
+    for (int m = 0; m < M; ++m) {
+        for (int r = 0; r < R; ++r) {
+            out[m][n + r] = p.bits == 4 ? sums[m][r] + dot(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups)
+                                        : sums[m][r];
+        }
+    }
+}
+
+// R rows of W from row n against M quantized rows of x (x[m] is out row m's), into out[m][n..n + R).
+// prefetch: this call brings the next rows' codes (the first call over these rows of W; later ones
+// find them in cache).
 template <int R, int M>
 TRTLLM_AVX2 void rows(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n, float* const* out,
                       bool prefetch) {
     RowsOfW const w = rowsOfW(p, n, R, prefetch);
-    int64_t const groups = w.groups, rowBytes = w.rowBytes;
-    uint8_t const* codes = w.codes;
-    uint8_t const* ahead = w.ahead;
+    float const* scales = p.scales + n * w.groups;
     __m256 total[M][R];
     if (p.bits == 4) {
-        blockRows<R, M, Int4Block>(codes, rowBytes, p.scales + n * groups, groups, x, w.blocksPerGroup, ahead, total);
-        for (int m = 0; m < M; ++m) {
-            for (int r = 0; r < R; ++r) {
-                out[m][n + r] = horizontalSum(total[m][r]) + dot(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups);
-            }
-        }
+        blockRows<R, M, Int4Block>(w.codes, w.rowBytes, scales, w.groups, x, w.blocksPerGroup, w.ahead, total);
     } else {
-        blockRows<R, M, Int8Block>(codes, rowBytes, p.scales + n * groups, groups, x, w.blocksPerGroup, ahead, total);
-        for (int m = 0; m < M; ++m) {
-            for (int r = 0; r < R; ++r) out[m][n + r] = horizontalSum(total[m][r]);
-        }
+        blockRows<R, M, Int8Block>(w.codes, w.rowBytes, scales, w.groups, x, w.blocksPerGroup, w.ahead, total);
     }
+    float sums[M][R];
+    for (int m = 0; m < M; ++m) {
+        for (int r = 0; r < R; ++r) sums[m][r] = horizontalSum(total[m][r]);
+    }
+    storeRows<R, M>(p, x, n, w.groups, sums, out);
 }
 
 // Rows n..end of W against the M rows of x from x[0] (M <= kXRows), R rows of W at a time.
@@ -370,33 +378,27 @@ template <int R, int M>
 TRTLLM_AVX512_VNNI void pairRowsOut(HostWeightOnlyGemvParams const& p, XBlocks const* x, int64_t n,
                                     float* const* out, bool prefetch) {
     RowsOfW const w = rowsOfW(p, n, R, prefetch);
-    int64_t const groups = w.groups, blocksPerGroup = w.blocksPerGroup, rowBytes = w.rowBytes;
-    uint8_t const* codes = w.codes;
-    uint8_t const* ahead = w.ahead;
+    float const* scales = p.scales + n * w.groups;
+    bool const single = w.blocksPerGroup == 1;
     __m512 total[M][R];
-    float const* scales = p.scales + n * groups;
     if (p.bits == 4) {
-        if (blocksPerGroup == 1) {
-            pairRows<R, M, Int4Pair, true>(codes, rowBytes, scales, groups, x, blocksPerGroup, ahead, total);
+        if (single) {
+            pairRows<R, M, Int4Pair, true>(w.codes, w.rowBytes, scales, w.groups, x, w.blocksPerGroup, w.ahead, total);
         } else {
-            pairRows<R, M, Int4Pair, false>(codes, rowBytes, scales, groups, x, blocksPerGroup, ahead, total);
-        }
-        for (int m = 0; m < M; ++m) {
-            for (int r = 0; r < R; ++r) {
-                out[m][n + r] = _mm512_reduce_add_ps(total[m][r])
-                                + dot(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups);
-            }
+            pairRows<R, M, Int4Pair, false>(w.codes, w.rowBytes, scales, w.groups, x, w.blocksPerGroup, w.ahead, total);
         }
     } else {
-        if (blocksPerGroup == 1) {
-            pairRows<R, M, Int8Pair, true>(codes, rowBytes, scales, groups, x, blocksPerGroup, ahead, total);
+        if (single) {
+            pairRows<R, M, Int8Pair, true>(w.codes, w.rowBytes, scales, w.groups, x, w.blocksPerGroup, w.ahead, total);
         } else {
-            pairRows<R, M, Int8Pair, false>(codes, rowBytes, scales, groups, x, blocksPerGroup, ahead, total);
-        }
-        for (int m = 0; m < M; ++m) {
-            for (int r = 0; r < R; ++r) out[m][n + r] = _mm512_reduce_add_ps(total[m][r]);
+            pairRows<R, M, Int8Pair, false>(w.codes, w.rowBytes, scales, w.groups, x, w.blocksPerGroup, w.ahead, total);
         }
     }
+    float sums[M][R];
+    for (int m = 0; m < M; ++m) {
+        for (int r = 0; r < R; ++r) sums[m][r] = _mm512_reduce_add_ps(total[m][r]);
+    }
+    storeRows<R, M>(p, x, n, w.groups, sums, out);
 }
 
 // rowRange, through pairRowsOut: 4 rows of W a pass for up to 4 rows of x (16 accumulators of
@@ -439,6 +441,11 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
         quantizeX(p.x + r * p.xRowStride, p.k, group, order, p.bits == 4, xs[r]);
         out[r] = p.out + r * p.outRowStride;
     }
+    // The row ranges for 1 .. kXRows rows of x, of the path this CPU takes.
+    using RowRange = void (*)(HostWeightOnlyGemvParams const&, XBlocks const*, int64_t, int64_t, float* const*, bool);
+    static constexpr RowRange kPlainRanges[kXRows] = {rowRange<1>, rowRange<2>, rowRange<3>, rowRange<4>};
+    static constexpr RowRange kPairRanges[kXRows] = {pairRowRange<1>, pairRowRange<2>, pairRowRange<3>, pairRowRange<4>};
+    RowRange const* ranges = pairs ? kPairRanges : kPlainRanges;
     int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
     // Whole passes of the widest R, so that every part but the last has no single rows.
     int64_t const perPart = ((p.n + parts - 1) / parts + kRowsFor(1) - 1) / kRowsFor(1) * kRowsFor(1);
@@ -450,25 +457,8 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
         for (int64_t n = begin; n < end; n += kSliceRows) {
             int64_t const sliceEnd = std::min(end, n + kSliceRows);
             for (int64_t r = 0; r < p.m; r += kXRows) {
-                bool const first = r == 0;
-                XBlocks const* xr = xs.data() + r;
-                float* const* o = out.data() + r;
                 int64_t const rows = std::min<int64_t>(kXRows, p.m - r);
-                if (pairs) {
-                    switch (rows) {
-                        case 1: pairRowRange<1>(p, xr, n, sliceEnd, o, first); break;
-                        case 2: pairRowRange<2>(p, xr, n, sliceEnd, o, first); break;
-                        case 3: pairRowRange<3>(p, xr, n, sliceEnd, o, first); break;
-                        default: pairRowRange<4>(p, xr, n, sliceEnd, o, first); break;
-                    }
-                } else {
-                    switch (rows) {
-                        case 1: rowRange<1>(p, xr, n, sliceEnd, o, first); break;
-                        case 2: rowRange<2>(p, xr, n, sliceEnd, o, first); break;
-                        case 3: rowRange<3>(p, xr, n, sliceEnd, o, first); break;
-                        default: rowRange<4>(p, xr, n, sliceEnd, o, first); break;
-                    }
-                }
+                ranges[rows - 1](p, xs.data() + r, n, sliceEnd, out.data() + r, /*prefetch=*/r == 0);
             }
         }
     });
