@@ -289,6 +289,15 @@ void launchTopKTopPSampleEntry(Call const& c) {
 
 // ---- host_weight_only_gemv ----
 
+// The host kernels' `threads` (host_parallel.h), refused outside [1, 1024].
+int hostThreads(Call const& c) {
+    int64_t const threads = c.integer("threads");
+    if (threads < 1 || threads > 1024) {
+        throw std::invalid_argument("threads must be in [1, 1024], got " + std::to_string(threads));
+    }
+    return static_cast<int>(threads);
+}
+
 int hostWeightOnlyBits(Call const& c) {
     std::string const& format = c.text("weight_format");
     if (format != "int8" && format != "int4") {
@@ -310,9 +319,7 @@ void checkHostWeightOnlyGemv(Call& c) {
         throw std::invalid_argument("group_size must be > 0 (INT4) or >= 0 (INT8, 0: per channel), got "
                                     + std::to_string(group));
     }
-    if (c.integer("threads") < 1 || c.integer("threads") > 1024) {
-        throw std::invalid_argument("threads must be in [1, 1024], got " + std::to_string(c.integer("threads")));
-    }
+    hostThreads(c);
     if (!hostWeightOnlyGemvServes(bits, k, group)) {
         throw std::invalid_argument("no kernel for in_features " + std::to_string(k) + " in groups of "
                                     + std::to_string(group)
@@ -346,7 +353,7 @@ void launchHostWeightOnlyGemvEntry(Call const& c) {
     p.outRowStride = c["out"].stride(0);
     p.groupSize = c.integer("group_size");
     p.bits = hostWeightOnlyBits(c);
-    p.threads = static_cast<int>(c.integer("threads"));
+    p.threads = hostThreads(c);
     if (p.m == 0 || p.n == 0) return;
     hostWeightOnlyGemv(p);
 }
@@ -513,7 +520,7 @@ void launchDecodeAttentionEntry(Call const& c) {
 void launchHostDecodeAttentionEntry(Call const& c) {
     DecodeAttentionParams const p = decodeAttentionParams(c);
     if (p.batch == 0) return;
-    hostDecodeAttention(p);
+    hostDecodeAttention(p, hostThreads(c));
 }
 
 // ---- gemv ----
@@ -851,9 +858,10 @@ std::vector<Entry> entries() {
           optionalTensor("residual_out").dtypeOf("x").shapeOf("x").lastDimContiguous().written()},
          checkRmsNorm, [](Call const& c) { hostRmsNorm(rmsNormParams(c)); }, /*host=*/true},
         {"host_decode_attention",
-         "decode_attention on the host CPU (float32 q and cache, one thread): one query token per sequence "
-         "(q [B, H, D]) over its paged K/V cache; with k_new/v_new the step's rows are rotated (with "
-         "rotary_cos_sin) and written into the cache first. Lengths and block ids outside the cache are refused.",
+         "decode_attention on the host CPU (float32 q and cache; chunks of 64 positions over `threads` threads, "
+         "the same bits for any count): one query token per sequence (q [B, H, D]) over its paged K/V cache; "
+         "with k_new/v_new the step's rows are rotated (with rotary_cos_sin) and written into the cache first. "
+         "Lengths and block ids outside the cache are refused.",
          {tensor("out").dtypeOf("q").shapeOf("q").lastDimContiguous().written(),
           tensor("q").rank(3).dtypes({kFloat32}).lastDimContiguous(),
           tensor("kv_cache").rank(5).dtypes({kFloat32}).contiguous().written(),
@@ -862,7 +870,8 @@ std::vector<Entry> entries() {
           optionalTensor("alibi_slopes").dtypes({kFloat32}).contiguous(), real("scale"), integer("sliding_window"),
           optionalTensor("k_new").dtypeOf("q").lastDimContiguous(),
           optionalTensor("v_new").dtypeOf("q").lastDimContiguous(),
-          optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox")},
+          optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox"),
+          integer("threads")},
          checkDecodeAttentionOperands, launchHostDecodeAttentionEntry, /*host=*/true},
         {"argmax_rows",
          "out[b] = the index of row b's first largest logit (logits [B, V]; NaN counts as the largest, as in "
@@ -1000,4 +1009,5 @@ PYBIND11_MODULE(bindings, m) {
         "Whether gemv serves `rows` rows of k elements of this dtype code.");
 
     for (Entry& entry : entries()) define(m, std::move(entry));
+    defineHostCalls(m);
 }

@@ -193,21 +193,32 @@ static void withName(char const* name, Fn&& fn) {
     }
 }
 
+// Steps 1-4.
+static Call bound(Entry const& e, py::args const& args, py::kwargs const& kwargs) {
+    Call c = Binder::bind(e, args, kwargs);
+    Binder::checkTensors(e, c);
+    if (e.check) e.check(c);
+    Binder::checkLayouts(e, c);
+    return c;
+}
+
+// Step 5 of a host entry.
+static void checkHostMemory(Entry const& e, Call const& c) {
+    for (TensorArg const* t : Binder::tensors(e, c)) {
+        if (t->device >= 0) throw std::invalid_argument(t->describe() + " must be a host (CPU) tensor");
+    }
+}
+
 static void run(Entry const& e, py::args const& args, py::kwargs const& kwargs) {
     withName(e.name, [&] {
-        Call c = Binder::bind(e, args, kwargs);
-        Binder::checkTensors(e, c);
-        if (e.check) e.check(c);
-        Binder::checkLayouts(e, c);
-        std::vector<TensorArg const*> all = Binder::tensors(e, c);
+        Call c = bound(e, args, kwargs);
         if (e.host) {
-            for (TensorArg const* t : all) {
-                if (t->device >= 0) throw std::invalid_argument(t->describe() + " must be a host (CPU) tensor");
-            }
+            checkHostMemory(e, c);
             py::gil_scoped_release release;
             e.launch(c);
             return;
         }
+        std::vector<TensorArg const*> all = Binder::tensors(e, c);
         int const device = checkSameCudaDevice(e.name, all);
         DeviceScope scope(device, all, reinterpret_cast<uintptr_t>(c.stream()));
         py::gil_scoped_release release;
@@ -215,10 +226,73 @@ static void run(Entry const& e, py::args const& args, py::kwargs const& kwargs) 
     });
 }
 
+// Every defined entry by name, for prepare_host_calls.
+static std::map<std::string, std::shared_ptr<Entry const>>& registry() {
+    static std::map<std::string, std::shared_ptr<Entry const>> entries;
+    return entries;
+}
+
 void define(py::module_& m, Entry entry) {
     std::string const doc = Binder::signature(entry) + "\n\n" + entry.doc;
     auto shared = std::make_shared<Entry const>(std::move(entry));
+    registry()[shared->name] = shared;
     m.def(shared->name, [shared](py::args args, py::kwargs kwargs) { run(*shared, args, kwargs); }, doc.c_str());
+}
+
+namespace {
+
+// Prepared host calls: each entry with its bound, checked arguments. The tensors' memory is the
+// caller's to keep alive while the object may run; what a kernel reads from them (lengths, block
+// ids) it checks itself at every run, as it does for any call.
+class HostCalls {
+public:
+    void add(std::shared_ptr<Entry const> e, Call c) { calls_.emplace_back(std::move(e), std::move(c)); }
+    size_t size() const { return calls_.size(); }
+    void run() const {
+        py::gil_scoped_release release;
+        for (auto const& [e, c] : calls_) withName(e->name, [&] { e->launch(c); });
+    }
+
+private:
+    std::vector<std::pair<std::shared_ptr<Entry const>, Call>> calls_;
+};
+
+} // namespace
+
+void defineHostCalls(py::module_& m) {
+    py::class_<HostCalls>(m, "HostCalls", "Host entries' calls, bound and checked once (prepare_host_calls).")
+        .def("__call__", &HostCalls::run, "Runs the calls in order.")
+        .def("__len__", &HostCalls::size);
+    m.def(
+        "prepare_host_calls",
+        [](py::iterable calls) {
+            HostCalls prepared;
+            for (py::handle item : calls) {
+                auto const call = item.cast<py::tuple>();
+                if (call.size() != 3) throw py::type_error("prepare_host_calls: each call is (name, args, kwargs)");
+                std::string const name = call[0].cast<std::string>();
+                auto const found = registry().find(name);
+                if (found == registry().end() || !found->second->host) {
+                    throw py::type_error("prepare_host_calls: " + name + " is not a host entry");
+                }
+                Entry const& e = *found->second;
+                withName(e.name, [&] {
+                    Call c = bound(e, py::reinterpret_borrow<py::args>(call[1].cast<py::tuple>()),
+                                   py::reinterpret_borrow<py::kwargs>(call[2].cast<py::dict>()));
+                    checkHostMemory(e, c);
+                    prepared.add(found->second, std::move(c));
+                });
+            }
+            return prepared;
+        },
+        py::arg("calls"),
+        "HostCalls for calls [(entry name, args tuple, kwargs dict), ...] of host entries: each bound and "
+        "checked now as the entry's own call would be, and run, in order, by calling the result.");
+    py::list names;
+    for (auto const& [name, e] : registry()) {
+        if (e->host) names.append(name);
+    }
+    m.attr("HOST_ENTRIES") = py::frozenset(names);
 }
 
 } // namespace tensorrt_llm

@@ -323,5 +323,5 @@ def gpt_attention_cpu(q, k, v, kv_cache_pool, block_tables, sequence_lengths, co
            None if alibi_slopes is None else alibi_slopes.float().contiguous(),
            1.0 / math.sqrt(head_dim) if scale is None else float(scale), int(sliding_window or 0),
            k.view(num_tokens, num_kv_heads, head_dim), v.view(num_tokens, num_kv_heads, head_dim), rotary_cos_sin,
-           bool(rotary_is_neox))
+           bool(rotary_is_neox), torch.get_num_threads())
     return out.view(num_tokens, num_heads * head_dim)

@@ -6,7 +6,8 @@ recording, in order, every host-kernel call (its arguments converted once, ops/l
 every PyTorch op that computes something (in its `out=` form, writing into the tensor the
 recorded step made); replaying it makes those calls again and nothing else, on the same
 tensors, which the tape keeps alive. Views and allocations need no replay: their tensors stay
-where they are.
+where they are. Host-kernel calls in a row are bound and checked once, at capture
+(bindings.prepare_host_calls), and replayed by one call.
 
 What cannot be replayed is refused at capture, with the reason: a PyTorch op that reads a
 value back into Python (`.item()`), or makes a new tensor and has no `out=` form, or a tape
@@ -74,6 +75,27 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+def _prepared(entries: list) -> list[tuple[Callable, tuple, dict]]:
+    """The recorded entries as the replay makes them: each run of host-kernel calls in a row
+    bound and checked once (bindings.prepare_host_calls), one call from Python, where each of
+    them spent several microseconds binding its arguments again; PyTorch's ops as recorded."""
+    bindings = launch_module.get_bindings()
+    calls: list[tuple[Callable, tuple, dict]] = []
+    run: list[tuple[str, tuple, dict]] = []
+    for fn, args, kwargs, tensors in entries:
+        name = getattr(fn, "__name__", None)
+        if tensors is not None and name in bindings.HOST_ENTRIES:
+            run.append((name, args, kwargs))
+            continue
+        if run:
+            calls.append((bindings.prepare_host_calls(run), (), {}))
+            run = []
+        calls.append((fn, args, kwargs))
+    if run:
+        calls.append((bindings.prepare_host_calls(run), (), {}))
+    return calls
+
+
 class HostTape:
     """One CPU decode step, recorded by `capture` and replayed by `replay`."""
 
@@ -100,8 +122,8 @@ class HostTape:
             plan_globals["__builtins__"] = own_builtins
         if recorder.refused is not None:
             raise TapeRefused(recorder.refused)
-        for fn, args, kwargs, tensors in entries:
-            self.calls.append((fn, args, kwargs))
+        self.calls = _prepared(entries)
+        for _, args, kwargs, tensors in entries:
             self._keep.append((args, kwargs) if tensors is None else tensors)
         self.output = output
         # Replayed once on the same inputs: every call must go through (an out= form may refuse

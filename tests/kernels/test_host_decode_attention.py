@@ -29,7 +29,8 @@ def step_inputs(lengths, heads, kv_heads, head_dim, seed):
 
 @pytest.mark.parametrize("heads", [(9, 3, 64), (4, 4, 32), (8, 1, 128)], ids=lambda h: "h{}kv{}d{}".format(*h))
 @pytest.mark.parametrize("rotary", ["none", "neox", "gptj", "neox_partial"])
-@pytest.mark.parametrize("lengths", [[1], [16, 17, 5], [40, 1, 33, 64]], ids=["one", "edges", "mixed"])
+@pytest.mark.parametrize("lengths", [[1], [16, 17, 5], [40, 1, 33, 64], [65, 200, 128, 129]],
+                         ids=["one", "edges", "mixed", "chunks"])
 @pytest.mark.parametrize("extra", ["plain", "alibi", "window"])
 def test_cpu_decode_matches_the_reference(heads, rotary, lengths, extra):
     num_heads, kv_heads, head_dim = heads
@@ -37,7 +38,7 @@ def test_cpu_decode_matches_the_reference(heads, rotary, lengths, extra):
     lengths_t = torch.tensor(lengths, dtype=torch.int32)
     ones = torch.ones(len(lengths), dtype=torch.int32)
     rotary_dim = {"none": 0, "neox": head_dim, "gptj": head_dim, "neox_partial": head_dim // 2}[rotary]
-    cos_sin = rope_cos_sin_cache(128, rotary_dim) if rotary_dim else None
+    cos_sin = rope_cos_sin_cache(256, rotary_dim) if rotary_dim else None
     positions = (lengths_t - 1) if rotary_dim else None
     alibi = torch.linspace(0.1, 1.0, num_heads) if extra == "alibi" else None
     kwargs = dict(layer_idx=1, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim, tokens_per_block=TPB,
@@ -49,6 +50,37 @@ def test_cpu_decode_matches_the_reference(heads, rotary, lengths, extra):
     out = gpt_attention_cpu(q, k, v, pool, *args, **kwargs)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pool, ref_pool, rtol=1e-6, atol=1e-6)
+
+
+def launch_step(pool, tables, lengths, q, k, v, heads, kv_heads, head_dim, threads):
+    """The kernel on layer 0 of the pool with rotation (NeoX), `threads` threads; -> out."""
+    batch = len(lengths)
+    cos_sin = rope_cos_sin_cache(max(lengths) + 1, head_dim)
+    out = torch.empty(batch, heads, head_dim)
+    launch("host_decode_attention", out, q.reshape(batch, heads, head_dim), pool[0], tables,
+           torch.tensor(lengths, dtype=torch.int32), None, 1 / math.sqrt(head_dim), 0,
+           k.reshape(batch, kv_heads, head_dim), v.reshape(batch, kv_heads, head_dim), cos_sin, True, threads)
+    return out
+
+
+def test_the_same_bits_for_any_threads_and_any_batch():
+    """Chunks of positions are merged in a fixed order: a sequence's output does not depend on the
+    threads nor on the sequences beside it (the executor's "each request as alone")."""
+    lengths, heads, kv_heads, head_dim = [300, 7, 129, 64], 9, 3, 64
+    pool, tables, q, k, v = step_inputs(lengths, heads, kv_heads, head_dim, seed=11)
+    outs = {}
+    for threads in (1, 2, 3):
+        p = pool.clone()
+        outs[threads] = launch_step(p, tables, lengths, q, k, v, heads, kv_heads, head_dim, threads)
+        if threads == 1:
+            pool_after = p
+        assert torch.equal(p, pool_after)
+    assert torch.equal(outs[1], outs[2]) and torch.equal(outs[1], outs[3])
+    for b in range(len(lengths)):
+        p = pool.clone()
+        alone = launch_step(p, tables[b:b + 1], lengths[b:b + 1], q[b:b + 1], k[b:b + 1], v[b:b + 1],
+                            heads, kv_heads, head_dim, threads=2)
+        assert torch.equal(alone[0], outs[1][b])
 
 
 def test_prompt_steps_and_other_dtypes_keep_the_reference():
@@ -73,6 +105,7 @@ def test_prompt_steps_and_other_dtypes_keep_the_reference():
     ("block", "outside the cache's"),
     ("dtype", "kv_cache"),
     ("group", "whole number"),
+    ("threads", "threads must be"),
 ])
 def test_the_kernel_refuses_what_it_cannot_read(bad, message):
     """A hostile block table or length is refused before any row is read or written."""
@@ -92,5 +125,28 @@ def test_the_kernel_refuses_what_it_cannot_read(bad, message):
     before = cache.clone()
     with pytest.raises((ValueError, TypeError), match=message):
         launch("host_decode_attention", torch.empty_like(qh), qh, cache, tables, lengths, None, 1 / math.sqrt(32), 0,
-               *new_rows, None, False)
+               *new_rows, None, False, 0 if bad == "threads" else 1)
     assert torch.equal(cache, before)
+
+
+def test_a_prepared_call_checks_the_lengths_and_block_ids_at_every_run():
+    """A prepared call (a CPU decode step's tape) reads lengths and block ids again at every run:
+    values made hostile after the call was checked are refused, and nothing is written."""
+    from tensorrt_llm.ops.launch import get_bindings, tensor_arg
+    pool, tables, q, k, v = step_inputs([3, 9], 4, 2, 32, seed=7)
+    cache, lengths = pool[0], torch.tensor([3, 9], dtype=torch.int32)
+    qh, out = q.view(2, 4, 32), torch.empty(2, 4, 32)
+    args = tuple(tensor_arg(t) for t in (out, qh, cache, tables, lengths)) + (None, 1 / math.sqrt(32), 0) \
+        + (tensor_arg(k.view(2, 2, 32)), tensor_arg(v.view(2, 2, 32)), None, False, 2)
+    prepared = get_bindings().prepare_host_calls([("host_decode_attention", args, {})])
+    prepared()
+    for hostile in ("length", "block"):
+        before = cache.clone()
+        if hostile == "length":
+            lengths[1] = tables.shape[1] * TPB + 1
+        else:
+            lengths[1] = 9
+            tables[1, 0] = cache.shape[0]
+        with pytest.raises(ValueError, match="host_decode_attention: .*outside"):
+            prepared()
+        assert torch.equal(cache, before)

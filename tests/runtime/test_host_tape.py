@@ -5,7 +5,7 @@ step run as usual, and a tape whose replay differs from the step is dropped (dec
 import pytest
 import torch
 
-from tensorrt_llm.ops.launch import bindings_available
+from tensorrt_llm.ops.launch import bindings_available, get_bindings, launch, tensor_arg
 from tensorrt_llm.runtime import ModelRunner
 from tensorrt_llm.runtime.decode_graphs import VERIFY_STEPS
 from tensorrt_llm.runtime.host_tape import HostTape, TapeRefused
@@ -45,10 +45,50 @@ def test_a_replay_repeats_the_host_kernel_calls():
     x, w = torch.randn(3, 64, generator=g), torch.randn(64, generator=g)
     tape = HostTape()
     out = tape.capture(lambda: rms_norm_cpu(x, w, eps=1e-6), plan_globals())
-    assert [getattr(fn, "__name__", "") for fn, _, _ in tape.calls] == ["host_rms_norm"]
+    [(prepared, _, _)] = tape.calls
+    assert isinstance(prepared, get_bindings().HostCalls) and len(prepared) == 1
     x.copy_(torch.randn(3, 64, generator=g))
     tape.replay()
     assert torch.equal(out, rms_norm_cpu(x, w, eps=1e-6))
+
+
+@pytest.mark.skipif(not bindings_available(), reason="tensorrt_llm.bindings is not built")
+def test_host_calls_in_a_row_are_prepared_once_and_run_in_order():
+    """Two host norms in a row become one prepared run, the PyTorch op between runs stays its
+    own call, and the replay computes all three in the recorded order."""
+    from tensorrt_llm.ops.norm import rms_norm_cpu
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(2, 32, generator=g), torch.randn(32, generator=g)
+
+    def step():
+        y = rms_norm_cpu(rms_norm_cpu(x, w, eps=1e-6), w, eps=1e-6)
+        return rms_norm_cpu(y * 2, w, eps=1e-6)
+
+    tape = HostTape()
+    out = tape.capture(step, plan_globals())
+    kinds = [len(fn) if isinstance(fn, get_bindings().HostCalls) else "torch" for fn, _, _ in tape.calls]
+    assert kinds == [2, "torch", 1]
+    x.copy_(torch.randn(2, 32, generator=g))
+    tape.replay()
+    assert torch.equal(out, step())
+
+
+@pytest.mark.skipif(not bindings_available(), reason="tensorrt_llm.bindings is not built")
+def test_prepared_host_calls_check_as_a_call_does():
+    """prepare_host_calls binds and checks each call as the entry itself would (the same
+    one-line errors, named by the entry), and takes host entries only."""
+    bindings = get_bindings()
+    x, w, out = torch.randn(2, 32), torch.randn(32), torch.empty(2, 32)
+    args = (tensor_arg(out), tensor_arg(x), tensor_arg(w), 1e-6)
+    prepared = bindings.prepare_host_calls([("host_rms_norm", args, {})])
+    prepared()
+    expected = torch.empty(2, 32)
+    launch("host_rms_norm", expected, x, w, 1e-6)
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="^host_rms_norm: .*weight"):
+        bindings.prepare_host_calls([("host_rms_norm", (args[0], args[1], tensor_arg(torch.randn(31)), 1e-6), {})])
+    with pytest.raises(TypeError, match="rms_norm is not a host entry"):
+        bindings.prepare_host_calls([("rms_norm", args, {})])
 
 
 def test_a_value_read_into_python_is_refused():

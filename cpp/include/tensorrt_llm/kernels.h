@@ -221,8 +221,9 @@ struct DecodeAttentionParams {
 bool decodeAttentionSupportsHeadDim(int64_t headDim);
 void launchDecodeAttention(DecodeAttentionParams const& p, void* stream);
 // On the host CPU (kernels/host_decode_attention.cpp): float32 q and cache, no splits (numSplits,
-// splitSize, workspace and splitCounters unused); lengths and block ids are checked as it reads them.
-void hostDecodeAttention(DecodeAttentionParams const& p);
+// splitSize, workspace and splitCounters unused: the host kernel splits by a fixed chunk of
+// positions over `threads` threads); lengths and block ids are checked before anything is read.
+void hostDecodeAttention(DecodeAttentionParams const& p, int threads);
 
 // Linear layer of a few rows (decode steps of small batches) as one pass over the weights,
 // with the op that produces its input fused in front (the prologue):
