@@ -27,8 +27,8 @@ int8_wo is W8A16 per output channel; int4_wo W4A16 in groups of --group_size (th
 weight scales and static activation scales calibrated on the agreement prompts (through a
 transformers model of the same weights). The LM head stays float in all three (TensorRT-LLM's
 default). With smollm2-gguf, int4_wo keeps the GGUF file's own Q4_1 blocks (INT4, group 32)
-and its Q8_0 embedding as an INT8 LM head, exactly; int8_wo and fp8 quantize its dequantized
-weights. FP8 needs a GPU of compute capability 8.9 or newer (the CPU runs its reference):
+and its Q8_0 embedding as an INT8 LM head, exactly; int8_wo quantizes the decoder's dequantized
+weights and keeps that same exact INT8 head; fp8 quantizes the dequantized weights. FP8 needs a GPU of compute capability 8.9 or newer (the CPU runs its reference):
 
     python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant none,fp8 \
         --batch_sizes 1,8,32,64 --input_len 128 --output_len 128 --no_hf
@@ -50,6 +50,7 @@ cache's bytes per element: 1 for FP8 / INT8). The perplexity is examples/eval_pp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -322,6 +323,21 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
     elif quant == "int4_wo" and gguf:
         from tensorrt_llm.models.llama.convert import load_weight_only_from_gguf
         config, weights = load_weight_only_from_gguf(gguf_path(), config)
+    elif quant == "int8_wo" and gguf:
+        # The decoder's linears per output channel, from their dequantized Q4_1 blocks (which have
+        # no exact INT8 form); the LM head keeps the file's Q8_0 blocks as INT8 groups of 32,
+        # exactly, as int4_wo's does: the float engine's head is those blocks dequantized.
+        from tensorrt_llm.models.llama.convert import load_weight_only_from_gguf
+        weights = {name: p.value for name, p in model.named_parameters()}
+        body = weight_only_config(config, QUANTS[quant], None, ["lm_head"])
+        weights = quantize_checkpoint(LLaMAForCausalLM, body, weights)
+        gguf_config, gguf_weights = load_weight_only_from_gguf(gguf_path(), config)
+        head = gguf_config.quantization["quantized_layers"]["lm_head"]
+        weights.update({k: v for k, v in gguf_weights.items() if k.startswith("lm_head.")})
+        section = {"quant_algo": "MIXED_PRECISION",
+                   "quantized_layers": {"transformer.layers.*": {"quant_algo": body.quantization["quant_algo"]},
+                                        "lm_head": head}}
+        config = dataclasses.replace(config, quantization=section, share_embedding_table=False)
     elif quant == "fp8":
         weights = {name: p.value for name, p in model.named_parameters()}
         config = fp8_config(config, exclude_modules=excluded_modules(quantize_lm_head))

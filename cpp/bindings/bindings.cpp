@@ -174,6 +174,20 @@ void launchActAndMulEntry(Call const& c, Activation act) {
     if constexpr (kCudaKernels) launchActAndMul(p, c.stream());
 }
 
+void launchHostSiluAndMulEntry(Call const& c) {
+    TensorArg const& x = c["x"];
+    ActAndMulParams p{};
+    p.x = x.data();
+    p.rows = x.size(0);
+    p.inter = x.size(1) / 2;
+    p.xRowStride = x.stride(0);
+    p.out = c["out"].data();
+    p.outRowStride = c["out"].stride(0);
+    p.act = Activation::kSilu;
+    p.dtype = x.dtype;
+    hostSiluAndMul(p);
+}
+
 Activation geluApproximation(std::string const& approximate) {
     if (approximate == "none") return Activation::kGelu;
     if (approximate == "tanh") return Activation::kGeluTanh;
@@ -803,6 +817,10 @@ std::vector<Entry> entries() {
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(), stream()},
          checkActAndMul, [](Call const& c) { launchActAndMulEntry(c, Activation::kSilu); }},
+        {"host_silu_and_mul", "silu_and_mul on the host CPU (float32, one thread): out = silu(x[:, :I]) * x[:, I:]",
+         {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
+          tensor("x").rank(2).dtypes({kFloat32}).lastDimContiguous()},
+         checkActAndMul, launchHostSiluAndMulEntry, /*host=*/true},
         {"silu_and_mul_fp8",
          "codes = the E4M3 bytes of silu_and_mul's out (rounded to x's dtype, then as fp8_quantize with the "
          "static input_scale) as int32 words [rows, I / 4]: silu_and_mul then fp8_quantize in one pass.",

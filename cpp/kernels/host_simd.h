@@ -3,6 +3,8 @@
 // its int8 dot products (VNNI) likewise (TRTLLM_AVX512_VNNI, hostAvx512Vnni()).
 #pragma once
 
+#include <limits>
+
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define TRTLLM_HOST_AVX2 1
 #define TRTLLM_AVX2 __attribute__((target("avx2,fma")))
@@ -35,5 +37,31 @@ inline bool hostAvx512Vnni() {
     return false;
 #endif
 }
+
+#if TRTLLM_HOST_AVX2
+// e^x in 8 lanes, within 2 ulp of expf for x in [-87.3, 88.3]; 0 below (expf's denormals there
+// are 0 here) and +inf above: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r keeps its
+// bits), e^r by the Cephes polynomial, 2^n through the exponent's bits.
+TRTLLM_AVX2 inline __m256 expAvx2(__m256 in) {
+    __m256 const lo = _mm256_set1_ps(-87.3365f), hi = _mm256_set1_ps(88.3762f);
+    __m256 const x = _mm256_min_ps(_mm256_max_ps(in, lo), hi);
+    __m256 const n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    // n in [-126, 127] (the clamp's ends): 2^n is a normal float.
+    __m256i const bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 const e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    __m256 const below = _mm256_andnot_ps(_mm256_cmp_ps(in, lo, _CMP_LT_OQ), e);
+    return _mm256_blendv_ps(below, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _mm256_cmp_ps(in, hi, _CMP_GT_OQ));
+}
+#endif
 
 } // namespace tensorrt_llm

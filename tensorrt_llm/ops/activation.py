@@ -4,7 +4,10 @@ silu_and_mul and gelu_and_mul (an MLP's act(gate) * up, made by the fuse_gate_up
 The gated ones mean what transformers computes (LlamaMLP: `act_fn(gate_proj(x)) * up_proj(x)`):
 the activation in x's dtype (rounded), then the product in x's dtype (rounded again). Their
 CUDA kernel computes both in float32 and rounds once, so it may differ from the reference by
-a unit in the last place of the dtype.
+a unit in the last place of the dtype. On the CPU, float32 silu_and_mul is the host kernel
+(kernels/host_activation.cpp: its e^-g within 2 ulp of PyTorch's), in every op that applies it
+there (silu_and_mul_cpu: the fused linears too), so that the builder's fusions keep a CPU
+engine's outputs bit for bit.
 """
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ import torch.nn.functional as F
 
 from .._utils import is_floating
 from ..network import Tensor
-from .launch import launch, rows
-from .op import CUDA, REFERENCE, Op, Shape, add_layer, define, norm_dim
+from .launch import bindings_available, launch, rows
+from .op import CPU, CUDA, REFERENCE, Op, Shape, add_layer, define, norm_dim
 
 
 def _pointwise(name: str, reference) -> Op:
@@ -58,7 +61,8 @@ def gated_shape(op: str, x_shape: Shape) -> Shape:
     return tuple(x_shape[:-1]) + ((last // 2) if last != -1 else -1,)
 
 
-def _act_and_mul_cuda(kernel: str, x: torch.Tensor, *extra) -> torch.Tensor:
+def _act_and_mul_kernel(kernel: str, x: torch.Tensor, *extra) -> torch.Tensor:
+    """`kernel` (silu_and_mul / gelu_and_mul on a GPU, host_silu_and_mul on the CPU) into a new out."""
     inter = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], inter), dtype=x.dtype, device=x.device)
     if out.numel():
@@ -80,7 +84,15 @@ def silu_and_mul_reference(x):
 
 @silu_and_mul.implementation(CUDA)
 def silu_and_mul_cuda(x):
-    return _act_and_mul_cuda("silu_and_mul", x)
+    return _act_and_mul_kernel("silu_and_mul", x)
+
+
+@silu_and_mul.implementation(CPU)
+def silu_and_mul_cpu(x):
+    """The host kernel for float32 x (one call, where PyTorch's takes two), else the reference."""
+    if x.dtype != torch.float32 or not bindings_available():
+        return silu_and_mul_reference(x)
+    return _act_and_mul_kernel("host_silu_and_mul", x)
 
 
 @define
@@ -100,4 +112,4 @@ def gelu_and_mul_reference(x, *, approximate="none"):
 
 @gelu_and_mul.implementation(CUDA)
 def gelu_and_mul_cuda(x, *, approximate="none"):
-    return _act_and_mul_cuda("gelu_and_mul", x, approximate)
+    return _act_and_mul_kernel("gelu_and_mul", x, approximate)

@@ -63,7 +63,7 @@ import torch
 
 from ..network import Tensor
 from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
-from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
+from .activation import gated_shape, silu_and_mul_cpu, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import cuda_kernels_available, launch, rows
 from .linear import linear_shape
 from .norm import (
@@ -351,6 +351,11 @@ def silu_and_mul_fp8_linear_reference(x, qweight, weight_scale, input_scale=None
     return fp8_linear_reference(silu_and_mul_reference(x), qweight, weight_scale, input_scale, bias)
 
 
+@silu_and_mul_fp8_linear.implementation(CPU)
+def silu_and_mul_fp8_linear_cpu(x, qweight, weight_scale, input_scale=None, bias=None):
+    return fp8_linear_reference(silu_and_mul_cpu(x), qweight, weight_scale, input_scale, bias)
+
+
 @silu_and_mul_fp8_linear.implementation(CUDA)
 def silu_and_mul_fp8_linear_cuda(x, qweight, weight_scale, input_scale=None, bias=None):
     x2 = rows(x)
@@ -398,7 +403,7 @@ def add_rms_norm_fp8_gated_mlp_cpu(x, residual, norm_weight, gate_up_qweight, ga
                                    eps):
     h, total = add_rms_norm_fp8_linear_cpu(x, residual, norm_weight, gate_up_qweight, gate_up_scale,
                                            gate_up_input_scale, gate_up_bias, eps=eps)
-    return silu_and_mul_fp8_linear_reference(h, down_qweight, down_scale, down_input_scale, down_bias), total
+    return silu_and_mul_fp8_linear_cpu(h, down_qweight, down_scale, down_input_scale, down_bias), total
 
 
 @add_rms_norm_fp8_gated_mlp.implementation(CUDA)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..network import Tensor, shapes_compatible
-from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
+from .activation import gated_shape, silu_and_mul_cpu, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import cuda_kernels_available, dtype_code, get_bindings, launch
 from .norm import (
     fused_add_rms_norm_cpu,
@@ -221,6 +221,11 @@ def silu_and_mul_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None
 @silu_and_mul_linear.implementation(REFERENCE)
 def silu_and_mul_linear_reference(x, weight, bias=None):
     return linear_reference(silu_and_mul_reference(x), weight, bias)
+
+
+@silu_and_mul_linear.implementation(CPU)
+def silu_and_mul_linear_cpu(x, weight, bias=None):
+    return linear_reference(silu_and_mul_cpu(x), weight, bias)
 
 
 @silu_and_mul_linear.implementation(CUDA)

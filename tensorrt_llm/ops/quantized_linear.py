@@ -66,7 +66,7 @@ from ..network import Tensor
 from ..quantization import cpu as qcpu
 from ..quantization.formats import Int4Weight, Int8Weight, quantized_linear_reference
 from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
-from .activation import gated_shape, silu_and_mul_cuda, silu_and_mul_reference
+from .activation import gated_shape, silu_and_mul_cpu, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import bindings_available, cuda_kernels_available, get_bindings, launch, rows, tensor_arg
 from .linear import linear_shape
 from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
@@ -262,8 +262,8 @@ def cpu_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.
 @weight_only_linear.implementation(CPU)
 def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False,
                            gated=False):
-    if gated:  # silu_and_mul has no CPU implementation of its own: its reference, as unfused
-        return silu_and_mul_reference(weight_only_linear_cpu(x, qweight, scales, zeros, bias,
+    if gated:  # silu_and_mul as the unfused graph computes it on the CPU
+        return silu_and_mul_cpu(weight_only_linear_cpu(x, qweight, scales, zeros, bias,
                                                              weight_format=weight_format, group_size=group_size,
                                                              tiled=tiled))
     k = x.shape[-1]

@@ -199,17 +199,19 @@ def test_tile_weight_only_codes_leaves_shapes_without_a_tile_order():
 
 @pytest.mark.parametrize("fmt,group", [("int8", 0), ("int4", 32)])
 def test_gated_is_silu_and_mul_of_the_product(fmt, group):
-    """Reference and CPU implementation (host GEMV rows and torch's prompt path): silu_and_mul's
-    reference of the ungated output, bit for bit; the shape is [..., N / 2]."""
-    from tensorrt_llm.ops.activation import silu_and_mul_reference
+    """Reference and CPU implementation (host GEMV rows and torch's prompt path): silu_and_mul of
+    the ungated output as that device computes it (the reference's, the CPU's), bit for bit; the
+    shape is [..., N / 2]."""
+    from tensorrt_llm.ops.activation import silu_and_mul_cpu, silu_and_mul_reference
     _, (qw, s, z) = _weight(fmt, 64, 256, group)
     for rows in (1, 3, 40):
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
         kw = dict(weight_format=fmt, group_size=group)
-        for impl in (weight_only_linear_reference, weight_only_linear_cpu):
+        for impl, act in ((weight_only_linear_reference, silu_and_mul_reference),
+                          (weight_only_linear_cpu, silu_and_mul_cpu)):
             got = impl(x, qw, s, z, None, gated=True, **kw)
             assert got.shape == (rows, 32)
-            assert torch.equal(got, silu_and_mul_reference(impl(x, qw, s, z, None, **kw)))
+            assert torch.equal(got, act(impl(x, qw, s, z, None, **kw)))
     net = Network("gated")
     with net_guard(net):
         x = net.add_input("x", "float32", [-1, 256], [("n", (1, 4, 8))])

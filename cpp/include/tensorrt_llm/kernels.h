@@ -100,6 +100,7 @@ struct ActAndMulParams {
     float const* codeScale;    // [1], an FP8 linear's static input scale, or nullptr
 };
 void launchActAndMul(ActAndMulParams const& p, void* stream);
+void hostSiluAndMul(ActAndMulParams const& p);  // on the host CPU: float32, SiLU, no codeScale (kernels/host_activation.cpp)
 
 struct PagedKvWriteParams {
     void const* key;           // [tokens, kvHeads, headDim], last dim contiguous
