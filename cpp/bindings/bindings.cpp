@@ -160,7 +160,8 @@ void checkSiluAndMulFp8(Call& c) {
     checkCodesOf(c, x.size(1) / 2);
 }
 
-void launchActAndMulEntry(Call const& c, Activation act) {
+// silu_and_mul's / gelu_and_mul's params (their *_fp8 entries' and host_silu_and_mul's too).
+ActAndMulParams actAndMulParams(Call const& c, Activation act) {
     TensorArg const& x = c["x"];
     ActAndMulParams p{};
     p.x = x.data();
@@ -170,22 +171,13 @@ void launchActAndMulEntry(Call const& c, Activation act) {
     setOutput(c, p);
     p.act = act;
     p.dtype = x.dtype;
-    if (p.inter == 0) return;
-    if constexpr (kCudaKernels) launchActAndMul(p, c.stream());
+    return p;
 }
 
-void launchHostSiluAndMulEntry(Call const& c) {
-    TensorArg const& x = c["x"];
-    ActAndMulParams p{};
-    p.x = x.data();
-    p.rows = x.size(0);
-    p.inter = x.size(1) / 2;
-    p.xRowStride = x.stride(0);
-    p.out = c["out"].data();
-    p.outRowStride = c["out"].stride(0);
-    p.act = Activation::kSilu;
-    p.dtype = x.dtype;
-    hostSiluAndMul(p);
+void launchActAndMulEntry(Call const& c, Activation act) {
+    ActAndMulParams const p = actAndMulParams(c, act);
+    if (p.inter == 0) return;
+    if constexpr (kCudaKernels) launchActAndMul(p, c.stream());
 }
 
 Activation geluApproximation(std::string const& approximate) {
@@ -820,7 +812,7 @@ std::vector<Entry> entries() {
         {"host_silu_and_mul", "silu_and_mul on the host CPU (float32, one thread): out = silu(x[:, :I]) * x[:, I:]",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).dtypes({kFloat32}).lastDimContiguous()},
-         checkActAndMul, launchHostSiluAndMulEntry, /*host=*/true},
+         checkActAndMul, [](Call const& c) { hostSiluAndMul(actAndMulParams(c, Activation::kSilu)); }, /*host=*/true},
         {"silu_and_mul_fp8",
          "codes = the E4M3 bytes of silu_and_mul's out (rounded to x's dtype, then as fp8_quantize with the "
          "static input_scale) as int32 words [rows, I / 4]: silu_and_mul then fp8_quantize in one pass.",
