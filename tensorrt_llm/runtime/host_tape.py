@@ -79,20 +79,19 @@ def _prepared(entries: list) -> list[tuple[Callable, tuple, dict]]:
     """The recorded entries as the replay makes them: each run of host-kernel calls in a row
     bound and checked once (bindings.prepare_host_calls), one call from Python, where each of
     them spent several microseconds binding its arguments again; PyTorch's ops as recorded."""
-    bindings = launch_module.get_bindings()
     calls: list[tuple[Callable, tuple, dict]] = []
     run: list[tuple[str, tuple, dict]] = []
     for fn, args, kwargs, tensors in entries:
-        name = getattr(fn, "__name__", None)
-        if tensors is not None and name in bindings.HOST_ENTRIES:
-            run.append((name, args, kwargs))
+        # tensors: a launch() of a binding entry (the bindings are there), None: a PyTorch op
+        if tensors is not None and fn.__name__ in launch_module.get_bindings().HOST_ENTRIES:
+            run.append((fn.__name__, args, kwargs))
             continue
         if run:
-            calls.append((bindings.prepare_host_calls(run), (), {}))
+            calls.append((launch_module.get_bindings().prepare_host_calls(run), (), {}))
             run = []
         calls.append((fn, args, kwargs))
     if run:
-        calls.append((bindings.prepare_host_calls(run), (), {}))
+        calls.append((launch_module.get_bindings().prepare_host_calls(run), (), {}))
     return calls
 
 
