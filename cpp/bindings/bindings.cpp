@@ -882,7 +882,11 @@ std::vector<Entry> entries() {
           optionalTensor("v_new").dtypeOf("q").lastDimContiguous(),
           optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox"),
           integer("threads")},
-         checkDecodeAttentionOperands, launchHostDecodeAttentionEntry, /*host=*/true},
+         [](Call& c) {
+             checkDecodeAttentionOperands(c);
+             hostThreads(c);
+         },
+         launchHostDecodeAttentionEntry, /*host=*/true},
         {"argmax_rows",
          "out[b] = the index of row b's first largest logit (logits [B, V]; NaN counts as the largest, as in "
          "torch.argmax): greedy decoding's token. workspace: int64 [B * ceil(V / 4096)], the rows' chunk maxima.",

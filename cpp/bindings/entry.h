@@ -122,7 +122,7 @@ struct Entry {
 // Adds the entry to the module as a function named entry.name.
 void define(pybind11::module_& m, Entry entry);
 
-// Adds `prepare_host_calls` and `host_entries` to the module (after every define): host entries'
+// Adds `prepare_host_calls`, `HostCalls` and `HOST_ENTRIES` to the module (after every define): host entries'
 // calls bound and checked once (steps 1-5), then run again and again on the same tensors by one
 // call from Python (step 6 for each, in order, the GIL released once). A CPU decode step's tape
 // (runtime/host_tape.py) makes some 200 host calls a step, each of which spent several

@@ -42,18 +42,6 @@ void axpyPlain(float w, float const* x, float* y, int64_t n) {
 }
 
 #if TRTLLM_HOST_AVX2
-TRTLLM_AVX2 float dotAvx2(float const* a, float const* b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float sum = _mm_cvtss_f32(s);
-    for (; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-}
-
 TRTLLM_AVX2 void axpyAvx2(float w, float const* x, float* y, int64_t n) {
     __m256 const wv = _mm256_set1_ps(w);
     int64_t i = 0;

@@ -3,6 +3,7 @@
 // its int8 dot products (VNNI) likewise (TRTLLM_AVX512_VNNI, hostAvx512Vnni()).
 #pragma once
 
+#include <cstdint>
 #include <limits>
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -39,6 +40,24 @@ inline bool hostAvx512Vnni() {
 }
 
 #if TRTLLM_HOST_AVX2
+// The sum of v's 8 lanes.
+TRTLLM_AVX2 inline float horizontalSum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// sum over i < n of a[i] * b[i]: 8 lanes of FMAs, their sum, then the tail in order.
+TRTLLM_AVX2 inline float dotAvx2(float const* a, float const* b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float sum = horizontalSum(acc);
+    for (; i < n; ++i) sum += a[i] * b[i];
+    return sum;
+}
+
 // e^x in 8 lanes, within 2 ulp of expf for x in [-87.3, 88.3]; 0 below (expf's denormals there
 // are 0 here) and +inf above: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r keeps its
 // bits), e^r by the Cephes polynomial, 2^n through the exponent's bits.

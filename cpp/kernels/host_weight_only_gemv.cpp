@@ -111,26 +111,9 @@ void quantizeX(float const* x, int64_t k, int64_t group, Order order, bool int4,
 }
 
 #if TRTLLM_HOST_AVX2
-TRTLLM_AVX2 inline float horizontalSum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 // The 8 int32 sums of 4 adjacent products of 32 unsigned bytes u and 32 signed bytes v, as floats.
 TRTLLM_AVX2 inline __m256 dot32(__m256i u, __m256i v) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
-}
-
-// sum over i < n of a[i] * b[i].
-TRTLLM_AVX2 float dot(float const* a, float const* b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float sum = horizontalSum(acc);
-    for (; i < n; ++i) sum += a[i] * b[i];
-    return sum;
 }
 
 // One block of a row of W: `load` its codes as 32 bytes, `dot` them against x's codes xv (its
@@ -246,7 +229,7 @@ TRTLLM_AVX2 void storeRows(HostWeightOnlyGemvParams const& p, XBlocks const* x, 
                            float const (&sums)[M][R], float* const* out) {
     for (int m = 0; m < M; ++m) {
         for (int r = 0; r < R; ++r) {
-            out[m][n + r] = p.bits == 4 ? sums[m][r] + dot(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups)
+            out[m][n + r] = p.bits == 4 ? sums[m][r] + dotAvx2(p.zeros + (n + r) * groups, x[m].groupSums.data(), groups)
                                         : sums[m][r];
         }
     }
