@@ -27,7 +27,8 @@ class BuildConfig:
     target_device: str = "auto"
     # Graph-rewriting passes to run; names are those of graph_rewriting.optimize().
     optimizations: list = field(default_factory=lambda: ["fuse_add_rms_norm", "fuse_gate_up",
-                                                                   "fuse_rope_attention", "fuse_norm_linear",
+                                                                   "fuse_rope_attention", "fuse_attention_fp8_linear",
+                                                                   "fuse_norm_linear",
                                                                    "fuse_act_linear", "fuse_fp8_gated_mlp",
                                                                    "fuse_gated_linear"])
 

@@ -403,7 +403,7 @@ def check_config_matches_graph(pretrained: dict, build: dict, network, where: st
         if layer.op == "weight_only_linear" and not quantized:
             problems.append(f"layer {layer.name}: a weight-only quantized linear, but the config's "
                             f"quantization section quantizes no weights")
-        elif layer.op == "gpt_attention":
+        elif layer.op in ("gpt_attention", "gpt_attention_fp8_linear"):  # the same attention inputs and attrs
             if not (_is_int(a["layer_idx"]) and 0 <= a["layer_idx"] < layout.num_layers):
                 problems.append(f"layer {layer.name}: layer_idx {a['layer_idx']} is outside the "
                                 f"{layout.num_layers} layers of the KV cache")

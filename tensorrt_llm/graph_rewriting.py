@@ -569,6 +569,31 @@ class FuseRopeAttention(Fusion):
         attn.replace_output_uses_with(attn.network, [F.gpt_attention(**args)])
 
 
+class FuseAttentionFp8Linear(Fusion):
+    """gpt_attention -> fp8_linear with a static input scale (the o projection) becomes
+    gpt_attention_fp8_linear, where that linear is the attention's only reader and the attention
+    no network or debug output: a decode step's attention kernel then writes the E4M3 codes the
+    linear's FP8 GEMM reads, instead of a quantize kernel between them. Runs after
+    fuse_rope_attention, whose result it matches."""
+
+    def __init__(self):
+        super().__init__("fuse_attention_fp8_linear", root_layer={"gpt_attention"})
+
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
+        if _has_timed_choice(layer):
+            return None
+        linear = _sole_linear_reader(layer.get_output(0))
+        if linear is None or linear.layer_type != "fp8_linear" or linear.get_input("input_scale") is None:
+            return None
+        return {"attention": _info(layer), "linear": linear}
+
+    def emit(self, found: dict[str, FLayerInfo]) -> None:
+        attn, linear = found["attention"], found["linear"]
+        y = F.gpt_attention_fp8_linear(**attn.clone_inputs(), **dict(zip(
+            _FUSABLE_LINEAR_PARAMS["fp8_linear"], _linear_params(linear))))
+        linear.replace_output_uses_with(linear.network, [y])
+
+
 # The linear layers a norm or activation fuses into, and their parameters (every input but x).
 _FUSABLE_LINEAR_PARAMS = {"linear": ("weight", "bias"),
                           "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias")}
@@ -709,7 +734,8 @@ class FuseGatedLinear(Fusion):
 
 # The default order: later passes match what earlier ones make.
 PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
-          "fuse_rope_attention": FuseRopeAttention, "fuse_norm_linear": FuseNormLinear,
+          "fuse_rope_attention": FuseRopeAttention, "fuse_attention_fp8_linear": FuseAttentionFp8Linear,
+          "fuse_norm_linear": FuseNormLinear,
           "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp,
           "fuse_gated_linear": FuseGatedLinear}
 

@@ -1,7 +1,8 @@
 """fuse_norm_linear and fuse_act_linear: a norm or gated activation and the one linear reading
 it become one op (rms_norm_linear, add_rms_norm_linear, silu_and_mul_linear) with the same
-numbers bit for bit on the CPU, and only where nothing else reads the intermediate; and
-fuse_fp8_gated_mlp, which makes the FP8 pair of an MLP's two fused ops one."""
+numbers bit for bit on the CPU, and only where nothing else reads the intermediate;
+fuse_fp8_gated_mlp, which makes the FP8 pair of an MLP's two fused ops one; and
+fuse_attention_fp8_linear, an attention and the FP8 linear reading it."""
 import pytest
 import torch
 
@@ -9,6 +10,7 @@ from tensorrt_llm import Network, net_guard
 from tensorrt_llm import functional as F
 from tensorrt_llm.graph_rewriting import (
     FuseActLinear,
+    FuseAttentionFp8Linear,
     FuseFp8GatedMlp,
     FuseGatedLinear,
     FuseNormLinear,
@@ -233,6 +235,8 @@ def test_default_build_order_and_registration():
     assert isinstance(FuseNormLinear(), PatternRewriter) and isinstance(FuseActLinear(), PatternRewriter)
     assert isinstance(FuseFp8GatedMlp(), PatternRewriter) and isinstance(FuseGatedLinear(), PatternRewriter)
     assert order.index("fuse_gated_linear") > order.index("fuse_gate_up")
+    assert order.index("fuse_attention_fp8_linear") > order.index("fuse_rope_attention")
+    assert isinstance(FuseAttentionFp8Linear(), PatternRewriter)
 
 
 # ---- fuse_fp8_gated_mlp ---------------------------------------------------------------------------
@@ -334,3 +338,73 @@ def test_gated_linear_left_alone(mark):
     net = weight_only_mlp(mark)
     assert optimize(net, passes=["fuse_gated_linear"])["rewrites"] == {"fuse_gated_linear": 0}
     assert "silu_and_mul" in ops(net)
+
+
+# ---- fuse_attention_fp8_linear ----------------------------------------------------------------------
+
+HEADS, KV_HEADS, HEAD_DIM, TPB = 4, 2, 8, 4
+
+
+def attention_fp8(mark=lambda net, a: None, static=True):
+    """A decode step's packed q / k / v -> gpt_attention (RoPE fused) -> FP8 dense (a static or
+    per-token input scale); `mark` gets the network and the attention's output."""
+    g = torch.Generator().manual_seed(6)
+    width = HEADS * HEAD_DIM
+    q = quantize_fp8(torch.randn(H, width, generator=g) * 0.3, input_scale=torch.tensor([0.01]) if static else None)
+    net = Network("attention_fp8")
+    with net_guard(net):
+        qkv = net.add_input("qkv", "float32", [-1, (HEADS + 2 * KV_HEADS) * HEAD_DIM], [("n", (1, 4, 8))])
+        pool = net.add_input("kv_cache_pool", "float32", [1, -1, 2, KV_HEADS, TPB, HEAD_DIM], {1: ("b", (1, 8, 16))})
+        tables = net.add_input("block_tables", "int32", [-1, 4], [("n", (1, 4, 8))])
+        lens = [net.add_input(name, "int32", [-1], [("n", (1, 4, 8))])
+                for name in ("sequence_lengths", "context_lengths", "host_context_lengths", "host_sequence_lengths")]
+        positions = net.add_input("position_ids", "int32", [-1], [("n", (1, 4, 8))])
+        table = F.constant(F.rope_cos_sin_cache(16, HEAD_DIM), name="rope")
+        qh, kh, vh = F.split(qkv, [width, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
+        a = F.gpt_attention(qh, kh, vh, pool, tables, *lens[:3], None, positions, table, lens[3], layer_idx=0,
+                            num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, tokens_per_block=TPB,
+                            rotary_dim=HEAD_DIM)
+        dense = (F.constant(q.qweight.view(torch.uint8), name="dense.weight"), F.constant(q.scale, name="dense.ws"),
+                 F.constant(q.input_scale, name="dense.is") if static else None)
+        net.mark_output(F.fp8_linear(a, *dense), "y")
+        mark(net, a)
+    return net
+
+
+def attention_feed():
+    """Three sequences decoding one token each at lengths 3, 9 and 14."""
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.tensor([3, 9, 14], dtype=torch.int32)
+    return {"qkv": torch.randn(3, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=g),
+            "kv_cache_pool": torch.randn(1, 12, 2, KV_HEADS, TPB, HEAD_DIM, generator=g),
+            "block_tables": torch.arange(12, dtype=torch.int32).view(3, 4),
+            "sequence_lengths": lengths, "context_lengths": torch.ones(3, dtype=torch.int32),
+            "host_context_lengths": torch.ones(3, dtype=torch.int32), "host_sequence_lengths": lengths.clone(),
+            "position_ids": lengths - 1}
+
+
+def test_attention_fp8_linear_keeps_the_outputs_and_the_cache_bit_for_bit():
+    net = attention_fp8()
+    unfused = copy(net)
+    assert optimize(net, passes=["fuse_attention_fp8_linear"])["rewrites"] == {"fuse_attention_fp8_linear": 1}
+    assert [op for op in ops(net) if op not in ("constant", "split")] == ["gpt_attention_fp8_linear"]
+    for run in (outputs, lambda network, feed: Session(network).run(feed)):
+        feeds = [attention_feed(), attention_feed()]
+        got, want = run(net, feeds[0]), run(unfused, feeds[1])
+        assert torch.equal(got["y"], want["y"])
+        assert torch.equal(feeds[0]["kv_cache_pool"], feeds[1]["kv_cache_pool"])  # the step's K/V rows written
+        assert not torch.equal(feeds[0]["kv_cache_pool"], attention_feed()["kv_cache_pool"])
+    assert copy(net).to_json() == net.to_json()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: attention_fp8(static=False),
+    lambda: attention_fp8(lambda net, a: net.mark_output(a, "a")),
+    lambda: attention_fp8(lambda net, a: net.mark_debug(a)),
+    lambda: attention_fp8(read_again),
+    lambda: timed(attention_fp8(), "gpt_attention"),
+], ids=["per_token_scales", "network_output", "debug_output", "other_reader", "timed"])
+def test_attention_fp8_linear_left_alone(make):
+    net = make()
+    assert optimize(net, passes=["fuse_attention_fp8_linear"])["rewrites"] == {"fuse_attention_fp8_linear": 0}
+    assert "gpt_attention" in ops(net) and "gpt_attention_fp8_linear" not in ops(net)

@@ -403,7 +403,7 @@ void checkDecodeAttentionOperands(Call& c) {
     }
     if (c.integer("sliding_window") < 0) throw std::invalid_argument("sliding_window must be >= 0");
     c.fitsInt("sliding_window", c.integer("sliding_window"));
-    if (q.stride(1) != headDim || c["out"].stride(1) != headDim) {
+    if (q.stride(1) != headDim || (c.has("out") && c["out"].stride(1) != headDim)) {
         throw std::invalid_argument("heads of q and out must be packed (stride(1) == head_dim)");
     }
     c.shape("alibi_slopes", {numHeads});
@@ -476,6 +476,36 @@ void checkDecodeAttention(Call& c) {
     }
 }
 
+// decode_attention's arguments: its output (out, or decode_attention_fp8's codes), the operands,
+// then `extra` and the stream.
+std::vector<Arg> decodeAttentionArgs(Arg output, std::vector<Arg> extra) {
+    std::vector<Arg> args{
+        std::move(output),
+        tensor("q").rank(3).floats().lastDimContiguous(),
+        tensor("kv_cache").rank(5).dtypes({kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8})
+            .contiguous(),
+        tensor("block_tables").rank(2).dtypes({kInt32}).contiguous(),
+        tensor("sequence_lengths").rank(1).dtypes({kInt32}).contiguous(),
+        optionalTensor("alibi_slopes").dtypes({kFloat32}).contiguous(),
+        optionalTensor("workspace").dtypes({kFloat32}).contiguous(),
+        optionalTensor("split_counters").dtypes({kInt32}).contiguous().written(), integer("num_splits"),
+        integer("split_size"), real("scale"), integer("sliding_window"),
+        optionalTensor("k_new").dtypeOf("q").lastDimContiguous(),
+        optionalTensor("v_new").dtypeOf("q").lastDimContiguous(),
+        optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox"),
+        optionalTensor("kv_scale").dtypes({kFloat32}).contiguous()};
+    for (Arg& a : extra) args.push_back(std::move(a));
+    args.push_back(stream());
+    return args;
+}
+
+void checkDecodeAttentionFp8(Call& c) {
+    checkDecodeAttention(c);
+    TensorArg const& q = c["q"];
+    c.shape("input_scale", {1});
+    c.shape("codes", {q.size(0), q.size(1) * q.size(2) / 4});  // head_dim is 64, 128 or 256: whole words
+}
+
 // decode_attention's and host_decode_attention's params (the host entry has no splits).
 DecodeAttentionParams decodeAttentionParams(Call const& c) {
     TensorArg const &q = c["q"], &cache = c["kv_cache"], &tables = c["block_tables"];
@@ -489,7 +519,14 @@ DecodeAttentionParams decodeAttentionParams(Call const& c) {
     p.maxPositions = rotary ? c["rotary_cos_sin"].size(0) : 0;
     p.rotaryDim = rotary ? static_cast<int>(c["rotary_cos_sin"].size(1)) : 0;
     p.isNeox = c.flag("is_neox");
-    p.out = c["out"].data();
+    if (c.has("codes")) {  // decode_attention_fp8
+        p.out = c["codes"].data();
+        p.outTokenStride = c["codes"].stride(0) * 4;
+        p.codeScale = static_cast<float const*>(c["input_scale"].data());
+    } else {
+        p.out = c["out"].data();
+        p.outTokenStride = c["out"].stride(0);
+    }
     p.q = q.data();
     p.kvCache = cache.data();
     p.kvScale = static_cast<float const*>(c.ptr("kv_scale"));
@@ -505,7 +542,6 @@ DecodeAttentionParams decodeAttentionParams(Call const& c) {
     p.maxBlocks = tables.size(1);
     p.numBlocks = cache.size(0);
     p.qTokenStride = q.stride(0);
-    p.outTokenStride = c["out"].stride(0);
     p.slidingWindow = static_cast<int>(c.integer("sliding_window"));
     p.scale = static_cast<float>(c.real("scale"));
     p.dtype = q.dtype;
@@ -897,21 +933,15 @@ std::vector<Entry> entries() {
          "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache (q's dtype, or int8 / "
          "uint8 FP8 codes under kv_scale [2]); with k_new/v_new the step's rows are rotated (with rotary_cos_sin) "
          "and written into the cache by the same launch.",
-         {tensor("out").dtypeOf("q").shapeOf("q").lastDimContiguous().written(),
-          tensor("q").rank(3).floats().lastDimContiguous(),
-          tensor("kv_cache").rank(5).dtypes({kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8})
-              .contiguous(),
-          tensor("block_tables").rank(2).dtypes({kInt32}).contiguous(),
-          tensor("sequence_lengths").rank(1).dtypes({kInt32}).contiguous(),
-          optionalTensor("alibi_slopes").dtypes({kFloat32}).contiguous(),
-          optionalTensor("workspace").dtypes({kFloat32}).contiguous(),
-          optionalTensor("split_counters").dtypes({kInt32}).contiguous().written(), integer("num_splits"),
-          integer("split_size"), real("scale"), integer("sliding_window"),
-          optionalTensor("k_new").dtypeOf("q").lastDimContiguous(),
-          optionalTensor("v_new").dtypeOf("q").lastDimContiguous(),
-          optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox"),
-          optionalTensor("kv_scale").dtypes({kFloat32}).contiguous(), stream()},
+         decodeAttentionArgs(tensor("out").dtypeOf("q").shapeOf("q").lastDimContiguous().written(), {}),
          checkDecodeAttention, launchDecodeAttentionEntry},
+        {"decode_attention_fp8",
+         "codes = the E4M3 bytes of decode_attention's out (rounded to q's dtype, then times input_scale's float32 "
+         "reciprocal, clamp to +-448, round to nearest) as int32 words [B, H * D / 4]: decode_attention then "
+         "fp8_quantize in one launch, for the FP8 linear that reads the attention.",
+         decodeAttentionArgs(tensor("codes").rank(2).dtypes({kInt32}).contiguous().written(),
+                             {tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous()}),
+         checkDecodeAttentionFp8, launchDecodeAttentionEntry},
         {"gemv",
          "out = a @ weight.T (+ bias) for 1..4 rows, a computed from x by the prologue: 0 none, 1 RMSNorm "
          "(of x + residual, written to residual_out, when given), 2 SiLU-and-mul (x [rows, 2k]).",

@@ -301,6 +301,18 @@ __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b
     __syncthreads();  // q ready, the new row in the cache
 }
 
+// Output element i of value v: rounded to T, or (codeScale given) the E4M3 code of that rounded
+// value for the FP8 linear that reads it, as fp8_quantize would write it.
+template <typename T>
+__device__ __forceinline__ void storeOutput(DecodeAttentionParams const& p, int64_t i, float v, float inverse) {
+    T const rounded = fromFloat<T>(v);
+    if (p.codeScale) {
+        static_cast<uint8_t*>(p.out)[i] = fp8Code(toFloat(rounded), inverse);
+    } else {
+        static_cast<T*>(p.out)[i] = rounded;
+    }
+}
+
 // Merges the block's `parts` partial results per query head (part w: running max statS[w][g][0]
 // in natural-log units, sum of exponentials statS[w][g][1], weighted sum accS[w][g][:]) and
 // stores the head's output; with several splits, the split's partial instead, and the last
@@ -310,6 +322,7 @@ template <typename T, int D, int MAXG>
 __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS, float const* statS, int parts,
                               int b, int kvh, int split, int splits, int group) {
     __syncthreads();
+    float const inverse = p.codeScale ? __frcp_rn(*p.codeScale) : 1.f;
     for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
         int const g = i / D;
         int const d = i - g * D;
@@ -327,7 +340,7 @@ __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS,
         int const h = kvh * group + g;
         float const normalised = den > 0.f ? num / den : 0.f;
         if (splits == 1) {
-            static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(normalised);
+            storeOutput<T>(p, b * p.outTokenStride + h * D + d, normalised, inverse);
         } else {
             // workspace: [batch, numHeads, numSplits, D + 2] = output, then max and sum
             float* part = p.workspace + ((static_cast<int64_t>(b) * p.numHeads + h) * p.numSplits + split) * (D + 2);
@@ -369,7 +382,7 @@ __device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS,
             num += c * __ldcg(parts + sp * (D + 2) + d);
             den += c;
         }
-        static_cast<T*>(p.out)[b * p.outTokenStride + h * D + d] = fromFloat<T>(den > 0.f ? num / den : 0.f);
+        storeOutput<T>(p, b * p.outTokenStride + h * D + d, den > 0.f ? num / den : 0.f, inverse);
     }
 }
 

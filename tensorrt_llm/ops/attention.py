@@ -45,7 +45,27 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
     `host_sequence_lengths` (CPU) lets an implementation see, without a device sync, which
     sequences have no cached past (a prompt's first step). `kv_cache_scale` (float32 [2], the K
     and V scales) goes with a pool of 1-byte codes: int8 (INT8) or uint8 (FP8 E4M3 bytes)."""
-    op = "gpt_attention"
+    dtype, num_tokens, attrs = check_attention(
+        "gpt_attention", q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+        alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale, layer_idx=layer_idx,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, tokens_per_block=tokens_per_block,
+        scale=scale, sliding_window=sliding_window, rotary_dim=rotary_dim, rotary_is_neox=rotary_is_neox)
+    inputs = [q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+              alibi_slopes, position_ids, rotary_cos_sin]
+    if host_sequence_lengths is not None or kv_cache_scale is not None:
+        inputs.append(host_sequence_lengths)
+    if kv_cache_scale is not None:
+        inputs.append(kv_cache_scale)
+    return add_layer("gpt_attention", inputs, [(dtype, (num_tokens, num_heads * head_dim))], **attrs)
+
+
+def check_attention(op, q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                    alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale, *, layer_idx,
+                    num_heads, num_kv_heads, head_dim, tokens_per_block, scale, sliding_window, rotary_dim,
+                    rotary_is_neox) -> tuple[str, int, dict]:
+    """gpt_attention's checks of its operands (graph tensors), for it and for the ops with an
+    attention in front (`op` names the op in the messages): -> (dtype, number of tokens, the
+    layer's attrs)."""
     if num_heads % num_kv_heads:
         raise ValueError(f"{op}: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if kv_cache_scale is None:
@@ -80,8 +100,6 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
         check_shape(op, alibi_slopes, (num_heads,), "alibi_slopes")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"{op}: sliding_window must be >= 1, got {sliding_window}")
-    inputs = [q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-              alibi_slopes]
     rotary = {}
     if (position_ids is None) != (rotary_cos_sin is None):
         raise ValueError(f"{op}: position_ids and rotary_cos_sin are given together or not at all")
@@ -92,20 +110,16 @@ def gpt_attention(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_
             raise ValueError(f"{op}: rotary_dim must be even and in (0, {head_dim}], got {rotary_dim}")
         check_shape(op, rotary_cos_sin, (-1, rotary_dim), "rotary_cos_sin")
         rotary = dict(rotary_dim=int(rotary_dim), rotary_is_neox=bool(rotary_is_neox))
-    inputs += [position_ids, rotary_cos_sin]
     if host_sequence_lengths is not None:
         if host_sequence_lengths.dtype != "int32" or host_sequence_lengths.ndim != 1:
             raise ValueError(f"{op}: host_sequence_lengths must be int32 of rank 1, got "
                              f"{host_sequence_lengths.dtype} {list(host_sequence_lengths.shape)}")
         check_shape(op, host_sequence_lengths, batch, "host_sequence_lengths")
-    if host_sequence_lengths is not None or kv_cache_scale is not None:
-        inputs.append(host_sequence_lengths)
-    if kv_cache_scale is not None:
-        inputs.append(kv_cache_scale)
-    return add_layer(op, inputs, [(dtype, (num_tokens, num_heads * head_dim))], layer_idx=int(layer_idx),
-                     num_heads=int(num_heads), num_kv_heads=int(num_kv_heads), head_dim=int(head_dim),
-                     tokens_per_block=int(tokens_per_block), scale=None if scale is None else float(scale),
-                     sliding_window=None if sliding_window is None else int(sliding_window), **rotary)
+    attrs = dict(layer_idx=int(layer_idx), num_heads=int(num_heads), num_kv_heads=int(num_kv_heads),
+                 head_dim=int(head_dim), tokens_per_block=int(tokens_per_block),
+                 scale=None if scale is None else float(scale),
+                 sliding_window=None if sliding_window is None else int(sliding_window), **rotary)
+    return dtype, num_tokens, attrs
 
 
 def _codes(x, pool_dtype, kv_scale, which):

@@ -2,7 +2,9 @@
 on the GPU. Its paths:
 - decode (one new token per sequence, known from shapes alone so it can be captured in a
   CUDA graph): rotate q/k in place, write K/V into the paged cache, one decode-attention
-  kernel that reads each K/V row once per query-head group;
+  kernel that reads each K/V row once per query-head group (`decode_step_cuda`; given an FP8
+  linear's static input scale, the kernel writes that linear's E4M3 codes instead:
+  fp8_linear.py's gpt_attention_fp8_linear);
 - any other step in float16/bfloat16 (in-flight batching: decode rows beside prompts and
   prompt chunks that continue a cached past; or prompts alone): rotate every token and write
   every new K/V row (one launch each), the decode rows (one new token) through the same
@@ -88,14 +90,20 @@ def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables:
                           sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
                           sliding_window: int = 0, k_new: Optional[torch.Tensor] = None,
                           v_new: Optional[torch.Tensor] = None, rotary_cos_sin: Optional[torch.Tensor] = None,
-                          is_neox: bool = True, kv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                          is_neox: bool = True, kv_scale: Optional[torch.Tensor] = None,
+                          input_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of one query token per sequence, q [B, H, D] at position sequence_lengths[b] - 1,
     over its cached K/V in kv_cache [num_blocks, 2, KV, tpb, D]; -> [B, H, D]. With k_new/v_new
     ([B, KV, D]) the same launch writes them at position L - 1 first, after rotating k and q by
     rotary_cos_sin when given (the caller's q/k stay unrotated). An int8 / uint8 cache holds codes
-    under kv_scale (float32 [2]), written and read as such."""
+    under kv_scale (float32 [2]), written and read as such. With input_scale (float32 [1], the
+    static input scale of the FP8 linear that reads the output): -> uint8 [B, H * D], the E4M3
+    codes fp8_quantize would make of the [B, H * D] output, written by the same launch."""
     batch, num_heads, head_dim = q.shape
-    out = torch.empty_like(q)
+    if input_scale is None:
+        out = torch.empty_like(q)
+    else:
+        out = torch.empty(batch, num_heads * head_dim, dtype=torch.uint8, device=q.device)
     max_positions = block_tables.shape[1] * kv_cache.shape[3]
     num_splits, split_size = _decode_splits(batch, kv_cache.shape[2], max_positions,
                                             _multiprocessors(q.device.index), kv_cache.shape[3],
@@ -106,9 +114,12 @@ def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables:
                                 device=q.device)
         counters = _split_counters(q.device, batch * kv_cache.shape[2])
 
-    launch("decode_attention", out, q, kv_cache, block_tables, sequence_lengths, alibi_slopes, workspace, counters,
-           num_splits, split_size, float(scale), int(sliding_window), k_new, v_new, rotary_cos_sin, bool(is_neox),
-           kv_scale)
+    operands = (q, kv_cache, block_tables, sequence_lengths, alibi_slopes, workspace, counters, num_splits, split_size,
+                float(scale), int(sliding_window), k_new, v_new, rotary_cos_sin, bool(is_neox), kv_scale)
+    if input_scale is None:
+        launch("decode_attention", out, *operands)
+    else:
+        launch("decode_attention_fp8", out.view(torch.int32), *operands, input_scale)
     return out
 
 
@@ -334,6 +345,29 @@ def _mixed_step(qh, kh, vh, cache, kv_scale, block_tables, sequence_lengths, con
     return out.view(num_tokens, num_heads * head_dim)
 
 
+def decode_step_serves(q, block_tables, num_heads, num_kv_heads, head_dim, quantized) -> bool:
+    """Whether gpt_attention_cuda runs a step of q [tokens, H * D] as one decode-attention launch
+    (decode_step_cuda): the kernel covers the heads and every sequence has one new token."""
+    return (_kernel_covers(q, num_heads, num_kv_heads, head_dim, quantized)
+            and q.shape[0] == block_tables.shape[0])
+
+
+def decode_step_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, alibi_slopes, rotary_cos_sin,
+                     kv_cache_scale, *, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window,
+                     rotary_is_neox, input_scale=None):
+    """gpt_attention's decode step (a call decode_step_serves) as one launch: rotate q / k (decode
+    positions are sequence_lengths - 1, as the runtime feeds them), write the new K/V rows,
+    attend. -> [tokens, H * D] in q's dtype, or (input_scale given) its E4M3 codes (uint8) for
+    the FP8 linear that reads them."""
+    tokens = q.shape[0]
+    out = decode_attention_cuda(q.view(tokens, num_heads, head_dim), kv_cache_pool[layer_idx], block_tables,
+                                sequence_lengths, 1.0 / math.sqrt(head_dim) if scale is None else scale, alibi_slopes,
+                                sliding_window or 0, k.view(tokens, num_kv_heads, head_dim),
+                                v.view(tokens, num_kv_heads, head_dim), rotary_cos_sin, rotary_is_neox, kv_cache_scale,
+                                input_scale)
+    return out.view(tokens, num_heads * head_dim)
+
+
 @gpt_attention.implementation(CUDA)
 def gpt_attention_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
                        alibi_slopes=None, position_ids=None, rotary_cos_sin=None, host_sequence_lengths=None,
@@ -358,11 +392,10 @@ def gpt_attention_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, c
     softmax_scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
 
     if num_tokens == batch:  # every sequence has >= 1 new token, so this is one each: decode
-        # One launch rotates q/k (decode positions are sequence_lengths - 1, as the runtime
-        # feeds them), writes the new K/V rows and attends.
-        out = decode_attention_cuda(qh, cache, block_tables, sequence_lengths, softmax_scale, alibi_slopes,
-                                       sliding_window or 0, kh, vh, rotary_cos_sin, rotary_is_neox, kv_cache_scale)
-        return out.view(num_tokens, num_heads * head_dim)
+        return decode_step_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, alibi_slopes, rotary_cos_sin,
+                                kv_cache_scale, layer_idx=layer_idx, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                head_dim=head_dim, scale=scale, sliding_window=sliding_window,
+                                rotary_is_neox=rotary_is_neox)
 
     # Mixed steps (decode rows beside prompts or prompt chunks over a cached past) and prompt
     # steps: the host lengths say which rows are which without a sync.

@@ -19,6 +19,8 @@ RMSNorm (after a residual add) or SiLU-and-mul that produces its x fused in fron
 linear.py's rms_norm_linear family is for a float linear (made by the same fusion passes).
 add_rms_norm_fp8_gated_mlp is the last two in a row (a LLaMA MLP: gate_up, then down), so that
 within the GEMV's rows silu_and_mul runs in gate_up's epilogue (fp8_gemv's `gated`).
+gpt_attention_fp8_linear is gpt_attention and the fp8_linear reading it (the o projection), so
+that a decode step's attention kernel writes the linear's codes (the fuse_attention_fp8_linear pass).
 
 Implementations:
 - reference: quantize x as the format says, dequantize both operands to float32, matmul in
@@ -64,6 +66,8 @@ import torch
 from ..network import Tensor
 from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation, quantized_linear_reference
 from .activation import gated_shape, silu_and_mul_cpu, silu_and_mul_cuda, silu_and_mul_reference
+from .attention import check_attention, gpt_attention_cpu, gpt_attention_reference
+from .attention_cuda import decode_step_cuda, decode_step_serves, gpt_attention_cuda
 from .launch import cuda_kernels_available, launch, rows
 from .linear import linear_shape
 from .norm import (
@@ -154,14 +158,19 @@ def _quantize_activation_cuda(x2: torch.Tensor, input_scale: Optional[torch.Tens
 
 
 def fp8_gemv_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor]) -> bool:
-    """Whether the FP8 GEMV serves x2 [M, K]: a static input scale, float16 / bfloat16 x of at
-    most FP8_GEMV_MAX_ROWS rows on 16-byte boundaries, K a multiple of 16, a contiguous weight
-    on a 16-byte boundary, the compiled kernels."""
-    m, k = x2.shape
-    return (input_scale is not None and x2.dtype in (torch.float16, torch.bfloat16) and m <= FP8_GEMV_MAX_ROWS
-            and k % 16 == 0 and x2.is_cuda and cuda_kernels_available() and qweight.is_contiguous()
-            and qweight.data_ptr() % 16 == 0 and x2.data_ptr() % 16 == 0
+    """Whether the FP8 GEMV serves x2 [M, K]: rows it takes (fp8_gemv_takes) on 16-byte boundaries."""
+    return (fp8_gemv_takes(x2.shape[0], x2.dtype, x2.device, qweight, input_scale) and x2.data_ptr() % 16 == 0
             and (x2.stride(0) * x2.element_size()) % 16 == 0)
+
+
+def fp8_gemv_takes(m: int, dtype: torch.dtype, device: torch.device, qweight: torch.Tensor,
+                   input_scale: Optional[torch.Tensor]) -> bool:
+    """Whether the FP8 GEMV takes m rows of x in dtype on device (aligned as a fresh tensor is): a
+    static input scale, float16 / bfloat16 x of at most FP8_GEMV_MAX_ROWS rows, K a multiple of
+    16, a contiguous weight on a 16-byte boundary, the compiled kernels."""
+    return (input_scale is not None and dtype in (torch.float16, torch.bfloat16) and m <= FP8_GEMV_MAX_ROWS
+            and qweight.shape[1] % 16 == 0 and device.type == "cuda" and cuda_kernels_available()
+            and qweight.is_contiguous() and qweight.data_ptr() % 16 == 0)
 
 
 def fp8_gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
@@ -268,8 +277,13 @@ def _codes_prologue_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale:
     """Whether the norm / activation kernel writes the codes of an FP8 linear's input of `width`
     for the _scaled_mm path: many rows (not the GEMV's), a static input scale, a weight
     scaled_mm_serves, the compiled kernels, a width of whole int32 words."""
-    return (input_scale is not None and x2.is_cuda and cuda_kernels_available() and width % 4 == 0
-            and scaled_mm_serves(qweight) and not fp8_gemv_serves(x2, qweight, input_scale))
+    return _codes_take(x2.device, qweight, input_scale, width) and not fp8_gemv_serves(x2, qweight, input_scale)
+
+
+def _codes_take(device: torch.device, qweight: torch.Tensor, input_scale: Optional[torch.Tensor], width: int) -> bool:
+    """What a kernel writing the codes of the _scaled_mm path needs, whatever the rows."""
+    return (input_scale is not None and device.type == "cuda" and cuda_kernels_available() and width % 4 == 0
+            and scaled_mm_serves(qweight))
 
 
 def _gemm_after_codes(kernel: str, x2: torch.Tensor, qweight, weight_scale, input_scale, bias, *args,
@@ -423,3 +437,88 @@ def add_rms_norm_fp8_gated_mlp_cuda(x, residual, norm_weight, gate_up_qweight, g
     h, total = add_rms_norm_fp8_linear_cuda(x, residual, norm_weight, gate_up_qweight, gate_up_scale,
                                             gate_up_input_scale, gate_up_bias, eps=eps)
     return silu_and_mul_fp8_linear_cuda(h, down_qweight, down_scale, down_input_scale, down_bias), total
+
+
+# ---- the attention in front (the fuse_attention_fp8_linear pass) ---------------------------------
+
+
+@define(side_effects=True)
+def gpt_attention_fp8_linear(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Tensor, block_tables: Tensor,
+                             sequence_lengths: Tensor, context_lengths: Tensor, host_context_lengths: Tensor,
+                             alibi_slopes: Optional[Tensor], position_ids: Optional[Tensor],
+                             rotary_cos_sin: Optional[Tensor], host_sequence_lengths: Optional[Tensor],
+                             kv_cache_scale: Optional[Tensor], qweight: Tensor, weight_scale: Tensor,
+                             input_scale: Optional[Tensor], bias: Optional[Tensor], *, layer_idx: int, num_heads: int,
+                             num_kv_heads: int, head_dim: int, tokens_per_block: int, scale: Optional[float] = None,
+                             sliding_window: Optional[int] = None, rotary_dim: int = 0,
+                             rotary_is_neox: bool = True) -> Tensor:
+    """fp8_linear(gpt_attention(q, ..., kv_cache_scale, layer_idx=..., ...), qweight, weight_scale,
+    input_scale, bias): an attention and the FP8 linear that reads it (the o projection), so
+    that a decode step's attention kernel can write the linear's E4M3 codes. Its inputs are
+    gpt_attention's, in its order, then the linear's."""
+    op = "gpt_attention_fp8_linear"
+    dtype, num_tokens, attrs = check_attention(
+        op, q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+        alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale, layer_idx=layer_idx,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, tokens_per_block=tokens_per_block,
+        scale=scale, sliding_window=sliding_window, rotary_dim=rotary_dim, rotary_is_neox=rotary_is_neox)
+    shape = _fp8_linear_shape(op, (num_tokens, num_heads * head_dim), dtype, qweight, weight_scale, input_scale, bias,
+                              what="attention output")
+    return add_layer(op, [q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
+                          host_context_lengths, alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths,
+                          kv_cache_scale, qweight, weight_scale, input_scale, bias], [(dtype, shape)], **attrs)
+
+
+# The fused op's implementations compose the two ops' implementations of the same device, so that a
+# fused graph gives the unfused graph's numbers bit for bit. `attrs` are gpt_attention's.
+_ATTENTION_ATTRS = ("layer_idx", "num_heads", "num_kv_heads", "head_dim", "tokens_per_block", "scale",
+                    "sliding_window", "rotary_dim", "rotary_is_neox")
+
+
+@gpt_attention_fp8_linear.implementation(REFERENCE)
+def gpt_attention_fp8_linear_reference(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
+                                       host_context_lengths, alibi_slopes, position_ids, rotary_cos_sin,
+                                       host_sequence_lengths, kv_cache_scale, qweight, weight_scale, input_scale, bias,
+                                       *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
+                                       sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+    attention = (q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                 alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale)
+    attrs = {name: value for name, value in locals().items() if name in _ATTENTION_ATTRS}
+    return fp8_linear_reference(gpt_attention_reference(*attention, **attrs), qweight, weight_scale, input_scale, bias)
+
+
+@gpt_attention_fp8_linear.implementation(CPU)
+def gpt_attention_fp8_linear_cpu(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
+                                 host_context_lengths, alibi_slopes, position_ids, rotary_cos_sin,
+                                 host_sequence_lengths, kv_cache_scale, qweight, weight_scale, input_scale, bias,
+                                 *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
+                                 sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+    attention = (q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                 alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale)
+    attrs = {name: value for name, value in locals().items() if name in _ATTENTION_ATTRS}
+    return fp8_linear_reference(gpt_attention_cpu(*attention, **attrs), qweight, weight_scale, input_scale, bias)
+
+
+@gpt_attention_fp8_linear.implementation(CUDA)
+def gpt_attention_fp8_linear_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths,
+                                  host_context_lengths, alibi_slopes, position_ids, rotary_cos_sin,
+                                  host_sequence_lengths, kv_cache_scale, qweight, weight_scale, input_scale, bias,
+                                  *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
+                                  sliding_window=None, rotary_dim=0, rotary_is_neox=True):
+    # A decode step of more rows than the FP8 GEMV takes: the decode-attention kernel writes the
+    # codes that fp8_quantize would make of its output, and cuBLASLt's FP8 GEMM reads them (an
+    # H200, the FP8 8B engine at batch 32: the step's graph 3.363 -> 3.263 ms without the
+    # quantize kernels). Otherwise the attention, then the linear (the GEMV quantizes x itself).
+    attention = (q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
+                 alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale)
+    attrs = {name: value for name, value in locals().items() if name in _ATTENTION_ATTRS}
+    if (_codes_take(q.device, qweight, input_scale, qweight.shape[1])
+            and not fp8_gemv_takes(q.shape[0], q.dtype, q.device, qweight, input_scale)
+            and decode_step_serves(q, block_tables, num_heads, num_kv_heads, head_dim, kv_cache_scale is not None)):
+        codes_scale = _static_scale(input_scale)
+        codes = decode_step_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, alibi_slopes, rotary_cos_sin,
+                                 kv_cache_scale, layer_idx=layer_idx, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                 head_dim=head_dim, scale=scale, sliding_window=sliding_window,
+                                 rotary_is_neox=rotary_is_neox, input_scale=codes_scale)
+        return scaled_mm_of_codes(codes.view(FP8_DTYPE), codes_scale, qweight, weight_scale, bias, q.dtype)
+    return fp8_linear_cuda(gpt_attention_cuda(*attention, **attrs), qweight, weight_scale, input_scale, bias)

@@ -166,3 +166,41 @@ def test_rows_not_16_byte_aligned_are_read_element_by_element(case):
                                      v_new.float(), None, True)
     assert_close(out, ref.to(torch.bfloat16), torch.bfloat16, msg=f"case={case}")
     assert_close(ours, theirs.to(torch.bfloat16), torch.bfloat16, msg="cache")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["cached", "fused_write", "fp8_cache"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[6], CASES[7]])
+def test_codes_are_the_output_then_the_quantize(case, form, dtype):
+    """decode_attention_fp8 (an FP8 linear's static input scale given) writes the E4M3 codes that
+    fp8_quantize makes of decode_attention's output, bit for bit: one split and several, the
+    large-batch instance, the step's rows written and rotated by the same launch, a cache of
+    codes, outputs beyond the scale's range (saturated)."""
+    from tensorrt_llm.functional import rope_cos_sin_cache
+    from tensorrt_llm.ops.attention_cuda import decode_attention_cuda
+    from tensorrt_llm.ops.fp8_linear import _quantize_activation_cuda
+    from tensorrt_llm.quantization.formats import FP8_MAX, KV_CACHE_STORAGE, quantize_kv
+    if form == "fp8_cache" and dtype == torch.float32:
+        pytest.skip("a cache of codes is read by the half-precision kernel only")
+    gen = torch.Generator().manual_seed(case[0] + case[5])
+    batch, heads, kv_heads, head_dim = case[:4]
+    q, cache, tables, lengths = make_inputs(*case, dtype, "cuda", gen)
+    q = q * 4  # sharper softmax: outputs nearer single V rows, some beyond the codes' range below
+    kv_scale = None
+    if form == "fp8_cache":
+        kv_scale = torch.tensor([0.02, 0.015], device="cuda")
+        cache = quantize_kv(cache.float(), kv_scale.view(2, 1, 1, 1), "FP8").view(KV_CACHE_STORAGE["FP8"])
+    step = {}
+    if form != "cached":
+        packed = torch.randn(batch, 2 * kv_heads * head_dim, generator=gen).to(dtype).cuda()
+        step = dict(k_new=packed[:, :kv_heads * head_dim].view(batch, kv_heads, head_dim),
+                    v_new=packed[:, kv_heads * head_dim:].view(batch, kv_heads, head_dim),
+                    rotary_cos_sin=rope_cos_sin_cache(case[5] + 8, head_dim, 10000.0).cuda())
+    out = decode_attention_cuda(q, cache, tables, lengths, 0.1, kv_scale=kv_scale, **step)
+    scale = (out.float().abs().amax() / FP8_MAX / 2).reshape(1)  # the largest outputs saturate
+    codes = decode_attention_cuda(q, cache, tables, lengths, 0.1, kv_scale=kv_scale, input_scale=scale, **step)
+    want, _ = _quantize_activation_cuda(out.view(batch, heads * head_dim), scale)
+    assert codes.shape == (batch, heads * head_dim) and codes.dtype == torch.uint8
+    assert torch.equal(codes, want.view(torch.uint8))
+    assert (codes.view(want.dtype).float().abs() == FP8_MAX).any()

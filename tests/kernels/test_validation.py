@@ -84,6 +84,29 @@ def test_binding_norm_and_activation_codes_errors(b):
         b.silu_and_mul_fp8(on(0, codes), on(0, gate_up[:, :12]), on(0, scale), 0)
 
 
+def test_binding_decode_attention_codes_errors(b):
+    """decode_attention_fp8 (the attention writing an FP8 linear's input codes): the codes' words
+    [B, H * D / 4], the static scale."""
+    q = torch.randn(2, 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(6, 2, 2, 16, 64, dtype=torch.bfloat16)
+    tables = torch.zeros(2, 3, dtype=torch.int32)
+    lengths = torch.ones(2, dtype=torch.int32)
+
+    def call(codes, scale):
+        b.decode_attention_fp8(on(0, codes), on(0, q), on(0, cache), on(0, tables), on(0, lengths), None, None, None,
+                               1, 48, 0.125, 0, None, None, None, True, None, on(0, scale), 0)
+    with pytest.raises(ValueError, match=r"^decode_attention_fp8: codes must have shape \[2, 64\], got \[2, 32\]$"):
+        call(torch.empty(2, 32, dtype=torch.int32), torch.ones(1))
+    with pytest.raises(ValueError, match=r"^decode_attention_fp8: input_scale must have shape \[1\], got \[2\]$"):
+        call(torch.empty(2, 64, dtype=torch.int32), torch.ones(2))
+    with pytest.raises(TypeError, match=r"^decode_attention_fp8: codes must be one of \{int32\}, got uint8$"):
+        call(torch.empty(2, 256, dtype=torch.uint8), torch.ones(1))
+    with pytest.raises(ValueError, match="decode_attention_fp8: .*must have batch"):
+        b.decode_attention_fp8(on(0, torch.empty(2, 64, dtype=torch.int32)), on(0, q), on(0, cache),
+                               on(0, tables[:1]), on(0, lengths), None, None, None, 1, 48, 0.125, 0, None, None, None,
+                               True, None, on(0, torch.ones(1)), 0)
+
+
 def test_binding_other_kernels_errors(b):
     q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
     cache = torch.ones(10, 8)

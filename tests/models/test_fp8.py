@@ -30,7 +30,8 @@ LINEARS = ["attention.qkv", "attention.dense", "mlp.gate", "mlp.fc", "mlp.proj"]
 MODES = [(False, False), (True, False), (False, True), (True, True)]  # (per_channel, dynamic)
 PROMPTS = [list(range(3, 40)), list(range(100, 160, 2))]
 UNFUSED_NORM_ACT = [p for p in BuildConfig().optimizations
-                    if p not in ("fuse_norm_linear", "fuse_act_linear", "fuse_fp8_gated_mlp")]
+                    if p not in ("fuse_norm_linear", "fuse_act_linear", "fuse_fp8_gated_mlp",
+                                 "fuse_attention_fp8_linear")]
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +188,9 @@ def test_fused_gate_up_engine_generates_what_the_unfused_one_does(hf, float_weig
 def test_norm_and_activation_fusions_keep_fp8_logits_bit_for_bit(hf, float_weights, per_channel, dynamic,
                                                                   tmp_path):
     """fuse_norm_linear / fuse_act_linear put the norms and the SiLU in front of the fp8_linear
-    layers that read them (the *_fp8_linear ops, whose references compose the unfused ones), and
-    fuse_fp8_gated_mlp makes each MLP's pair of them one add_rms_norm_fp8_gated_mlp."""
+    layers that read them (the *_fp8_linear ops, whose references compose the unfused ones),
+    fuse_fp8_gated_mlp makes each MLP's pair of them one add_rms_norm_fp8_gated_mlp, and with
+    static input scales fuse_attention_fp8_linear puts each attention in front of its dense."""
     config, weights = _fp8(hf, float_weights, per_channel, dynamic)
     _engine(config, weights, tmp_path / "fused")
     _engine(config, weights, tmp_path / "unfused", optimizations=UNFUSED_NORM_ACT)
@@ -200,11 +202,28 @@ def test_norm_and_activation_fusions_keep_fp8_logits_bit_for_bit(hf, float_weigh
                                               "silu_and_mul_fp8_linear", "add_rms_norm_fp8_gated_mlp",
                                               "rms_norm_linear")] == [1, 1, 0, 2, 1]
     assert not {"rms_norm", "fused_add_rms_norm", "silu_and_mul"} & set(ops["fused"])
+    assert ops["fused"].count("gpt_attention_fp8_linear") == (0 if dynamic else 2)
+    assert ops["unfused"].count("gpt_attention") == 2
     ours, ref = (runner(tmp_path / name).generate(PROMPTS, max_new_tokens=6, return_context_logits=True)
                  for name in ("fused", "unfused"))
     assert torch.equal(ours["output_ids"], ref["output_ids"])
     for a, b in zip(ours["context_logits"], ref["context_logits"]):
         assert torch.equal(a, b)
+
+
+def test_a_crafted_fused_attention_is_checked_as_an_attention(hf, float_weights, tmp_path):
+    """gpt_attention_fp8_linear carries gpt_attention's inputs and attrs: a crafted engine whose
+    fused layer indexes a KV-cache layer the config does not have is refused at load."""
+    from ..runtime.test_engine_safety import craft, first_layer
+    from tensorrt_llm.errors import EngineError
+    from tensorrt_llm.runtime import ModelRunner
+    _engine(*_fp8(hf, float_weights, False, False), tmp_path / "fp8")
+
+    def edit(graph, weights):
+        first_layer(graph, "gpt_attention_fp8_linear")["attrs"]["layer_idx"] = 7
+    craft(tmp_path / "fp8", edit)
+    with pytest.raises(EngineError, match=r"gpt_attention_fp8_linear: layer_idx 7 out of range for a pool of 2 layers"):
+        ModelRunner.from_dir(tmp_path / "fp8", device="cpu")
 
 
 # Each FP8 linear moves its output by ~3.7% RMS (tests/ops/test_fp8_linear.py); ten of them in

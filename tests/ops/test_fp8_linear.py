@@ -580,3 +580,114 @@ def test_gated_mlp_is_the_two_fused_cuda_ops(m, dtype):
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+# ---- the attention in front: gpt_attention_fp8_linear ----------------------------------------------
+
+
+def test_attention_fp8_linear_shape_rule():
+    net = Network()
+    with net_guard(net):
+        qkv = net.add_input("qkv", "bfloat16", [-1, 256], [("n", (1, 4, 8))])
+        q, k, v = F.split(qkv, [128, 64, 64], dim=1)
+        pool = net.add_input("pool", "bfloat16", [1, -1, 2, 2, 16, 32], {1: ("b", (1, 8, 16))})
+        tables = net.add_input("tables", "int32", [-1, 4], [("n", (1, 4, 8))])
+        lens = [net.add_input(f"l{i}", "int32", [-1], [("n", (1, 4, 8))]) for i in range(3)]
+        dense = (F.constant(torch.zeros(48, 128, dtype=torch.uint8)), F.constant(torch.ones(1)),
+                 F.constant(torch.ones(1)), None)
+        attrs = dict(layer_idx=0, num_heads=4, num_kv_heads=2, head_dim=32, tokens_per_block=16)
+        y = F.gpt_attention_fp8_linear(q, k, v, pool, tables, *lens, None, None, None, None, None, *dense, **attrs)
+        assert (y.shape, y.dtype) == ((-1, 48), "bfloat16")
+        with pytest.raises(ValueError, match=r"^gpt_attention_fp8_linear: attention output \[-1, 128\] does not "
+                                             r"match in_features 64"):
+            F.gpt_attention_fp8_linear(q, k, v, pool, tables, *lens, None, None, None, None, None,
+                                       F.constant(torch.zeros(48, 64, dtype=torch.uint8)), *dense[1:], **attrs)
+        with pytest.raises(ValueError, match=r"^gpt_attention_fp8_linear: layer_idx 1 out of range"):
+            F.gpt_attention_fp8_linear(q, k, v, pool, tables, *lens, None, None, None, None, None, *dense,
+                                       **{**attrs, "layer_idx": 1})
+
+
+def _attention_step(specs, dtype, kv_algo, device, seed=0):
+    """A step of LLaMA-8B's attention heads (32 query, 8 KV, 128 wide) over a pool of 2 layers (a
+    cache of codes with kv_algo), and an o projection. -> (fresh, attrs, the dense's operands):
+    fresh() gives the 13 attention operands over new copies of the packed q / k / v and the pool,
+    which the op writes (the pool, and q / k rotated in place on some paths)."""
+    from tests.ops.test_attention_kv_quant import code_pool, step_inputs
+    heads, kv_heads, head_dim, tpb = 32, 8, 128, 16
+    gen = torch.Generator().manual_seed(seed)
+    step = step_inputs(specs, heads, kv_heads, head_dim, tpb, dtype, gen, device)
+    shape = (2, step["num_blocks"], 2, kv_heads, tpb, head_dim)
+    kv_scale = None
+    if kv_algo is None:
+        pool = torch.randn(shape, generator=gen).to(dtype).to(device)
+    else:
+        kv_scale = torch.tensor([0.02, 0.015])
+        pool = code_pool(shape, kv_algo, kv_scale, gen).to(device)
+        kv_scale = kv_scale.to(device)
+    cos_sin = F.rope_cos_sin_cache(max(p + n for p, n in specs) + 8, head_dim).to(device)
+
+    def fresh():
+        q, k, v = step["qkv"].clone().split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+        return [q, k, v, pool.clone(), step["tables"], step["lengths"], step["new"], step["host_new"], None,
+                step["positions"], cos_sin, step["host_lengths"], kv_scale]
+    attrs = dict(layer_idx=1, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, tokens_per_block=tpb,
+                 rotary_dim=head_dim)
+    _, _, (qw, ws, xs) = _layer(4096, heads * head_dim, False, True, torch.full((1,), 2.0), seed=seed, device=device)
+    bias = (torch.randn(4096, generator=gen) * 0.1).to(dtype).to(device) if seed % 2 else None
+    return fresh, attrs, [qw, ws, xs, bias]
+
+
+@pytest.mark.parametrize("specs", [[(5, 1), (17, 1), (8, 1)], [(4, 1), (11, 6), (0, 5)]], ids=["decode", "mixed"])
+def test_attention_fp8_linear_is_the_attention_then_the_linear_on_the_cpu(specs):
+    from tensorrt_llm.ops.attention import gpt_attention_cpu, gpt_attention_reference
+    from tensorrt_llm.ops.fp8_linear import gpt_attention_fp8_linear_cpu, gpt_attention_fp8_linear_reference
+    fresh, attrs, dense = _attention_step(specs, torch.float32, None, "cpu")
+    for fused, unfused in ((gpt_attention_fp8_linear_reference, gpt_attention_reference),
+                           (gpt_attention_fp8_linear_cpu, gpt_attention_cpu)):
+        a, b = fresh(), fresh()
+        assert torch.equal(fused(*a, *dense, **attrs), fp8_linear_reference(unfused(*b, **attrs), *dense))
+        assert torch.equal(a[3], b[3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_algo", [None, "FP8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("specs", [
+    [(40, 1)] * 3,                                         # the FP8 GEMV's rows
+    [(40, 1)] * FP8_GEMV_MAX_ROWS,
+    [(40 + 9 * i, 1) for i in range(FP8_GEMV_MAX_ROWS + 1)],  # the decode kernel writes the codes
+    [(100 + 37 * i, 1) for i in range(32)],
+    [(3, 1), (30, 5), (0, 9)] * 4,                          # a mixed step: the two CUDA ops
+], ids=["decode3", "decode8", "decode9", "decode32", "mixed"])
+def test_attention_fp8_linear_cuda_is_the_two_cuda_ops(specs, dtype, kv_algo):
+    """gpt_attention_fp8_linear's CUDA implementation gives gpt_attention's then fp8_linear's CUDA
+    numbers and cache bit for bit, on each path; near the reference."""
+    from tensorrt_llm.ops.attention_cuda import gpt_attention_cuda
+    from tensorrt_llm.ops.fp8_linear import gpt_attention_fp8_linear_cuda, gpt_attention_fp8_linear_reference
+    fresh, attrs, dense = _attention_step(specs, dtype, kv_algo, "cuda", seed=len(specs))
+    a, b, r = fresh(), fresh(), fresh()
+    got = gpt_attention_fp8_linear_cuda(*a, *dense, **attrs)
+    want = fp8_linear_cuda(gpt_attention_cuda(*b, **attrs), *dense)
+    assert torch.equal(got, want)
+    assert torch.equal(a[3], b[3])
+    ref = gpt_attention_fp8_linear_reference(*r, *dense, **attrs)
+    assert (got.float() - ref.float()).norm() <= 0.05 * ref.float().norm()
+
+
+@pytest.mark.gpu
+def test_attention_fp8_linear_replays_in_a_cuda_graph():
+    from tensorrt_llm.ops.attention_cuda import gpt_attention_cuda
+    from tensorrt_llm.ops.fp8_linear import gpt_attention_fp8_linear_cuda
+    fresh, attrs, dense = _attention_step([(60 + 5 * i, 1) for i in range(16)], torch.bfloat16, None, "cuda")
+    gpt_attention_fp8_linear_cuda(*fresh(), *dense, **attrs)  # warm-up outside the graph
+    torch.cuda.synchronize()
+    a = fresh()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gpt_attention_fp8_linear_cuda(*a, *dense, **attrs)
+    a[0].copy_(torch.randn_like(a[0]))  # a new step's queries
+    graph.replay()
+    torch.cuda.synchronize()
+    b = fresh()
+    b[0].copy_(a[0])
+    assert torch.equal(y, fp8_linear_cuda(gpt_attention_cuda(*b, **attrs), *dense))

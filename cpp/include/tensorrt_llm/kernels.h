@@ -186,7 +186,8 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p);
 constexpr int kDecodeAttentionMaxGroup = 8;  // query heads per KV head served by one block
 constexpr int kDecodeAttentionMaxChunkBlocks = 4096;  // cache blocks one block's chunk may span
 struct DecodeAttentionParams {
-    void* out;                       // [batch, numHeads, headDim], row stride outTokenStride
+    void* out;                       // [batch, numHeads, headDim], row stride outTokenStride; E4M3 bytes with codeScale
+    float const* codeScale;          // [1], the static input scale of the FP8 linear reading out, or nullptr
     void const* q;                   // [batch, numHeads, headDim], row stride qTokenStride
     void* kvCache;                   // [numBlocks, 2, kvHeads, tokensPerBlock, headDim], contiguous
     float const* kvScale;            // [2] (K, V scales) when kvCache holds codes
