@@ -470,9 +470,19 @@ def gpt_attention_fp8_linear(q: Tensor, k: Tensor, v: Tensor, kv_cache_pool: Ten
 
 
 # The fused op's implementations compose the two ops' implementations of the same device, so that a
-# fused graph gives the unfused graph's numbers bit for bit. `attrs` are gpt_attention's.
+# fused graph gives the unfused graph's numbers bit for bit.
+_ATTENTION_INPUTS = ("q", "k", "v", "kv_cache_pool", "block_tables", "sequence_lengths", "context_lengths",
+                     "host_context_lengths", "alibi_slopes", "position_ids", "rotary_cos_sin", "host_sequence_lengths",
+                     "kv_cache_scale")
 _ATTENTION_ATTRS = ("layer_idx", "num_heads", "num_kv_heads", "head_dim", "tokens_per_block", "scale",
                     "sliding_window", "rotary_dim", "rotary_is_neox")
+
+
+def _split_arguments(args: dict) -> tuple[list, dict, list]:
+    """An implementation's arguments (its locals()) as (gpt_attention's inputs, its attrs, the
+    linear's operands)."""
+    return ([args[name] for name in _ATTENTION_INPUTS], {name: args[name] for name in _ATTENTION_ATTRS},
+            [args[name] for name in ("qweight", "weight_scale", "input_scale", "bias")])
 
 
 @gpt_attention_fp8_linear.implementation(REFERENCE)
@@ -481,10 +491,8 @@ def gpt_attention_fp8_linear_reference(q, k, v, kv_cache_pool, block_tables, seq
                                        host_sequence_lengths, kv_cache_scale, qweight, weight_scale, input_scale, bias,
                                        *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
                                        sliding_window=None, rotary_dim=0, rotary_is_neox=True):
-    attention = (q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                 alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale)
-    attrs = {name: value for name, value in locals().items() if name in _ATTENTION_ATTRS}
-    return fp8_linear_reference(gpt_attention_reference(*attention, **attrs), qweight, weight_scale, input_scale, bias)
+    attention, attrs, dense = _split_arguments(locals())
+    return fp8_linear_reference(gpt_attention_reference(*attention, **attrs), *dense)
 
 
 @gpt_attention_fp8_linear.implementation(CPU)
@@ -493,10 +501,8 @@ def gpt_attention_fp8_linear_cpu(q, k, v, kv_cache_pool, block_tables, sequence_
                                  host_sequence_lengths, kv_cache_scale, qweight, weight_scale, input_scale, bias,
                                  *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
                                  sliding_window=None, rotary_dim=0, rotary_is_neox=True):
-    attention = (q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                 alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale)
-    attrs = {name: value for name, value in locals().items() if name in _ATTENTION_ATTRS}
-    return fp8_linear_reference(gpt_attention_cpu(*attention, **attrs), qweight, weight_scale, input_scale, bias)
+    attention, attrs, dense = _split_arguments(locals())
+    return fp8_linear_reference(gpt_attention_cpu(*attention, **attrs), *dense)
 
 
 @gpt_attention_fp8_linear.implementation(CUDA)
@@ -509,9 +515,7 @@ def gpt_attention_fp8_linear_cuda(q, k, v, kv_cache_pool, block_tables, sequence
     # codes that fp8_quantize would make of its output, and cuBLASLt's FP8 GEMM reads them (an
     # H200, the FP8 8B engine at batch 32, its decode graph built without and with the pass: 3.371
     # -> 3.293 ms). Otherwise the attention, then the linear (the GEMV quantizes x itself).
-    attention = (q, k, v, kv_cache_pool, block_tables, sequence_lengths, context_lengths, host_context_lengths,
-                 alibi_slopes, position_ids, rotary_cos_sin, host_sequence_lengths, kv_cache_scale)
-    attrs = {name: value for name, value in locals().items() if name in _ATTENTION_ATTRS}
+    attention, attrs, dense = _split_arguments(locals())
     if (_codes_take(q.device, qweight, input_scale, qweight.shape[1])
             and not fp8_gemv_takes(q.shape[0], q.dtype, q.device, qweight, input_scale)
             and decode_step_serves(q, block_tables, num_heads, num_kv_heads, head_dim, kv_cache_scale is not None)):
@@ -521,4 +525,4 @@ def gpt_attention_fp8_linear_cuda(q, k, v, kv_cache_pool, block_tables, sequence
                                  head_dim=head_dim, scale=scale, sliding_window=sliding_window,
                                  rotary_is_neox=rotary_is_neox, input_scale=codes_scale)
         return scaled_mm_of_codes(codes.view(FP8_DTYPE), codes_scale, qweight, weight_scale, bias, q.dtype)
-    return fp8_linear_cuda(gpt_attention_cuda(*attention, **attrs), qweight, weight_scale, input_scale, bias)
+    return fp8_linear_cuda(gpt_attention_cuda(*attention, **attrs), *dense)
