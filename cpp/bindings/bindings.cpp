@@ -39,19 +39,23 @@ namespace {
 constexpr DType kInt32 = DType::kInt32;
 constexpr DType kFloat32 = DType::kFloat32;
 
-// The output of rms_norm / silu_and_mul (`out`), or of their *_fp8 entries (input_scale given):
-// E4M3 codes, whose bytes the binding takes as int32 words. Sets p.out, p.outRowStride (in
-// elements of the output) and p.codeScale.
+// The output of rms_norm / silu_and_mul / decode_attention (`out`), or of their *_fp8 entries
+// (input_scale given): E4M3 codes, whose bytes the binding takes as int32 words. Sets out, its
+// row stride (in elements of the output) and codeScale.
+void setOutput(Call const& c, void*& out, int64_t& rowStride, float const*& codeScale) {
+    if (c.has("input_scale")) {
+        out = c["codes"].data();
+        rowStride = c["codes"].stride(0) * 4;
+        codeScale = static_cast<float const*>(c["input_scale"].data());
+    } else {
+        out = c["out"].data();
+        rowStride = c["out"].stride(0);
+    }
+}
+
 template <typename Params>
 void setOutput(Call const& c, Params& p) {
-    if (c.has("input_scale")) {
-        p.out = c["codes"].data();
-        p.outRowStride = c["codes"].stride(0) * 4;
-        p.codeScale = static_cast<float const*>(c["input_scale"].data());
-    } else {
-        p.out = c["out"].data();
-        p.outRowStride = c["out"].stride(0);
-    }
+    setOutput(c, p.out, p.outRowStride, p.codeScale);
 }
 
 // ---- rms_norm ----
@@ -519,14 +523,7 @@ DecodeAttentionParams decodeAttentionParams(Call const& c) {
     p.maxPositions = rotary ? c["rotary_cos_sin"].size(0) : 0;
     p.rotaryDim = rotary ? static_cast<int>(c["rotary_cos_sin"].size(1)) : 0;
     p.isNeox = c.flag("is_neox");
-    if (c.has("codes")) {  // decode_attention_fp8
-        p.out = c["codes"].data();
-        p.outTokenStride = c["codes"].stride(0) * 4;
-        p.codeScale = static_cast<float const*>(c["input_scale"].data());
-    } else {
-        p.out = c["out"].data();
-        p.outTokenStride = c["out"].stride(0);
-    }
+    setOutput(c, p.out, p.outTokenStride, p.codeScale);  // decode_attention_fp8: its codes
     p.q = q.data();
     p.kvCache = cache.data();
     p.kvScale = static_cast<float const*>(c.ptr("kv_scale"));
