@@ -96,15 +96,16 @@ void launchRmsNormEntry(Call const& c) {
 
 // ---- rms_norm_fp8 / silu_and_mul_fp8: the same kernels writing an FP8 linear's input codes ----
 
-void checkCodesOf(Call& c, int64_t width) {
+// A *_fp8 entry's codes: `rows` rows of `width` bytes as int32 words, and its static input scale.
+void checkCodesOf(Call& c, int64_t rows, int64_t width) {
     c.shape("input_scale", {1});
     if (width % 4 != 0) throw std::invalid_argument("the output width " + std::to_string(width) + " must be a multiple of 4");
-    c.shape("codes", {c["x"].size(0), width / 4});
+    c.shape("codes", {rows, width / 4});
 }
 
 void checkRmsNormFp8(Call& c) {
     checkRmsNorm(c);
-    checkCodesOf(c, c["x"].size(1));
+    checkCodesOf(c, c["x"].size(0), c["x"].size(1));
 }
 
 // ---- rotary_embedding ----
@@ -161,7 +162,7 @@ void checkActAndMul(Call& c) {
 void checkSiluAndMulFp8(Call& c) {
     TensorArg const& x = c["x"];
     if (x.size(1) % 2 != 0) throw std::invalid_argument("the last dimension of x " + x.shapeStr() + " must be even");
-    checkCodesOf(c, x.size(1) / 2);
+    checkCodesOf(c, x.size(0), x.size(1) / 2);
 }
 
 // silu_and_mul's / gelu_and_mul's params (their *_fp8 entries' and host_silu_and_mul's too).
@@ -506,8 +507,7 @@ std::vector<Arg> decodeAttentionArgs(Arg output, std::vector<Arg> extra) {
 void checkDecodeAttentionFp8(Call& c) {
     checkDecodeAttention(c);
     TensorArg const& q = c["q"];
-    c.shape("input_scale", {1});
-    c.shape("codes", {q.size(0), q.size(1) * q.size(2) / 4});  // head_dim is 64, 128 or 256: whole words
+    checkCodesOf(c, q.size(0), q.size(1) * q.size(2));
 }
 
 // decode_attention's and host_decode_attention's params (the host entry has no splits).
