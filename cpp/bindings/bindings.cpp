@@ -784,6 +784,46 @@ void launchFp8GemvEntry(Call const& c) {
     }
 }
 
+// ---- fp8_gemm_wgmma ----
+// out [M, N] = x @ W^T from x's E4M3 codes (int32 words [M, K / 4]) and W's (qweight [N, K / 4]):
+// the Hopper kernel of few rows (kernels.h).
+
+void checkFp8GemmWgmma(Call& c) {
+    TensorArg const &codes = c["codes"], &q = c["qweight"];
+    int64_t const n = q.size(0), k = q.size(1) * 4;
+    if (n % 64 != 0 || k % 128 != 0 || k == 0) {
+        throw std::invalid_argument("fp8_gemm_wgmma: out_features must be a multiple of 64 and in_features a positive "
+                                    "multiple of 128, got " + q.describe());
+    }
+    c.shape("codes", {codes.size(0), q.size(1)});
+    if (codes.size(0) > kFp8GemmWgmmaMaxRows) {
+        throw std::invalid_argument("fp8_gemm_wgmma: at most " + std::to_string(kFp8GemmWgmmaMaxRows) + " rows of x, got "
+                                    + std::to_string(codes.size(0)));
+    }
+    if (codes.ptr % 16 != 0 || q.ptr % 16 != 0) {
+        throw std::invalid_argument("fp8_gemm_wgmma: codes and qweight must start on 16-byte boundaries");
+    }
+    TensorArg const& ws = c["weight_scale"];
+    if (ws.size(0) != 1 && ws.size(0) != n) {
+        throw std::invalid_argument(ws.describe() + " must be [1] (per tensor) or [" + std::to_string(n)
+                                    + "] (per output channel)");
+    }
+    c.shape("input_scale", {1});
+    c.shape("out", {codes.size(0), n});
+    c.shape("bias", {n});
+    c.fitsInt("in_features", k);
+    c.fitsInt("out_features", n);
+}
+
+void launchFp8GemmWgmmaEntry(Call const& c) {
+    TensorArg const &codes = c["codes"], &out = c["out"], &q = c["qweight"], &ws = c["weight_scale"];
+    if constexpr (kCudaKernels) {
+        launchFp8GemmWgmma(out.data(), codes.data(), q.data(), ws.data(), c["input_scale"].data(), c.ptr("bias"),
+                           codes.size(0), q.size(0), q.size(1) * 4, out.stride(0), ws.size(0) != 1, out.dtype,
+                           c.stream());
+    }
+}
+
 // ---- fp8_quantize ----
 // x's E4M3 codes (bytes [M, K] viewed as int32 words [M, K / 4]) with the static input_scale or,
 // without it, one scale per row written to row_scales.
@@ -980,6 +1020,18 @@ std::vector<Entry> entries() {
           tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(),
           optionalTensor("bias").dtypeOf("x").contiguous(), flag("gated"), stream()},
          checkFp8Gemv, launchFp8GemvEntry},
+        {"fp8_gemm_wgmma",
+         "out [M, N] = (x @ W.T) * input_scale * weight_scale (+ bias) for at most 32 rows, x given as its E4M3 "
+         "codes (int32 words [M, K / 4]), W as qweight (its E4M3 bytes as int32 words [N, K / 4]), weight_scale "
+         "float32 [1] or [N], input_scale float32 [1]; N a multiple of 64, K of 128; Hopper only (TMA and wgmma: "
+         "fp8_gemm_wgmma_compiled, compute capability 9.0).",
+         {tensor("out").rank(2).dtypes({DType::kFloat16, DType::kBFloat16}).lastDimContiguous().written(),
+          tensor("codes").rank(2).dtypes({kInt32}).contiguous(),
+          tensor("qweight").rank(2).dtypes({kInt32}).contiguous(),
+          tensor("weight_scale").rank(1).dtypes({kFloat32}).contiguous(),
+          tensor("input_scale").rank(1).dtypes({kFloat32}).contiguous(),
+          optionalTensor("bias").dtypeOf("out").contiguous(), stream()},
+         checkFp8GemmWgmma, launchFp8GemmWgmmaEntry},
         {"fp8_quantize",
          "codes = the E4M3 bytes of x / scale (float32 division, clamp to +-448, round to nearest) as int32 words "
          "[M, K / 4], scale the static input_scale (float32 [1]) or, with row_scales (float32 [M], written), "
@@ -1029,6 +1081,8 @@ PYBIND11_MODULE(bindings, m) {
     m.attr("DTYPES") = dtypes;
     m.attr("__version__") = buildInfo().version;
     m.attr("cuda_kernels_compiled") = cudaKernelsCompiled();
+    m.attr("fp8_gemm_wgmma_compiled") = fp8GemmWgmmaCompiled();  // a CUDA build targeting sm_90
+    m.attr("FP8_GEMM_WGMMA_MAX_ROWS") = kFp8GemmWgmmaMaxRows;
     m.attr("DECODE_ATTENTION_MAX_CHUNK_BLOCKS") = kDecodeAttentionMaxChunkBlocks;
     m.attr("ARGMAX_CHUNK") = kArgmaxChunk;  // argmax_rows: logits a block reduces, one workspace entry each
     m.def("host_weight_only_gemv_available", &hostWeightOnlyGemvAvailable,

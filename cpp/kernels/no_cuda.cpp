@@ -8,6 +8,7 @@
 namespace tensorrt_llm {
 
 bool cudaKernelsCompiled() { return false; }
+bool fp8GemmWgmmaCompiled() { return false; }
 int prepareDevice(int, std::vector<NamedPointer> const&, void*) {
     throw std::runtime_error("prepare_device: tensorrt_llm.bindings was built without CUDA kernels (CPU-only build); "
                              "rebuild with `python build_wheel.py` on a machine with nvcc");

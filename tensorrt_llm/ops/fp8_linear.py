@@ -36,7 +36,14 @@ Implementations:
   to x's dtype: the reference's result up to float32 summation order. One kernel, where the
   path below takes several small ones (quantize x) and a cuBLASLt GEMM far from the weight's
   bytes bound at so few rows. in_features must be a multiple of 16 (16-byte packs), x rows on
-  16-byte boundaries; other calls take the path below.
+  16-byte boundaries; other calls take the paths below.
+- cuda, 9-32 rows on Hopper (a static input scale, N a multiple of 64, K of 128): x's codes (written
+  by fp8_quantize, or by the norm / activation / attention kernel in front), then
+  `fp8_gemm_wgmma` (cpp/kernels/sm90a/fp8_gemm_wgmma.cu): the tensor memory accelerator streams
+  64 weight rows a block into shared memory, wgmma multiplies the E4M3 codes with float32
+  accumulators, times input_scale x weight_scale, plus bias, rounded once. Its blocks request
+  their first weight bytes while the previous kernel ends (programmatic dependent launch), where
+  cuBLASLt's GEMM starts after it; a CUDA build that does not target sm_90 has no such kernel.
 - cuda, otherwise: `torch._scaled_mm` (cuBLASLt FP8 GEMM, sm_89+; the builder refuses FP8 for older
   GPUs). Its second operand must be column-major, which W^T of a row-major [N, K] weight is,
   and K and N multiples of 16: other shapes run the reference. Any M (tokens) is taken as it
@@ -59,6 +66,7 @@ Implementations:
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -68,7 +76,7 @@ from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation
 from .activation import gated_shape, silu_and_mul_cpu, silu_and_mul_cuda, silu_and_mul_reference
 from .attention import check_attention, gpt_attention_cpu, gpt_attention_reference
 from .attention_cuda import decode_step_cuda, decode_step_serves, gpt_attention_cuda
-from .launch import cuda_kernels_available, launch, rows
+from .launch import cuda_kernels_available, get_bindings, launch, rows
 from .linear import linear_shape
 from .norm import (
     fused_add_rms_norm_cpu,
@@ -85,7 +93,8 @@ from .quantized_linear import gated_epilogue_takes
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # cuBLASLt's FP8 GEMM needs K and N multiples of this.
 SCALED_MM_ALIGNMENT = 16
-# Rows the FP8 GEMV serves (static input scale, float16 / bfloat16 x); more take _scaled_mm. Up to
+# Rows the FP8 GEMV serves (static input scale, float16 / bfloat16 x); more take the codes path
+# (fp8_gemm_of_codes: Hopper's wgmma kernel up to 32 rows, else cuBLASLt). Up to
 # 8 rows it is the pipelined kernel; at 9-32 rows its register kernel re-reads x from L2 for every
 # 16 features and loses to cuBLASLt (H200, each layer alone, 16 rows, us: qkv 17.3 against 11.1,
 # o 10.8 / 8.9, gate_up 55.6 / 33.4, down 31.3 / 22.3; 32 rows: 21.7 / 11.5, 14.5 / 8.9, 83.5 /
@@ -207,11 +216,45 @@ def scaled_mm_serves(qweight: torch.Tensor) -> bool:
 
 
 def fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale=None, bias=None):
-    """The _scaled_mm path (any M), or the reference for shapes cuBLASLt refuses."""
+    """The codes path (any M): x quantized by fp8_quantize, then fp8_gemm_of_codes; or the
+    reference for shapes cuBLASLt refuses."""
     if not scaled_mm_serves(qweight):
         return fp8_linear_reference(x, qweight, weight_scale, input_scale, bias)
     qx, x_scale = _quantize_activation_cuda(rows(x), input_scale)
-    return scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, x.dtype).reshape(*x.shape[:-1], -1)
+    return fp8_gemm_of_codes(qx, x_scale, qweight, weight_scale, bias, x.dtype).reshape(*x.shape[:-1], -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper(device_index: int) -> bool:
+    """Compute capability 9.0 exactly: what sm_90a code runs on."""
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+def fp8_gemm_wgmma_takes(qx: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
+                         out_dtype: torch.dtype) -> bool:
+    """Whether Hopper's FP8 GEMM of few rows (fp8_gemm_wgmma) takes x's codes qx [M, K]: 1 to 32
+    rows under one static scale, a float16 / bfloat16 output, N a multiple of 64 and K of 128,
+    contiguous codes and weight on 16-byte boundaries, a build targeting sm_90 and a compute
+    capability 9.0 GPU."""
+    n, k = qweight.shape
+    return (qx.device.type == "cuda" and cuda_kernels_available() and get_bindings().fp8_gemm_wgmma_compiled
+            and 1 <= qx.shape[0] <= get_bindings().FP8_GEMM_WGMMA_MAX_ROWS and x_scale.numel() == 1
+            and out_dtype in (torch.float16, torch.bfloat16) and n % 64 == 0 and k % 128 == 0
+            and _hopper(qx.device.index) and qx.is_contiguous() and qweight.is_contiguous()
+            and qx.data_ptr() % 16 == 0 and qweight.data_ptr() % 16 == 0)
+
+
+def fp8_gemm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype):
+    """[M, N] in out_dtype: x @ W^T from x's E4M3 codes qx [M, K] and their scale ([1] static or
+    [M, 1] per row). Up to 32 rows on Hopper, the TMA + wgmma kernel (an H200, the FP8 8B engine's
+    batch-32 decode graph: 3.241 ms with cuBLASLt, 3.081 with it), else cuBLASLt's FP8 GEMM (a
+    weight scaled_mm_serves)."""
+    if fp8_gemm_wgmma_takes(qx, x_scale, qweight, out_dtype):
+        out = torch.empty(qx.shape[0], qweight.shape[0], dtype=out_dtype, device=qx.device)
+        launch("fp8_gemm_wgmma", out, qx.view(torch.int32), qweight.view(torch.int32), weight_scale.contiguous(),
+               x_scale.float().reshape(1).contiguous(), None if bias is None else bias.contiguous())
+        return out
+    return scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype)
 
 
 def scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype):
@@ -243,7 +286,7 @@ def scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype):
 # As linear.py's rms_norm_linear family: the references compose the unfused references, and the
 # CPU implementations the unfused CPU ones (the fused graph gives the unfused graph's numbers bit
 # for bit). On a GPU, many rows with a static input scale: the norm / activation kernel writes the
-# E4M3 codes that cuBLASLt's FP8 GEMM reads; a few rows (the FP8 GEMV's): the norm / activation
+# E4M3 codes that the FP8 GEMM of codes reads (fp8_gemm_of_codes); a few rows (the FP8 GEMV's): the norm / activation
 # kernel, then the GEMV. The pipelined FP8 GEMV computing the norm in front in every block cost
 # more than the norm's own kernel (an H200, LLaMA-8B's gate_up at 1 row: 44.3 us fused, 36.8
 # apart; the FP8 engine's batch-1 step 3.13 -> 2.87 ms without it; benchmarks/README.md).
@@ -275,13 +318,13 @@ def rms_norm_fp8_linear_cpu(x, norm_weight, qweight, weight_scale, input_scale=N
 def _codes_prologue_serves(x2: torch.Tensor, qweight: torch.Tensor, input_scale: Optional[torch.Tensor],
                            width: int) -> bool:
     """Whether the norm / activation kernel writes the codes of an FP8 linear's input of `width`
-    for the _scaled_mm path: many rows (not the GEMV's), a static input scale, a weight
+    for the codes path: many rows (not the GEMV's), a static input scale, a weight
     scaled_mm_serves, the compiled kernels, a width of whole int32 words."""
     return _codes_take(x2.device, qweight, input_scale, width) and not fp8_gemv_serves(x2, qweight, input_scale)
 
 
 def _codes_take(device: torch.device, qweight: torch.Tensor, input_scale: Optional[torch.Tensor], width: int) -> bool:
-    """What a kernel writing the codes of the _scaled_mm path needs, whatever the rows."""
+    """What a kernel writing the codes of the codes path needs, whatever the rows."""
     return (input_scale is not None and device.type == "cuda" and cuda_kernels_available() and width % 4 == 0
             and scaled_mm_serves(qweight))
 
@@ -290,11 +333,11 @@ def _gemm_after_codes(kernel: str, x2: torch.Tensor, qweight, weight_scale, inpu
                       **kwargs) -> torch.Tensor:
     """[M, N] in x2's dtype: `kernel` (rms_norm_fp8, silu_and_mul_fp8; its other operands args
     and kwargs) writes the E4M3 codes of the layer's input from x2 under the static input scale,
-    then cuBLASLt's FP8 GEMM reads them (a call _codes_prologue_serves)."""
+    then fp8_gemm_of_codes reads them (a call _codes_prologue_serves)."""
     codes = torch.empty(x2.shape[0], qweight.shape[1], dtype=torch.uint8, device=x2.device)
     scale = _static_scale(input_scale)
     launch(kernel, codes.view(torch.int32), x2, *args, input_scale=scale, **kwargs)
-    return scaled_mm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x2.dtype)
+    return fp8_gemm_of_codes(codes.view(FP8_DTYPE), scale, qweight, weight_scale, bias, x2.dtype)
 
 
 @rms_norm_fp8_linear.implementation(CUDA)
@@ -512,7 +555,7 @@ def gpt_attention_fp8_linear_cuda(q, k, v, kv_cache_pool, block_tables, sequence
                                   *, layer_idx, num_heads, num_kv_heads, head_dim, tokens_per_block, scale=None,
                                   sliding_window=None, rotary_dim=0, rotary_is_neox=True):
     # A decode step of more rows than the FP8 GEMV takes: the decode-attention kernel writes the
-    # codes that fp8_quantize would make of its output, and cuBLASLt's FP8 GEMM reads them (an
+    # codes that fp8_quantize would make of its output, and fp8_gemm_of_codes reads them (an
     # H200, the FP8 8B engine at batch 32, its decode graph built without and with the pass: 3.371
     # -> 3.293 ms). Otherwise the attention, then the linear (the GEMV quantizes x itself).
     attention, attrs, dense = _split_arguments(locals())
@@ -524,5 +567,5 @@ def gpt_attention_fp8_linear_cuda(q, k, v, kv_cache_pool, block_tables, sequence
                                  kv_cache_scale, layer_idx=layer_idx, num_heads=num_heads, num_kv_heads=num_kv_heads,
                                  head_dim=head_dim, scale=scale, sliding_window=sliding_window,
                                  rotary_is_neox=rotary_is_neox, input_scale=codes_scale)
-        return scaled_mm_of_codes(codes.view(FP8_DTYPE), codes_scale, qweight, weight_scale, bias, q.dtype)
+        return fp8_gemm_of_codes(codes.view(FP8_DTYPE), codes_scale, qweight, weight_scale, bias, q.dtype)
     return fp8_linear_cuda(gpt_attention_cuda(*attention, **attrs), *dense)

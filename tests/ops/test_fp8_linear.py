@@ -21,6 +21,8 @@ from tensorrt_llm.ops.fp8_linear import (
     add_rms_norm_fp8_linear_cuda,
     add_rms_norm_fp8_linear_reference,
     fp8_gated_gemv_serves,
+    fp8_gemm_of_codes,
+    fp8_gemm_wgmma_takes,
     fp8_gemv,
     fp8_gemv_serves,
     fp8_linear_cuda,
@@ -224,6 +226,87 @@ def test_scaled_mm_replays_in_a_cuda_graph(per_channel, static):
     graph.replay()
     torch.cuda.synchronize()
     _assert_close_to_reference(y, fp8_linear_reference(x, qw, ws, xs), 4096)
+
+
+# ---- GPU: Hopper's FP8 GEMM of few rows (TMA + wgmma) against the reference --------------------
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="fp8_gemm_wgmma runs on compute capability 9.0 (H100 / H200) only")
+# (K, N): LLaMA-8B's four linears and their split / slot choices (K split in two up to 8,192
+# features; slots of 512 bytes at K = 14,336, 128 beyond 16,384 features), the smallest shape,
+# K not a multiple of the split's 256 bytes, and more rows of blocks than one wave.
+WGMMA_SHAPES = LLAMA_8B + [(128, 64), (384, 128), (14336, 1024), (512, 17408), (4096, 28672)]
+
+
+def _wgmma_codes(m, k, n, per_channel, dtype, seed):
+    x, qw, ws, xs = _gpu_case(m, k, n, per_channel, True, dtype, seed=seed)
+    return x, qw, ws, xs, _quantize_activation_cuda(x, xs)[0]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("k,n", WGMMA_SHAPES)
+@pytest.mark.parametrize("m", [9, 17, 32])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_gemm_wgmma_matches_reference(k, n, m, per_channel, dtype):
+    x, qw, ws, xs, codes = _wgmma_codes(m, k, n, per_channel, dtype, seed=m + k + n)
+    assert fp8_gemm_wgmma_takes(codes, xs, qw, dtype)
+    bias = torch.randn(n, device="cuda").to(dtype) if m == 17 else None
+    got = fp8_gemm_of_codes(codes, xs, qw, ws, bias, dtype)
+    _assert_close_to_reference(got, fp8_linear_reference(x, qw, ws, xs, bias), k)
+    # the op itself (fp8_linear) takes the same kernel at these rows
+    _assert_close_to_reference(fp8_linear_cuda(x, qw, ws, xs, bias), fp8_linear_reference(x, qw, ws, xs, bias), k)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_fp8_gemm_wgmma_extreme_codes_and_one_row():
+    """Every code at +-448 (the largest products) and a single row of x (the other 31 rows of the
+    tile read as zeros), K split in two parts of one 128-byte step each: exact. (Over K = 4,096
+    such same-sign sums lose about 2% in Hopper's FP8 accumulator, ours and cuBLASLt's alike: an
+    H200 gave -48.25 and -48.0 for -49.)"""
+    k, n = 256, 128
+    codes = torch.full((1, k), 448.0, device="cuda").to(FP8_DTYPE)
+    qw = torch.full((n, k), -448.0, device="cuda").to(FP8_DTYPE).view(torch.uint8)
+    ws, xs = torch.full((1,), 2.0 ** -20, device="cuda"), torch.full((1,), 2.0 ** -4, device="cuda")
+    assert fp8_gemm_wgmma_takes(codes, xs, qw, torch.bfloat16)
+    got = fp8_gemm_of_codes(codes, xs, qw, ws, None, torch.bfloat16)
+    want = torch.full((1, n), -448.0 * 448.0 * k * 2.0 ** -24, device="cuda")
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_fp8_gemm_wgmma_replays_in_a_cuda_graph():
+    x, qw, ws, xs, codes = _wgmma_codes(32, 4096, 4096, False, torch.bfloat16, seed=1)
+    fp8_gemm_of_codes(codes, xs, qw, ws, None, torch.bfloat16)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fp8_gemm_of_codes(codes, xs, qw, ws, None, torch.bfloat16)
+    x2, *_ = _gpu_case(32, 4096, 4096, False, True, torch.bfloat16, seed=2)
+    codes.copy_(_quantize_activation_cuda(x2, xs)[0])
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_close_to_reference(y, fp8_linear_reference(x2, qw, ws, xs), 4096)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_fp8_gemm_wgmma_dispatch_and_refusals():
+    x, qw, ws, xs, codes = _wgmma_codes(32, 256, 128, False, torch.bfloat16, seed=3)
+    assert fp8_gemm_wgmma_takes(codes, xs, qw, torch.bfloat16)
+    assert not fp8_gemm_wgmma_takes(torch.cat([codes, codes[:1]]), xs, qw, torch.bfloat16)  # 33 rows: cuBLASLt
+    assert not fp8_gemm_wgmma_takes(codes, xs.expand(32, 1), qw, torch.bfloat16)  # per-token scales
+    assert not fp8_gemm_wgmma_takes(codes, xs, qw, torch.float32)  # float32 output
+    _, qw96, *_ = _gpu_case(32, 256, 96, False, True, torch.bfloat16)
+    assert not fp8_gemm_wgmma_takes(codes, xs, qw96, torch.bfloat16)  # N not a multiple of 64
+    out = torch.empty(33, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="at most 32 rows"):
+        launch("fp8_gemm_wgmma", out, torch.cat([codes, codes[:1]]).view(torch.int32), qw.view(torch.int32), ws, xs)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        launch("fp8_gemm_wgmma", out[:32, :96], codes.view(torch.int32), qw96.view(torch.int32), ws, xs)
 
 
 # ---- GPU: the FP8 GEMV (static input scale, few rows) against the reference ---------------------

@@ -30,6 +30,16 @@ int dtypeSize(DType dtype);
 // True when this build contains the CUDA kernels.
 bool cudaKernelsCompiled();
 
+// The FP8 GEMM of at most 32 rows on Hopper (kernels/sm90a/fp8_gemm_wgmma.cu: TMA and wgmma, in a
+// CUDA build that targets sm_90; runs on compute capability 9.0 only): out[M, N] = (codes .
+// W^T) * inputScale * weightScale (+ bias), codes x's E4M3 bytes [M, K], W's [N, K], both
+// contiguous on 16-byte boundaries, N a multiple of 64, K of 128; out float16 / bfloat16.
+constexpr int64_t kFp8GemmWgmmaMaxRows = 32;
+bool fp8GemmWgmmaCompiled();
+void launchFp8GemmWgmma(void* out, void const* codes, void const* qweight, void const* weightScale,
+                        void const* inputScale, void const* bias, int64_t m, int64_t n, int64_t k,
+                        int64_t outRowStride, bool perChannel, DType dtype, void* stream);
+
 // Makes `device` current for the calling thread and checks that every pointer is device (or
 // managed) memory of that device; launches nothing. Returns the device that was current before
 // (give it to restoreDevice after the launch: PyTorch's runtime shares the thread's current
