@@ -212,22 +212,45 @@ inline bool programmaticLaunch() {
     return enabled && deviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 9;
 }
 
-// Every kernel of the library is launched here (see the contract above), then checked.
+// Every kernel of the library is launched here (see the contract above), then checked; `cluster`
+// (launchClusterKernel): blocks scheduled together as thread block clusters, whose shared memory
+// each other's blocks can read (sm_90).
 template <typename... Params, typename... Args>
-void launchKernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                  cudaStream_t stream, Args&&... args) {
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+void launchKernelIn(char const* name, void (*kernel)(Params...), dim3 grid, dim3 const* cluster, dim3 block,
+                    size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attribute[2];
+    unsigned attributes = 0;
+    if (programmaticLaunch()) {
+        attribute[attributes].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[attributes++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster != nullptr) {
+        attribute[attributes].id = cudaLaunchAttributeClusterDimension;
+        attribute[attributes].val.clusterDim.x = cluster->x;
+        attribute[attributes].val.clusterDim.y = cluster->y;
+        attribute[attributes++].val.clusterDim.z = cluster->z;
+    }
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = smem;
     config.stream = stream;
     config.attrs = attribute;
-    config.numAttrs = programmaticLaunch() ? 1 : 0;
+    config.numAttrs = attributes;
     cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
     checkLaunch(name);
+}
+
+template <typename... Params, typename... Args>
+void launchKernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                  cudaStream_t stream, Args&&... args) {
+    launchKernelIn(name, kernel, grid, nullptr, block, smem, stream, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+void launchClusterKernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block,
+                         size_t smem, cudaStream_t stream, Args&&... args) {
+    launchKernelIn(name, kernel, grid, &cluster, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // Blocks of `threads` threads for a GEMV whose warps own whole output rows, taking the `rows`

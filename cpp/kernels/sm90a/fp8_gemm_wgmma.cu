@@ -237,22 +237,8 @@ void launchAs(CUtensorMap const& weightMap, CUtensorMap const& xMap, GemmArgs co
     auto kernel = fp8GemmWgmmaKernel<T, BK>;
     size_t const smem = size_t{kStages} * (kFeatures + kRows) * BK + 1024;  // + the alignment of the ring
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    cudaLaunchAttribute attributes[2];
-    attributes[0].id = cudaLaunchAttributeClusterDimension;
-    attributes[0].val.clusterDim.x = 1;
-    attributes[0].val.clusterDim.y = static_cast<unsigned>(a.splits);
-    attributes[0].val.clusterDim.z = 1;
-    attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(a.n / kFeatures), static_cast<unsigned>(a.splits));
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = attributes;
-    config.numAttrs = programmaticLaunch() ? 2 : 1;
-    cudaLaunchKernelEx(&config, kernel, weightMap, xMap, a);
-    checkLaunch("fp8_gemm_wgmma");
+    launchClusterKernel("fp8_gemm_wgmma", kernel, dim3(a.n / kFeatures, a.splits), dim3(1, a.splits), kThreads,
+                        smem, stream, weightMap, xMap, a);
 }
 
 } // namespace
