@@ -747,6 +747,15 @@ void launchWeightOnlyDequantizeEntry(Call const& c) {
 
 constexpr int64_t kFp8GemvMaxRows = 1 << 20;
 
+// An FP8 weight's scale: [1] (per tensor) or [n] (per output channel).
+void checkWeightScale(Call const& c, int64_t n) {
+    TensorArg const& ws = c["weight_scale"];
+    if (ws.size(0) != 1 && ws.size(0) != n) {
+        throw std::invalid_argument(ws.describe() + " must be [1] (per tensor) or [" + std::to_string(n)
+                                    + "] (per output channel)");
+    }
+}
+
 void checkFp8Gemv(Call& c) {
     TensorArg const &x = c["x"], &q = c["qweight"];
     int64_t const n = q.size(0), k = q.size(1) * 4;
@@ -760,11 +769,7 @@ void checkFp8Gemv(Call& c) {
     if (x.ptr % 16 != 0 || (x.stride(0) * dtypeSize(x.dtype)) % 16 != 0) {
         throw std::invalid_argument(x.describe() + " must start on a 16-byte boundary with 16-byte aligned rows");
     }
-    TensorArg const& ws = c["weight_scale"];
-    if (ws.size(0) != 1 && ws.size(0) != n) {
-        throw std::invalid_argument(ws.describe() + " must be [1] (per tensor) or [" + std::to_string(n)
-                                    + "] (per output channel)");
-    }
+    checkWeightScale(c, n);
     c.shape("input_scale", {1});
     bool const gated = c.flag("gated");
     c.shape("out", {x.size(0), gated ? n / 2 : n});
@@ -803,11 +808,7 @@ void checkFp8GemmWgmma(Call& c) {
     if (codes.ptr % 16 != 0 || q.ptr % 16 != 0) {
         throw std::invalid_argument("fp8_gemm_wgmma: codes and qweight must start on 16-byte boundaries");
     }
-    TensorArg const& ws = c["weight_scale"];
-    if (ws.size(0) != 1 && ws.size(0) != n) {
-        throw std::invalid_argument(ws.describe() + " must be [1] (per tensor) or [" + std::to_string(n)
-                                    + "] (per output channel)");
-    }
+    checkWeightScale(c, n);
     c.shape("input_scale", {1});
     c.shape("out", {codes.size(0), n});
     c.shape("bias", {n});

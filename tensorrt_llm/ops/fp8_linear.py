@@ -252,7 +252,7 @@ def fp8_gemm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype):
     if fp8_gemm_wgmma_takes(qx, x_scale, qweight, out_dtype):
         out = torch.empty(qx.shape[0], qweight.shape[0], dtype=out_dtype, device=qx.device)
         launch("fp8_gemm_wgmma", out, qx.view(torch.int32), qweight.view(torch.int32), weight_scale.contiguous(),
-               x_scale.float().reshape(1).contiguous(), None if bias is None else bias.contiguous())
+               _static_scale(x_scale), None if bias is None else bias.contiguous())
         return out
     return scaled_mm_of_codes(qx, x_scale, qweight, weight_scale, bias, out_dtype)
 

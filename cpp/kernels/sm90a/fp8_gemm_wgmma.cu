@@ -27,7 +27,8 @@ namespace tensorrt_llm {
 namespace {
 
 constexpr int kFeatures = 64;  // rows of W a block owns: wgmma's M
-constexpr int kRows = 32;      // rows of x: wgmma's N
+constexpr int kRows = static_cast<int>(kFp8GemmWgmmaMaxRows);  // rows of x: wgmma's N
+static_assert(kRows == 32, "the kernel's wgmma is m64n32k32, its accumulators 16 a thread");
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kStages = 4;
 constexpr int kSwizzle = 128;  // bytes of K one tensor-map box spans (the swizzle's row)
