@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..quantization.formats import dequantize_kv
 from .attention import gpt_attention, gpt_attention_reference
-from .launch import cuda_kernels_available, get_bindings, launch
+from .launch import cuda_capability, cuda_kernels_available, get_bindings, launch
 from .op import CUDA
 from .rotary import rotary_embedding_cuda_
 
@@ -125,18 +125,12 @@ def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables:
 
 # ---- gpt_attention ------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _capability_major(device_index: int) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
 def _kernel_covers(q, num_heads, num_kv_heads, head_dim, quantized) -> bool:
     """Whether the decode kernel takes these heads (a quantized cache: its tensor-core form only)."""
     if not (cuda_kernels_available() and head_dim in (64, 128, 256) and num_heads // num_kv_heads <= 8):
         return False
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     return not quantized or (q.dtype in (torch.float16, torch.bfloat16) and head_dim in (64, 128)
-                             and _capability_major(index) >= 8)
+                             and cuda_capability(q.device)[0] >= 8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,17 +142,16 @@ def _flash_schema() -> str:
         return ""
 
 
-@functools.lru_cache(maxsize=None)
-def _flash_on(device_index: int) -> bool:
+def _flash_on(device: torch.device) -> bool:
     """Whether PyTorch's flash attention runs on this GPU (compiled in, sm80 or newer)."""
     available = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
-    return bool(_flash_schema()) and available and torch.cuda.get_device_capability(device_index)[0] >= 8
+    return bool(_flash_schema()) and available and cuda_capability(device)[0] >= 8
 
 
 def _varlen_ready(q: torch.Tensor) -> bool:
     """Whether the mixed-step path (decode kernel + one varlen flash call) serves q."""
     return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and _flash_on(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+            and _flash_on(q.device))
 
 
 def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, window_left):

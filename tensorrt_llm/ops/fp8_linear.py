@@ -66,7 +66,6 @@ Implementations:
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -76,7 +75,7 @@ from ..quantization.formats import FP8_DTYPE, Fp8Weight, quantize_fp8_activation
 from .activation import gated_shape, silu_and_mul_cpu, silu_and_mul_cuda, silu_and_mul_reference
 from .attention import check_attention, gpt_attention_cpu, gpt_attention_reference
 from .attention_cuda import decode_step_cuda, decode_step_serves, gpt_attention_cuda
-from .launch import cuda_kernels_available, get_bindings, launch, rows
+from .launch import cuda_capability, cuda_kernels_available, get_bindings, launch, rows
 from .linear import linear_shape
 from .norm import (
     fused_add_rms_norm_cpu,
@@ -224,12 +223,6 @@ def fp8_linear_scaled_mm(x, qweight, weight_scale, input_scale=None, bias=None):
     return fp8_gemm_of_codes(qx, x_scale, qweight, weight_scale, bias, x.dtype).reshape(*x.shape[:-1], -1)
 
 
-@functools.lru_cache(maxsize=None)
-def _hopper(device_index: int) -> bool:
-    """Compute capability 9.0 exactly: what sm_90a code runs on."""
-    return torch.cuda.get_device_capability(device_index) == (9, 0)
-
-
 def fp8_gemm_wgmma_takes(qx: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
                          out_dtype: torch.dtype) -> bool:
     """Whether Hopper's FP8 GEMM of few rows (fp8_gemm_wgmma) takes x's codes qx [M, K]: 1 to 32
@@ -240,7 +233,7 @@ def fp8_gemm_wgmma_takes(qx: torch.Tensor, x_scale: torch.Tensor, qweight: torch
     return (qx.device.type == "cuda" and cuda_kernels_available() and get_bindings().fp8_gemm_wgmma_compiled
             and 1 <= qx.shape[0] <= get_bindings().FP8_GEMM_WGMMA_MAX_ROWS and x_scale.numel() == 1
             and out_dtype in (torch.float16, torch.bfloat16) and n % 64 == 0 and k % 128 == 0
-            and _hopper(qx.device.index) and qx.is_contiguous() and qweight.is_contiguous()
+            and cuda_capability(qx.device) == (9, 0) and qx.is_contiguous() and qweight.is_contiguous()
             and qx.data_ptr() % 16 == 0 and qweight.data_ptr() % 16 == 0)
 
 

@@ -49,6 +49,19 @@ def cuda_kernels_available() -> bool:
     return module is not None and bool(module.cuda_kernels_compiled)
 
 
+def cuda_capability(device: "torch.device | int | None" = None) -> tuple[int, int]:
+    """The compute capability (major, minor) of a CUDA device (None, or a device without an index:
+    the current one), looked up once per device: the kernels' dispatch asks on every call."""
+    if isinstance(device, torch.device):
+        device = device.index
+    return _capability(torch.cuda.current_device() if device is None else device)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def build_info() -> dict:
     """`tensorrt_llm.bindings.build_info()`; ImportError when the module is not built."""
     return get_bindings().build_info()
