@@ -27,6 +27,11 @@ CASES = {  # name: (batch, heads, kv_heads, head_dim, sequence length)
     "llama-8b b32 L200": (32, 32, 8, 128, 200),
     "llama-8b b1 L2100": (1, 32, 8, 128, 2100),
     "llama-8b b32 L2080": (32, 32, 8, 128, 2080),  # quantization's FP8 KV bar: batch 32, 2,048 tokens
+    "llama-8b b40 L200": (40, 32, 8, 128, 200),     # 320 blocks: between two and three an SM (132 SMs)
+    "llama-8b b40 L2080": (40, 32, 8, 128, 2080),
+    "llama-8b b64 L200": (64, 32, 8, 128, 200),
+    "llama-8b b64 L2080": (64, 32, 8, 128, 2080),
+    "llama-8b b128 L2080": (128, 32, 8, 128, 2080),
     "llama-8b b256 L192": (256, 32, 8, 128, 192),   # in-flight batching's large decode batches
     "llama-8b b512 L192": (512, 32, 8, 128, 192),
 }

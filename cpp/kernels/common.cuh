@@ -253,6 +253,15 @@ void launchClusterKernel(char const* name, void (*kernel)(Params...), dim3 grid,
     launchKernelIn(name, kernel, grid, &cluster, block, smem, stream, std::forward<Args>(args)...);
 }
 
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) that one
+// multiprocessor holds at once, as its registers and shared memory allow; at least 1.
+template <typename Kernel>
+int residentBlocks(Kernel kernel, int threads, size_t smem) {
+    int blocks = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
+    return std::max(1, blocks);
+}
+
 // Blocks of `threads` threads for a GEMV whose warps own whole output rows, taking the `rows`
 // (> 0) in turn: at most as many warps as fit on the GPU at once (the kernel's occupancy with
 // `smem` bytes of dynamic shared memory), and of those the fewest that keep the most-loaded
@@ -260,9 +269,7 @@ void launchClusterKernel(char const* name, void (*kernel)(Params...), dim3 grid,
 template <typename Kernel>
 unsigned rowPerWarpBlocks(Kernel kernel, int threads, size_t smem, int64_t rows) {
     int const warpsPerBlock = threads / 32;
-    int blocksPerSm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocksPerSm, kernel, threads, smem);
-    int64_t const maxWarps = static_cast<int64_t>(std::max(1, blocksPerSm)) * multiprocessors() * warpsPerBlock;
+    int64_t const maxWarps = int64_t{residentBlocks(kernel, threads, smem)} * multiprocessors() * warpsPerBlock;
     int64_t const rowsPerWarp = (rows + maxWarps - 1) / maxWarps;
     int64_t const warps = (rows + rowsPerWarp - 1) / rowsPerWarp;
     return static_cast<unsigned>((warps + warpsPerBlock - 1) / warpsPerBlock);

@@ -925,16 +925,46 @@ void launchCudaCore(DecodeAttentionParams const& p, cudaStream_t stream) {
     }
 }
 
+template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE>
+auto mmaKernel(DecodeAttentionParams const& p) {
+    return p.tokensPerBlock >= 16 ? decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE, true>
+                                  : decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE, false>;
+}
+
 template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE = false>
 void launchMma(DecodeAttentionParams const& p, cudaStream_t stream) {
     size_t const smem = sharedBytes<D, kDecodeAttentionMaxGroup>(p, WARPS);
-    auto kernel = p.tokensPerBlock >= 16 ? decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE, true>
-                                         : decodeAttentionMmaKernel<T, C, D, WARPS, TILES, MINB, PIPE, false>;
+    auto kernel = mmaKernel<T, C, D, WARPS, TILES, MINB, PIPE>(p);
     if (smem > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     }
     dim3 grid(static_cast<unsigned>(p.kvHeads), static_cast<unsigned>(p.batch), static_cast<unsigned>(p.numSplits));
     launchKernel("decode_attention", kernel, grid, WARPS * 32, smem, stream, p);
+}
+
+// Four-warp blocks of two tiles (1-byte codes: PIPE). Their registers leave room for two blocks an
+// SM, so a grid of a little more than two an SM ran a second wave of a few blocks, each walking a
+// whole sequence alone: on an H200 (132 SMs, the 8B shape: 8 KV heads, one split a sequence) the
+// step from batch 33 (264 blocks) to 34 (272) took the bf16 walk at 2,080 positions from 73 to 112
+// us. The same kernel held to 168 registers (MINB 3: three blocks an SM) is slower block for block
+// (batch 32: 72 -> 95 us), but one wave of it beats two: bench_decode_attention.py, us, bf16 / FP8,
+// two blocks -> three: b34 L2080 112.3 -> 97.4 / 67.1 -> 58.1, b40 L2080 121.1 -> 100.4 / 71.7 ->
+// 60.3, b48 L2080 123.3 -> 113.8 / 73.8 -> 65.0, b40 L1024 65.4 -> 53.2 / 42.8 -> 35.1, b40 L200
+// 19.6 -> 14.0 / 18.7 -> 13.4; beyond three an SM it loses (b50 124.5 -> 140.7, b64 138.3 ->
+// 174.4). So grids between the two instances' capacities take the three-block one. (Splitting
+// each sequence further to fill whole waves of the two-block instance was slower still: b40 L2080
+// bf16 128 us, FP8 93 at three splits.)
+template <typename T, typename C, int D>
+void launchFourWarps(DecodeAttentionParams const& p, cudaStream_t stream) {
+    constexpr bool kPipe = kIsKvCode<C>;
+    size_t const smem = sharedBytes<D, kDecodeAttentionMaxGroup>(p, 4);
+    int64_t const blocks = p.batch * p.kvHeads * p.numSplits, sms = multiprocessors();
+    if (blocks > residentBlocks(mmaKernel<T, C, D, 4, 2, 1, kPipe>(p), 128, smem) * sms
+        && blocks <= residentBlocks(mmaKernel<T, C, D, 4, 2, 3, kPipe>(p), 128, smem) * sms) {
+        launchMma<T, C, D, 4, 2, 3, kPipe>(p, stream);
+    } else {
+        launchMma<T, C, D, 4, 2, 1, kPipe>(p, stream);
+    }
 }
 
 // Which kernel and block size. Half-precision heads of 64 or 128 on sm_80+ take the tensor-core
@@ -985,10 +1015,8 @@ void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
                     launchMma<T, C, D, 1, 2, 8>(p, stream);
                 } else if (fewPairs) {
                     launchMma<T, C, D, 8, 2, 1>(p, stream);
-                } else if constexpr (kIsKvCode<C>) {
-                    launchMma<T, C, D, 4, 2, 1, true>(p, stream);
                 } else {
-                    launchMma<T, C, D, 4, 2, 1>(p, stream);
+                    launchFourWarps<T, C, D>(p, stream);
                 }
             };
             if (p.cacheDtype == DType::kUInt8) {

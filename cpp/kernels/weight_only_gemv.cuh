@@ -1174,10 +1174,8 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(ring + kMaxPipeX + kMaxSum));
-    int perSm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
-    unsigned const blocks =
-        static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{std::max(1, perSm)} * multiprocessors()));
+    unsigned const blocks = static_cast<unsigned>(
+        std::min<int64_t>(tiles, int64_t{residentBlocks(kernel, kMmaWarps * 32, smem)} * multiprocessors()));
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
 }
 
@@ -1248,9 +1246,7 @@ void launchGemvMmaTile(Params const& q, unsigned blocks, cudaStream_t stream) {
     if (loops) {
         // As many blocks as run at once (the kernel's LOOP: what a block does once, it does once per
         // block, not per tile).
-        int perSm = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kMmaWarps * 32, smem);
-        blocks = static_cast<unsigned>(std::min<int64_t>(blocks, std::max(1, perSm) * sms));
+        blocks = static_cast<unsigned>(std::min<int64_t>(blocks, residentBlocks(kernel, kMmaWarps * 32, smem) * sms));
     }
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
 }

@@ -78,6 +78,22 @@ def test_kernel_matches_reference(case, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("per_sm", [2.5, 3.5])
+def test_kernel_grids_of_two_to_four_blocks_an_sm(per_sm, dtype):
+    """Llama-3 8B's heads at batches whose (sequence, KV head) blocks number 2.5 and 3.5 a
+    multiprocessor: the four-warp kernel's instance of three blocks an SM (the first) and its usual
+    one (the second), against the reference."""
+    batch = int(per_sm * torch.cuda.get_device_properties(0).multi_processor_count) // 8
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator().manual_seed(seed)
+    q, cache, tables, lengths = make_inputs(batch, 32, 8, 128, 32, 300, dtype, "cuda", gen)
+    out = kernels.decode_attention(q, cache, tables, lengths, 0.088)
+    ref = reference.decode_attention(q.float(), cache.float(), tables, lengths, 0.088)
+    assert_close(out, ref.to(dtype), dtype, msg=f"seed={seed} batch={batch}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("window", [0, 1, 17])
 def test_kernel_alibi_and_sliding_window(window):
     gen = torch.Generator().manual_seed(window)
