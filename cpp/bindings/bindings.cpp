@@ -369,6 +369,48 @@ void launchHostWeightOnlyGemvEntry(Call const& c) {
     hostWeightOnlyGemv(p);
 }
 
+// ---- host_fp8_gemv ----
+
+void checkHostFp8Gemv(Call& c) {
+    int64_t const m = c["x"].size(0), k = c["x"].size(1), n = c["qweight"].size(0);
+    if (!hostFp8GemvServes(k)) {
+        throw std::invalid_argument("no kernel for in_features " + std::to_string(k) + " (a multiple of 8)");
+    }
+    c.shape("qweight", {n, k});
+    int64_t const ws = c["weight_scale"].numel(), xs = c["input_scale"].numel();
+    if (ws != 1 && ws != n) {
+        throw std::invalid_argument(c["weight_scale"].describe() + " must hold 1 or " + std::to_string(n)
+                                    + " scales (per tensor or per output channel)");
+    }
+    if (xs != 1 && xs != m) {
+        throw std::invalid_argument(c["input_scale"].describe() + " must hold 1 or " + std::to_string(m)
+                                    + " scales (static or per token)");
+    }
+    hostThreads(c);
+    c.shape("out", {m, n});
+    c.shape("bias", {n});
+}
+
+void launchHostFp8GemvEntry(Call const& c) {
+    HostFp8GemvParams p{};
+    p.out = static_cast<float*>(c["out"].data());
+    p.x = static_cast<float const*>(c["x"].data());
+    p.qweight = static_cast<uint8_t const*>(c["qweight"].data());
+    p.weightScale = static_cast<float const*>(c["weight_scale"].data());
+    p.inputScale = static_cast<float const*>(c["input_scale"].data());
+    p.bias = static_cast<float const*>(c.ptr("bias"));
+    p.m = c["x"].size(0);
+    p.n = c["qweight"].size(0);
+    p.k = c["x"].size(1);
+    p.xRowStride = c["x"].stride(0);
+    p.outRowStride = c["out"].stride(0);
+    p.weightPerRow = c["weight_scale"].numel() != 1;
+    p.inputPerRow = c["input_scale"].numel() != 1;
+    p.threads = hostThreads(c);
+    if (p.m == 0 || p.n == 0) return;
+    hostFp8Gemv(p);
+}
+
 void checkArgmaxRows(Call& c) {
     int64_t const batch = checkSamplingLogits(c);
     c.shape("out", {batch});
@@ -933,6 +975,16 @@ std::vector<Entry> entries() {
           optionalTensor("bias").rank(1).dtypes({kFloat32}).contiguous(), text("weight_format"),
           integer("group_size"), integer("threads")},
          checkHostWeightOnlyGemv, launchHostWeightOnlyGemvEntry, /*host=*/true},
+        {"host_fp8_gemv",
+         "out = (x @ W^T) * input_scale * weight_scale + bias on the host CPU (AVX2 + FMA; W's rows over `threads` "
+         "threads): x float32 [M, K] holding the activation's E4M3 values, qweight uint8 [N, K] E4M3 bytes, "
+         "weight_scale float32 [1] or [N], input_scale float32 [1] or [M] (per token), out float32 [M, N].",
+         {tensor("out").rank(2).dtypes({kFloat32}).lastDimContiguous().written(),
+          tensor("x").rank(2).dtypes({kFloat32}).lastDimContiguous(),
+          tensor("qweight").rank(2).dtypes({DType::kUInt8}).contiguous(),
+          tensor("weight_scale").dtypes({kFloat32}).contiguous(), tensor("input_scale").dtypes({kFloat32}).contiguous(),
+          optionalTensor("bias").rank(1).dtypes({kFloat32}).contiguous(), integer("threads")},
+         checkHostFp8Gemv, launchHostFp8GemvEntry, /*host=*/true},
         {"host_rms_norm",
          "rms_norm on the host CPU (float32, one thread): out = rmsnorm(x [+ residual]) * weight over rows of [rows, "
          "hidden]; with a residual, residual_out = x + residual.",
@@ -1086,6 +1138,9 @@ PYBIND11_MODULE(bindings, m) {
     m.attr("FP8_GEMM_WGMMA_MAX_ROWS") = kFp8GemmWgmmaMaxRows;
     m.attr("DECODE_ATTENTION_MAX_CHUNK_BLOCKS") = kDecodeAttentionMaxChunkBlocks;
     m.attr("ARGMAX_CHUNK") = kArgmaxChunk;  // argmax_rows: logits a block reduces, one workspace entry each
+    m.def("host_fp8_gemv_available", &hostFp8GemvAvailable, "Whether this CPU runs host_fp8_gemv (AVX2 and FMA).");
+    m.def("host_fp8_gemv_serves", &hostFp8GemvServes, py::arg("k"),
+          "Whether host_fp8_gemv takes in_features k (a multiple of 8).");
     m.def("host_weight_only_gemv_available", &hostWeightOnlyGemvAvailable,
           "Whether this CPU runs host_weight_only_gemv (AVX2 and FMA).");
     m.def("host_weight_only_gemv_vnni", &hostWeightOnlyGemvVnni,

@@ -1,6 +1,7 @@
 """fp8_linear: the shape rule, the reference (= formats.quantized_linear_reference, the
 meaning: x quantized to E4M3 with its static or per-token scale, both operands dequantized,
-float32 matmul) against the formula and the float matmul, and (gpu) the torch._scaled_mm
+float32 matmul) against the formula and the float matmul, the fused CPU ops against the reference
+(the host kernel itself: tests/kernels/test_host_fp8_gemv.py), and (gpu) the torch._scaled_mm
 implementation against the reference on LLaMA-8B's shapes, odd token counts and in a CUDA graph."""
 import math
 
@@ -9,7 +10,7 @@ import torch
 
 from tensorrt_llm import functional as F
 from tensorrt_llm.network import Network, net_guard
-from tensorrt_llm.ops import OPS, REFERENCE, implementations
+from tensorrt_llm.ops import CPU, OPS, REFERENCE, implementations
 from tensorrt_llm.ops.activation import silu_and_mul_cuda, silu_and_mul_reference
 from tensorrt_llm.ops.fp8_linear import (
     FP8_GEMV_MAX_ROWS,
@@ -25,10 +26,12 @@ from tensorrt_llm.ops.fp8_linear import (
     fp8_gemm_wgmma_takes,
     fp8_gemv,
     fp8_gemv_serves,
+    fp8_linear_cpu,
     fp8_linear_cuda,
     fp8_linear_reference,
     rms_norm_fp8_linear_cuda,
     rms_norm_fp8_linear_reference,
+    silu_and_mul_fp8_linear_cpu,
     silu_and_mul_fp8_linear_cuda,
     silu_and_mul_fp8_linear_reference,
 )
@@ -153,9 +156,10 @@ def test_quantize_kernel_codes_are_the_references(dtype, static, m, k, offset):
     assert torch.equal(scale.cpu(), want_scale)
 
 
-def test_the_cpu_runs_the_reference():
+def test_the_cpu_runs_the_host_kernel_then_the_reference():
+    # The host FP8 GEMV for decode rows (tests/kernels/test_host_fp8_gemv.py), the reference beyond.
     impls = implementations("cpu")["fp8_linear"]
-    assert list(impls) == [REFERENCE] and OPS["fp8_linear"].reference is fp8_linear_reference
+    assert list(impls) == [CPU, REFERENCE] and OPS["fp8_linear"].reference is fp8_linear_reference
 
 
 # ---- GPU: torch._scaled_mm against the reference ------------------------------------------------
@@ -597,7 +601,7 @@ def test_gated_mlp_is_the_two_fused_ops_on_the_cpu():
         assert torch.equal(y, silu_and_mul_fp8_linear_reference(h, *down))
         h, total = add_rms_norm_fp8_linear_cpu(x, r, w, *gate_up, eps=1e-5)
         y, got_total = add_rms_norm_fp8_gated_mlp_cpu(x, r, w, *gate_up, *down, eps=1e-5)
-        assert torch.equal(got_total, total) and torch.equal(y, silu_and_mul_fp8_linear_reference(h, *down))
+        assert torch.equal(got_total, total) and torch.equal(y, silu_and_mul_fp8_linear_cpu(h, *down))
 
 
 # gate_up [2I, K] as (K, 2I): LLaMA-3-8B's (1,792 tiles: three blocks an SM), 256 tiles (two an
@@ -725,10 +729,10 @@ def test_attention_fp8_linear_is_the_attention_then_the_linear_on_the_cpu(specs)
     from tensorrt_llm.ops.attention import gpt_attention_cpu, gpt_attention_reference
     from tensorrt_llm.ops.fp8_linear import gpt_attention_fp8_linear_cpu, gpt_attention_fp8_linear_reference
     fresh, attrs, dense = _attention_step(specs, torch.float32, None, "cpu")
-    for fused, unfused in ((gpt_attention_fp8_linear_reference, gpt_attention_reference),
-                           (gpt_attention_fp8_linear_cpu, gpt_attention_cpu)):
+    for fused, unfused, linear in ((gpt_attention_fp8_linear_reference, gpt_attention_reference, fp8_linear_reference),
+                                   (gpt_attention_fp8_linear_cpu, gpt_attention_cpu, fp8_linear_cpu)):
         a, b = fresh(), fresh()
-        assert torch.equal(fused(*a, *dense, **attrs), fp8_linear_reference(unfused(*b, **attrs), *dense))
+        assert torch.equal(fused(*a, *dense, **attrs), linear(unfused(*b, **attrs), *dense))
         assert torch.equal(a[3], b[3])
 
 

@@ -189,6 +189,23 @@ bool hostWeightOnlyGemvVnni();       // and has AVX-512 VNNI, which it uses
 bool hostWeightOnlyGemvServes(int bits, int64_t k, int64_t groupSize);  // its shapes: G a multiple of 32
 void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p);
 
+// FP8 (E4M3) linear on the host CPU (kernels/host_fp8_gemv.cpp): out = (x @ W^T) * input scale *
+// weight scale + bias, x the activation's E4M3 codes as their float32 values.
+struct HostFp8GemvParams {
+    float* out;                // [m, n], row stride outRowStride
+    float const* x;            // [m, k], row stride xRowStride: E4M3 values
+    uint8_t const* qweight;    // [n, k] E4M3 bytes, contiguous
+    float const* weightScale;  // [n] (weightPerRow) or [1]
+    float const* inputScale;   // [m] (inputPerRow: per token) or [1]
+    float const* bias;         // [n] or nullptr
+    int64_t m, n, k, xRowStride, outRowStride;
+    bool weightPerRow, inputPerRow;
+    int threads;               // threads over W's rows (1: this one only)
+};
+bool hostFp8GemvAvailable();           // this CPU runs it (AVX2 and FMA)
+bool hostFp8GemvServes(int64_t k);     // in_features a multiple of 8
+void hostFp8Gemv(HostFp8GemvParams const& p);
+
 // Decode attention over the paged cache: one query token per sequence at position
 // sequenceLengths[b] - 1, all query heads of a KV head together. With kNew/vNew, the step's
 // K/V rows are written into the cache by the same launch (rotated first when cosSin is given,
