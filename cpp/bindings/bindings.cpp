@@ -349,22 +349,29 @@ void checkHostWeightOnlyGemv(Call& c) {
     c.shape("bias", {n});
 }
 
-void launchHostWeightOnlyGemvEntry(Call const& c) {
-    HostWeightOnlyGemvParams p{};
+// The host GEMVs' common operands: out [m, n] and x [m, k] (float32), qweight's n rows, bias, threads.
+template <typename P>
+P hostGemvParams(Call const& c) {
+    P p{};
     p.out = static_cast<float*>(c["out"].data());
     p.x = static_cast<float const*>(c["x"].data());
-    p.qweight = c["qweight"].data();
-    p.scales = static_cast<float const*>(c["scales"].data());
-    p.zeros = static_cast<float const*>(c.ptr("zeros"));
     p.bias = static_cast<float const*>(c.ptr("bias"));
     p.m = c["x"].size(0);
     p.n = c["qweight"].size(0);
     p.k = c["x"].size(1);
     p.xRowStride = c["x"].stride(0);
     p.outRowStride = c["out"].stride(0);
+    p.threads = hostThreads(c);
+    return p;
+}
+
+void launchHostWeightOnlyGemvEntry(Call const& c) {
+    auto p = hostGemvParams<HostWeightOnlyGemvParams>(c);
+    p.qweight = c["qweight"].data();
+    p.scales = static_cast<float const*>(c["scales"].data());
+    p.zeros = static_cast<float const*>(c.ptr("zeros"));
     p.groupSize = c.integer("group_size");
     p.bits = hostWeightOnlyBits(c);
-    p.threads = hostThreads(c);
     if (p.m == 0 || p.n == 0) return;
     hostWeightOnlyGemv(p);
 }
@@ -392,21 +399,12 @@ void checkHostFp8Gemv(Call& c) {
 }
 
 void launchHostFp8GemvEntry(Call const& c) {
-    HostFp8GemvParams p{};
-    p.out = static_cast<float*>(c["out"].data());
-    p.x = static_cast<float const*>(c["x"].data());
+    auto p = hostGemvParams<HostFp8GemvParams>(c);
     p.qweight = static_cast<uint8_t const*>(c["qweight"].data());
     p.weightScale = static_cast<float const*>(c["weight_scale"].data());
     p.inputScale = static_cast<float const*>(c["input_scale"].data());
-    p.bias = static_cast<float const*>(c.ptr("bias"));
-    p.m = c["x"].size(0);
-    p.n = c["qweight"].size(0);
-    p.k = c["x"].size(1);
-    p.xRowStride = c["x"].stride(0);
-    p.outRowStride = c["out"].stride(0);
     p.weightPerRow = c["weight_scale"].numel() != 1;
     p.inputPerRow = c["input_scale"].numel() != 1;
-    p.threads = hostThreads(c);
     if (p.m == 0 || p.n == 0) return;
     hostFp8Gemv(p);
 }

@@ -92,11 +92,7 @@ void hostFp8Gemv(HostFp8GemvParams const& p) {
     using RowRange = void (*)(HostFp8GemvParams const&, float const* const*, float* const*, float const*, int64_t,
                               int64_t);
     static constexpr RowRange kRanges[kXRows] = {rowRange<1>, rowRange<2>, rowRange<3>, rowRange<4>};
-    int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
-    int64_t const perPart = ((p.n + parts - 1) / parts + kWRows - 1) / kWRows * kWRows;
-    hostParallel(parts, [&](int part) {
-        int64_t const begin = part * perPart;
-        int64_t const end = std::min(p.n, begin + perPart);
+    hostParallelRows(p.n, p.threads, kRowsPerPart, kWRows, [&](int64_t begin, int64_t end) {
         for (int64_t n = begin; n < end; n += kSliceRows) {
             int64_t const sliceEnd = std::min(end, n + kSliceRows);
             for (int64_t r = 0; r < p.m; r += kXRows) {

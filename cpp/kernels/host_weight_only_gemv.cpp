@@ -429,12 +429,8 @@ void hostWeightOnlyGemv(HostWeightOnlyGemvParams const& p) {
     static constexpr RowRange kPlainRanges[kXRows] = {rowRange<1>, rowRange<2>, rowRange<3>, rowRange<4>};
     static constexpr RowRange kPairRanges[kXRows] = {pairRowRange<1>, pairRowRange<2>, pairRowRange<3>, pairRowRange<4>};
     RowRange const* ranges = pairs ? kPairRanges : kPlainRanges;
-    int const parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.threads, p.n / kRowsPerPart)));
     // Whole passes of the widest R, so that every part but the last has no single rows.
-    int64_t const perPart = ((p.n + parts - 1) / parts + kRowsFor(1) - 1) / kRowsFor(1) * kRowsFor(1);
-    hostParallel(parts, [&](int part) {
-        int64_t const begin = part * perPart;
-        int64_t const end = std::min(p.n, begin + perPart);
+    hostParallelRows(p.n, p.threads, kRowsPerPart, kRowsFor(1), [&](int64_t begin, int64_t end) {
         // A slice of W's rows against every row of x in turn, kXRows at a time: the slice (a few
         // KB) is read from memory by the first pass and from cache by the others.
         for (int64_t n = begin; n < end; n += kSliceRows) {
