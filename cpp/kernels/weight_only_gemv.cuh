@@ -775,14 +775,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // its k-steps, across the block's tiles, through a ring of STAGES slots of shared memory
 // (cp.async: no registers held while the bytes travel), keeping STAGES - 1 k-steps of codes in
 // flight while it computes one. The first slots are filled before waitForPreviousKernel (codes
-// are no kernel's output); x's rows are copied to shared memory once per block; the grid is the
+// are no kernel's output); x's rows are copied to shared memory once per block (INT4: the parts
+// each warp reads, by that warp: pairXForWarp); the grid is the
 // blocks that fit at once, each looping over tiles of 16 features. Scales and zeros are read
 // where they are used, from L1: a tile ahead, the block asks for its next tile's scale lines
 // (per channel: read once per tile). In the ring they cost more than they saved: 16 rows' scale
 // and zero are 32 cache lines a k-step, and INT4 gate_up took 52 us, bound by L1 (80% busy).
 // INT8: per lane, the same products as the kernel above (mmaStep), in the same order. INT4: the
 // codes enter the mma as offset + code (biasedCodePair4: no subtraction), x's rows are staged in
-// the mma's pair order (pairXForMma: no permutes per k-step) with each k-step's sum of x, and
+// the mma's pair order (pairXForWarp: no permutes per k-step) with each k-step's sum of x, and
 // the offset and zero come out as (z - offset * s) times that sum: no second mma for the sum of
 // x, a third of the instructions a k-step. Every place advances by additions, and rows past p.n
 // read the last row instead of predicating each load: the first form of this kernel spent two
@@ -812,35 +813,62 @@ template <bool PAIRS>
 constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
 
 
-// INT4 (T float16 / bfloat16): x's rows as the mma wants them and each k-step's sum of x. Each
-// 8-value vector of a row becomes xPair's four pairs ((v0, v4), (v1, v5), (v2, v6), (v3, v7)), so
-// a k-step reads its B operands as words; xSum[step][r] is the sum of row r's 128 inputs of the
-// k-step (rows p.m .. 7: zero), one float32 sum in a fixed order. In place, after the copy of x.
+// INT4 (T float16 / bfloat16): the rows of x that a warp's k-steps read (warp, warp + 8, ...: the
+// same in every tile) as the mma wants them, and those k-steps' sums of x, staged by that warp
+// alone straight from global memory. Each 8-value vector of a row becomes xPair's four pairs ((v0,
+// v4), (v1, v5), (v2, v6), (v3, v7)), so a k-step reads its B operands as words; xSum[step][r] is
+// the sum of row r's 128 inputs of the k-step (rows p.m .. 7: zero), one float32 sum in a fixed
+// order (each vector's, then over the k-step's 16 lanes). No warp reads another's, so no block
+// barrier, nor a cp.async wait (which also waited for the block's first codes), stands between the
+// previous kernel's end and a warp's first k-step; a lane loads up to 4 vectors before it uses any.
+// H200, batch 1, each layer alone, us, x copied and paired by the whole block -> by each warp:
+// INT4 g128 qkv 7.42 / 7.56 -> 7.16 / 7.25, o 5.70 / 5.81 -> 5.36 / 5.37, down 14.14 / 14.51 ->
+// 13.69 / 13.62 (gate_up and the LM head, many tiles a block, unchanged); 4 rows qkv 10.80 ->
+// 9.54, o 8.17 -> 7.42.
 template <typename T>
-__device__ __forceinline__ void pairXForMma(Params const& p, T* xShared, float* xSum, int kSteps) {
-    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+__device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float* xSum, int kSteps, int warp,
+                                             int lane) {
+    constexpr int U = 4;
+    int const m = static_cast<int>(p.m);
     int const vecs = static_cast<int>(p.k / 8);
-    int const perRow = kSteps * 16;  // vectors of a row, padded to whole k-steps: 16 lanes a k-step
-    for (int base = warp * 32; base < p.m * perRow; base += kMmaWarps * 32) {
-        int const v = base + lane, r = v / perRow, j = v - r * perRow;
-        bool const ok = r < p.m && j < vecs;
-        float s = 0.f;
-        if (ok) {
-            uint4* at = reinterpret_cast<uint4*>(xShared + static_cast<int64_t>(r) * p.k) + j;
-            uint4 const a = *at;
-            Pack<T, 8> const vals = *reinterpret_cast<Pack<T, 8> const*>(&a);
+    int const perStep = m * 16;  // vectors of one k-step over the rows
+    int const mine = warp < kSteps ? (kSteps - warp + kMmaWarps - 1) / kMmaWarps : 0;
+    int const total = mine * perStep;
+    for (int base = 0; base < total; base += 32 * U) {  // whole warps: the shuffles
+        uint4 a[U];
+        int row[U], vec[U];
+        bool ok[U];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) s += toFloat(vals.v[e]);
-            *at = make_uint4(__byte_perm(a.x, a.z, 0x5410u), __byte_perm(a.x, a.z, 0x7632u),
-                             __byte_perm(a.y, a.w, 0x5410u), __byte_perm(a.y, a.w, 0x7632u));
+        for (int u = 0; u < U; ++u) {
+            int const i = base + 32 * u + lane, c = i / perStep, rest = i - c * perStep;
+            row[u] = rest / 16;
+            vec[u] = 16 * (warp + kMmaWarps * c) + rest % 16;
+            ok[u] = i < total && vec[u] < vecs;
+            a[u] = ok[u] ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + row[u] * p.xRowStride) +
+                                  vec[u])
+                         : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int o = 8; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (ok && lane % 16 == 0) xSum[(j / 16) * 8 + r] = s;
+        for (int u = 0; u < U; ++u) {
+            if (base + 32 * u >= total) break;  // the same for the whole warp
+            Pack<T, 8> const vals = *reinterpret_cast<Pack<T, 8> const*>(&a[u]);
+            float s = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s += toFloat(vals.v[e]);
+#pragma unroll
+            for (int o = 8; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (ok[u]) {
+                reinterpret_cast<uint4*>(xShared + static_cast<int64_t>(row[u]) * p.k)[vec[u]] =
+                    make_uint4(__byte_perm(a[u].x, a[u].z, 0x5410u), __byte_perm(a[u].x, a[u].z, 0x7632u),
+                               __byte_perm(a[u].y, a[u].w, 0x5410u), __byte_perm(a[u].y, a[u].w, 0x7632u));
+            }
+            if (base + 32 * u + lane < total && lane % 16 == 0) xSum[(vec[u] / 16) * 8 + row[u]] = s;
+        }
     }
-    for (int e = threadIdx.x; e < kSteps * 8; e += kMmaWarps * 32) {
-        if (e % 8 >= p.m) xSum[e] = 0.f;
+    for (int e = lane; e < mine * 8; e += 32) {  // rows p.m .. 7 of the warp's k-steps
+        if (e % 8 >= m) xSum[(warp + kMmaWarps * (e / 8)) * 8 + e % 8] = 0.f;
     }
+    __syncwarp();
 }
 
 // INT8 with bfloat16 x (HALF_X; launchPipelined says when): the mma takes x as float16, whose byte
@@ -1022,15 +1050,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
 
     float const inputScale = FP8 ? *p.inputScale : 0.f;
     float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
-    copyXToShared(p, xShared);
-    copyAsyncCommit();
-    copyAsyncWait<0>();
-    __syncthreads();
+    if constexpr (BITS == 4) {
+        pairXForWarp(p, xShared, xSum, kSteps, warp, lane);
+    } else {
+        copyXToShared(p, xShared);
+        copyAsyncCommit();
+        copyAsyncWait<0>();
+        __syncthreads();
+    }
     if constexpr (FP8) {
         fp8XForMma(p, xShared, inverseScale);
-        __syncthreads();
-    } else if constexpr (BITS == 4) {
-        pairXForMma(p, xShared, xSum, kSteps);
         __syncthreads();
     } else if constexpr (HALF_X) {
         halfXForMma(p, xShared, xSum, kSteps);
