@@ -820,15 +820,18 @@ constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
 // the sum of row r's 128 inputs of the k-step (rows p.m .. 7: zero), one float32 sum in a fixed
 // order (each vector's, then over the k-step's 16 lanes). No warp reads another's, so no block
 // barrier, nor a cp.async wait (which also waited for the block's first codes), stands between the
-// previous kernel's end and a warp's first k-step; a lane loads up to 4 vectors before it uses any.
-// H200, batch 1, each layer alone, us, x copied and paired by the whole block -> by each warp:
-// INT4 g128 qkv 7.42 / 7.56 -> 7.16 / 7.25, o 5.70 / 5.81 -> 5.36 / 5.37, down 14.14 / 14.51 ->
-// 13.69 / 13.62 (gate_up and the LM head, many tiles a block, unchanged); 4 rows qkv 10.80 ->
-// 9.54, o 8.17 -> 7.42.
+// previous kernel's end and a warp's first k-step; a lane loads up to 2 vectors before it uses any.
+// H200, batch 1, each layer alone, us, x copied and paired by the whole block -> by each warp (two
+// rounds): INT4 g128 qkv 7.48 / 7.45 -> 6.91 / 6.93, o 5.77 / 5.77 -> 5.23 / 5.26, gate_up 23.84 /
+// 23.79 -> 22.93 / 23.12, down 14.32 / 14.39 -> 13.80 / 13.82, lm_head 99.2 / 99.6 -> 97.8 / 97.0;
+// 4 rows qkv 10.8 -> 9.7, o 8.2 -> 7.7. The same staging for INT8 and FP8 was slower (one warp's
+// vectors of K = 14,336 take several round trips where the block's cp.async had them all in flight
+// at once: FP8 down 16.6 -> 17.6; INT8's bfloat16 instance went past 80 registers, two blocks an SM
+// instead of three: qkv 8.2 -> 9.5), so they keep the block's copy.
 template <typename T>
 __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float* xSum, int kSteps, int warp,
                                              int lane) {
-    constexpr int U = 4;
+    constexpr int U = 2;  // vectors a lane has in flight: a warp's share of a row at K = 4,096 (4: more registers)
     int const m = static_cast<int>(p.m);
     int const vecs = static_cast<int>(p.k / 8);
     int const perStep = m * 16;  // vectors of one k-step over the rows
