@@ -40,6 +40,7 @@ from .models import MODEL_MAP  # noqa: F401  (registers the known architectures)
 from .models.modeling_utils import PretrainedConfig
 from .network import JSON_FORMAT, JSON_VERSION, Network, net_guard
 from .ops import IMPLEMENTATION_ATTR, IMPLEMENTATIONS, OPS
+from .ops.quantized_linear import WEIGHT_ONLY_OPS
 
 # Letters, digits and `_ . : / - [ ]`: every name the builder makes (module paths such as
 # transformer/layers/0/attention/gpt_attention_12, weights such as
@@ -400,7 +401,7 @@ def check_config_matches_graph(pretrained: dict, build: dict, network, where: st
     quantized = PretrainedConfig.from_dict(pretrained).quant_config.quantizes_weights
     for layer in network.layers:
         a = layer.attrs
-        if layer.op == "weight_only_linear" and not quantized:
+        if layer.op in WEIGHT_ONLY_OPS and not quantized:
             problems.append(f"layer {layer.name}: a weight-only quantized linear, but the config's "
                             f"quantization section quantizes no weights")
         elif layer.op in ("gpt_attention", "gpt_attention_fp8_linear"):  # the same attention inputs and attrs

@@ -22,7 +22,7 @@ from . import functional as F
 from .functional import record_signature as record_signature
 from .network import Layer, Network, Tensor, current_net, net_guard
 from .ops import IMPLEMENTATION_ATTR, OPS, call_arguments, signature_of
-from .ops.quantized_linear import tile_codes, tileable
+from .ops.quantized_linear import WEIGHT_ONLY_OPS, tile_codes, tileable
 
 # ---- FLayerInfo -------------------------------------------------------------------------------
 
@@ -596,7 +596,10 @@ class FuseAttentionFp8Linear(Fusion):
 
 # The linear layers a norm or activation fuses into, and their parameters (every input but x).
 _FUSABLE_LINEAR_PARAMS = {"linear": ("weight", "bias"),
-                          "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias")}
+                          "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias"),
+                          "weight_only_linear": ("qweight", "scales", "zeros", "bias")}
+# A weight-only linear's attrs, which its fused forms carry.
+_WEIGHT_ONLY_ATTRS = ("weight_format", "group_size", "tiled", "gated")
 
 
 def _linear_params(linear: FLayerInfo) -> list:
@@ -624,11 +627,12 @@ def _sole_linear_reader(tensor: Tensor) -> Optional[FLayerInfo]:
 class FuseNormLinear(Fusion):
     """rms_norm(x, w) -> linear becomes rms_norm_linear, and fused_add_rms_norm(x, r, w) ->
     linear becomes add_rms_norm_linear (an fp8_linear: rms_norm_fp8_linear and
-    add_rms_norm_fp8_linear), whose sum output takes over every reader of the old sum (the
-    residual stream). Only where the norm has a weight and the normalised output has
-    that linear as its only reader and is no network or debug output: a norm read twice
-    (Phi's parallel attention and MLP) stays as it is. Runs after fuse_add_rms_norm and
-    fuse_gate_up, whose results it matches."""
+    add_rms_norm_fp8_linear; a weight_only_linear: rms_norm_weight_only_linear and
+    add_rms_norm_weight_only_linear, with its attrs), whose sum output takes over every reader
+    of the old sum (the residual stream). Only where the norm has a weight and the normalised
+    output has that linear as its only reader and is no network or debug output: a norm read
+    twice (Phi's parallel attention and MLP) stays as it is. Runs after fuse_add_rms_norm,
+    fuse_gate_up and fuse_gated_linear, whose results it matches."""
 
     def __init__(self):
         super().__init__("fuse_norm_linear", root_layer={"rms_norm", "fused_add_rms_norm"})
@@ -644,14 +648,16 @@ class FuseNormLinear(Fusion):
         norm, linear = found["norm"], found["linear"]
         params = _linear_params(linear)
         eps = norm.get_input("eps")
-        fp8 = linear.layer_type == "fp8_linear"
+        kind = linear.layer_type
+        attrs = {k: v for k, v in linear.raw_inputs.items() if k in _WEIGHT_ONLY_ATTRS}
         if norm.layer_type == "rms_norm":
-            fused = F.rms_norm_fp8_linear if fp8 else F.rms_norm_linear
-            y = fused(norm.get_input("x"), norm.get_input("weight"), *params, eps=eps)
+            fused = {"fp8_linear": F.rms_norm_fp8_linear, "weight_only_linear": F.rms_norm_weight_only_linear}
+            y = fused.get(kind, F.rms_norm_linear)(norm.get_input("x"), norm.get_input("weight"), *params, eps=eps,
+                                                   **attrs)
         else:
-            fused = F.add_rms_norm_fp8_linear if fp8 else F.add_rms_norm_linear
-            y, total = fused(norm.get_input("x"), norm.get_input("residual"), norm.get_input("weight"), *params,
-                             eps=eps)
+            fused = {"fp8_linear": F.add_rms_norm_fp8_linear, "weight_only_linear": F.add_rms_norm_weight_only_linear}
+            y, total = fused.get(kind, F.add_rms_norm_linear)(norm.get_input("x"), norm.get_input("residual"),
+                                                              norm.get_input("weight"), *params, eps=eps, **attrs)
             norm.outputs[1].replace_all_uses_with(total)
         linear.replace_output_uses_with(linear.network, [y])
 
@@ -668,7 +674,9 @@ class FuseActLinear(Fusion):
         if _has_timed_choice(layer):
             return None
         linear = _sole_linear_reader(layer.get_output(0))
-        return None if linear is None else {"activation": _info(layer), "linear": linear}
+        if linear is None or linear.layer_type == "weight_only_linear":  # its own: gated (fuse_gated_linear)
+            return None
+        return {"activation": _info(layer), "linear": linear}
 
     def emit(self, found: dict[str, FLayerInfo]) -> None:
         act, linear = found["activation"], found["linear"]
@@ -735,9 +743,8 @@ class FuseGatedLinear(Fusion):
 # The default order: later passes match what earlier ones make.
 PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
           "fuse_rope_attention": FuseRopeAttention, "fuse_attention_fp8_linear": FuseAttentionFp8Linear,
-          "fuse_norm_linear": FuseNormLinear,
-          "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp,
-          "fuse_gated_linear": FuseGatedLinear}
+          "fuse_gated_linear": FuseGatedLinear, "fuse_norm_linear": FuseNormLinear,
+          "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp}
 
 
 def optimize(network: Network, passes: Optional[list[str]] = None, plan: Optional[dict] = None) -> dict:
@@ -750,6 +757,8 @@ def optimize(network: Network, passes: Optional[list[str]] = None, plan: Optiona
     unknown = [p for p in passes if p not in PASSES]
     if unknown:
         raise ValueError(f"unknown optimization passes {unknown}; known: {sorted(PASSES)}")
+    order = list(PASSES)
+    passes = sorted(dict.fromkeys(passes), key=order.index)  # PASSES' order, whatever the list's
     layers_before, weights_before = network.num_layers, len(network.weights)
     manager = RewritePatternManager()
     for label in passes:
@@ -776,8 +785,8 @@ def tiled_code_weights(network: Network) -> set[str]:
     """The weights the network's weight-only linears read as codes in tile order."""
     names = set()
     for layer in network.layers:
-        if layer.op == "weight_only_linear" and layer.attrs.get("tiled"):
-            parent = network.producer(layer.inputs[1])
+        if layer.op in WEIGHT_ONLY_OPS and layer.attrs.get("tiled"):
+            parent = network.producer(layer.inputs[WEIGHT_ONLY_OPS[layer.op]])
             if parent is not None and parent.op == "constant":
                 names.add(parent.attrs["weight"])
     return names
@@ -795,9 +804,9 @@ def tile_weight_only_codes(network: Network) -> int:
             readers[layer.attrs["weight"]] = readers.get(layer.attrs["weight"], 0) + 1
     count = 0
     for layer in network.layers:
-        if layer.op != "weight_only_linear" or layer.attrs.get("tiled"):
+        if layer.op not in WEIGHT_ONLY_OPS or layer.attrs.get("tiled"):
             continue
-        qweight = network.get_tensor(layer.inputs[1])
+        qweight = network.get_tensor(layer.inputs[WEIGHT_ONLY_OPS[layer.op]])
         parent = qweight.get_parent()
         if parent is None or parent.op != "constant" or qweight.get_users() != [layer]:
             continue

@@ -22,8 +22,8 @@ namespace tensorrt_llm {
 // weight_only_gemv.cu
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
-                          int bits, int64_t groupSize, bool tiled, bool gated, DType dtype, DType scaleDtype,
-                          void* stream);
+                          int bits, int64_t groupSize, bool tiled, bool gated, WeightOnlyNorm const* norm,
+                          DType dtype, DType scaleDtype, void* stream);
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
                                 int64_t k, int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype,
                                 void* stream);
@@ -751,17 +751,46 @@ void checkWeightOnlyGemv(Call& c) {
     c.shape("bias", {w.n});
     c.fitsInt("rows", x.size(0));
     // The pipelined kernel's groups: whole k-steps of 4 packs (or one scale a row).
-    if (gated) checkGated(x, w.n, c["scales"].dtype == kFloat32 && (w.groupSize == 0 || w.groupSize >= 512 / w.bits),
-                          "float32 scales and groups of at least " + std::to_string(512 / w.bits) + " inputs");
+    bool const pipelined = c["scales"].dtype == kFloat32 && (w.groupSize == 0 || w.groupSize >= 512 / w.bits);
+    std::string const needs = "float32 scales and groups of at least " + std::to_string(512 / w.bits) + " inputs";
+    if (gated) checkGated(x, w.n, pipelined, needs);
+    // The RMSNorm in front (kernels.h's WeightOnlyNorm): the pipelined INT4 kernel's, bfloat16 x, the
+    // rows and bytes of x that gated takes.
+    c.together("residual", "residual_out");
+    if (c.has("norm_weight")) {
+        c.shape("norm_weight", {w.k});
+        c.packed16("norm_weight");
+        c.finiteNonNegative("eps");
+        for (char const* name : {"residual", "residual_out"}) {
+            c.shape(name, {x.size(0), w.k});
+            c.packed16(name);
+        }
+        if (w.bits != 4 || x.dtype != DType::kBFloat16) {
+            throw std::invalid_argument("norm_weight takes INT4 weights and bfloat16 x (got " + c.text("weight_format")
+                                        + ", " + x.describe() + ")");
+        }
+        checkGated(x, 16, pipelined, needs);  // the same rows and bytes of x
+    } else if (c.has("residual")) {
+        throw std::invalid_argument("residual belongs to the RMSNorm in front (norm_weight) only");
+    }
 }
 
 void launchWeightOnlyGemvEntry(Call const& c) {
     TensorArg const &x = c["x"], &out = c["out"], &q = c["qweight"];
     int const bits = c.text("weight_format") == "int8" ? 8 : 4;
     if constexpr (kCudaKernels) {
+        WeightOnlyNorm norm{};
+        if (c.has("norm_weight")) {
+            norm.normWeight = c.ptr("norm_weight");
+            norm.residual = c.ptr("residual");
+            norm.residualRowStride = c.has("residual") ? c["residual"].stride(0) : 0;
+            norm.residualOut = const_cast<void*>(c.ptr("residual_out"));
+            norm.eps = static_cast<float>(c.real("eps"));
+        }
         launchWeightOnlyGemv(out.data(), x.data(), q.data(), c["scales"].data(), c.ptr("zeros"), c.ptr("bias"),
                              x.size(0), q.size(0), x.size(1), x.stride(0), out.stride(0), bits, c.integer("group_size"),
-                             c.flag("tiled"), c.flag("gated"), x.dtype, c["scales"].dtype, c.stream());
+                             c.flag("tiled"), c.flag("gated"), c.has("norm_weight") ? &norm : nullptr, x.dtype,
+                             c["scales"].dtype, c.stream());
     }
 }
 
@@ -1044,12 +1073,17 @@ std::vector<Entry> entries() {
          "out = x @ W.T (+ bias) for a few rows of x, W the INT8 / INT4 weight of qweight (its bytes as int32 words), "
          "scales (and zeros): weight_format 'int8' (group_size 0: per channel) or 'int4'; tiled: the codes in tile "
          "order (tile_codes); gated (at most 8 rows, N a multiple of 16): out [M, N / 2] = silu(y[:, :N / 2]) * "
-         "y[:, N / 2:] of that y rounded to x's dtype, as act_and_mul computes it.",
+         "y[:, N / 2:] of that y rounded to x's dtype, as act_and_mul computes it; norm_weight (INT4, bfloat16 x, "
+         "at most 8 rows): x becomes rms_norm(x (+ residual, written to residual_out), norm_weight, eps), as "
+         "out = rsqrt(mean(s^2) + eps) * (s * norm_weight) @ W.T (+ bias).",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({kInt32}).contiguous(), tensor("scales").floats().contiguous(),
           optionalTensor("zeros").dtypeOf("scales").contiguous(), optionalTensor("bias").dtypeOf("x").contiguous(),
-          text("weight_format"), integer("group_size"), flag("tiled"), flag("gated"), stream()},
+          text("weight_format"), integer("group_size"), flag("tiled"), flag("gated"), real("eps"),
+          optionalTensor("norm_weight").dtypeOf("x").contiguous(),
+          optionalTensor("residual").dtypeOf("x").lastDimContiguous(),
+          optionalTensor("residual_out").dtypeOf("x").contiguous().written(), stream()},
          checkWeightOnlyGemv, launchWeightOnlyGemvEntry},
         {"weight_only_dequantize",
          "out [N, K] = the INT8 / INT4 weight of qweight (its bytes as int32 words), scales (and zeros) in out's "

@@ -83,6 +83,9 @@ struct Params {
     // Up to 8 rows (the pipelined kernel's GATED; n a multiple of 16): the weight's rows [0, n / 2)
     // are a gated MLP's gate and [n / 2, n) its up projection, and out [m, n / 2] is silu(gate) * up.
     bool gated;
+    // The pipelined INT4 kernel's NORM (bfloat16 x): the RMSNorm in front (kernels.h's WeightOnlyNorm).
+    bool normed;
+    WeightOnlyNorm norm;
 };
 
 } // namespace weight_only_gemv_detail
@@ -565,9 +568,20 @@ __device__ __forceinline__ void loadX(Params const& p, T const* x, int step, int
 // (g, t) of each mma n-tile) meet in red, then each output is their sum (FP8: times input_scale x
 // weight_scale), plus bias, rounded to T. Leaves red to be read: the caller syncs before the
 // next tile writes it.
-template <typename T, bool FP8, int NT>
+// NORM's inverse RMS of row m (< p.m) from sqSum (pairXForWarp; every warp's sums visible: after a
+// block barrier), the k-steps' sums added in order, so every block gets the same value.
+__device__ __forceinline__ float normScale(Params const& p, float const* sqSum, int kSteps, int m) {
+    float sum = 0.f;
+    for (int step = 0; step < kSteps; ++step) sum += sqSum[step * 8 + m];
+    return rsqrtf(sum / static_cast<float>(p.k) + p.norm.eps);
+}
+
+// NORM: each sum times its row's inverse RMS (normScale of sqSum's kSteps; worked out on the
+// block's first tile into `inv`, which starts negative, and kept).
+template <typename T, bool FP8, int NT, bool NORM = false>
 __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarps][NT * 8][kMmaRows],
-                                          float const (&acc)[NT][4], int64_t n0, float inputScale) {
+                                          float const (&acc)[NT][4], int64_t n0, float inputScale,
+                                          float const* sqSum = nullptr, int kSteps = 0, float* inv = nullptr) {
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -583,6 +597,10 @@ __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarp
         float sum = 0.f;
 #pragma unroll
         for (int w = 0; w < kMmaWarps; ++w) sum += red[w][m][r];
+        if constexpr (NORM) {
+            if (*inv < 0.f) *inv = normScale(p, sqSum, kSteps, m);
+            sum *= *inv;
+        }
         if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
         if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
         static_cast<T*>(p.out)[m * p.outRowStride + n] = fromFloat<T>(sum);
@@ -593,9 +611,10 @@ __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarp
 // the up rows n / 2 + base .. (issued so by the kernel's rowOf). Each output is reduced, scaled
 // and rounded as storeTile does, and output feature base + r is silu(gate) * up of the rounded
 // pair, as act_and_mul computes it: the same bits as the linear, then the activation kernel.
-template <typename T, bool FP8>
+template <typename T, bool FP8, bool NORM = false>
 __device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMmaWarps][8][kMmaRows],
-                                               float const (&acc)[1][4], int64_t base, float inputScale) {
+                                               float const (&acc)[1][4], int64_t base, float inputScale,
+                                               float const* sqSum = nullptr, int kSteps = 0, float* inv = nullptr) {
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     red[warp][2 * t][g] = acc[0][0];
     red[warp][2 * t + 1][g] = acc[0][1];
@@ -611,6 +630,10 @@ __device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMm
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) sum += red[w][mr][r];
+    if constexpr (NORM) {
+        if (*inv < 0.f) *inv = normScale(p, sqSum, kSteps, mr < p.m ? mr : 0);
+        sum *= *inv;
+    }
     if constexpr (FP8) sum *= inputScale * static_cast<float const*>(p.scales)[n * p.scaleStride];
     if (p.bias) sum += toFloat(static_cast<T const*>(p.bias)[n]);
     float const v = toFloat(fromFloat<T>(sum));
@@ -828,17 +851,27 @@ constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
 // vectors of K = 14,336 take several round trips where the block's cp.async had them all in flight
 // at once: FP8 down 16.6 -> 17.6; INT8's bfloat16 instance went past 80 registers, two blocks an SM
 // instead of three: qkv 8.2 -> 9.5), so they keep the block's copy.
-template <typename T>
-__device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float* xSum, int kSteps, int warp,
-                                             int lane) {
+//
+// NORM (kernels.h's WeightOnlyNorm): each vector is s = x (+ residual, rounded to T; block 0 writes
+// it to residualOut) times the norm's weight, rounded to T, and sqSum[step][r] (laid out as xSum)
+// gets the k-step's sum of s's squares, in the same order as xSum's; the epilogue turns the sums
+// into the row's inverse RMS (normScale). No warp waits for the whole row: the previous attempts,
+// a norm over the row in front of every block's first product, lost to the norm's own kernel.
+// H200, the INT4 g128 8B engine's batch-1 step (one engine, its graph captured both ways, six
+// rounds each, medians): the norm kernel then the GEMV 2.289 ms, NORM 2.157 ms (65 norms).
+template <typename T, bool NORM = false>
+__device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float* xSum, float* sqSum, int kSteps,
+                                             int warp, int lane) {
     constexpr int U = 2;  // vectors a lane has in flight: a warp's share of a row at K = 4,096 (4: more registers)
     int const m = static_cast<int>(p.m);
     int const vecs = static_cast<int>(p.k / 8);
     int const perStep = m * 16;  // vectors of one k-step over the rows
     int const mine = warp < kSteps ? (kSteps - warp + kMmaWarps - 1) / kMmaWarps : 0;
     int const total = mine * perStep;
+    bool const residual = NORM && p.norm.residual != nullptr;
+    bool const writeSum = residual && blockIdx.x == 0;
     for (int base = 0; base < total; base += 32 * U) {  // whole warps: the shuffles
-        uint4 a[U];
+        uint4 a[U], b[U], w[U];
         int row[U], vec[U];
         bool ok[U];
 #pragma unroll
@@ -850,26 +883,60 @@ __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float*
             a[u] = ok[u] ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + row[u] * p.xRowStride) +
                                   vec[u])
                          : make_uint4(0, 0, 0, 0);
+            if constexpr (NORM) {
+                b[u] = ok[u] && residual ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.norm.residual) +
+                                                                                 row[u] * p.norm.residualRowStride) +
+                                                  vec[u])
+                                         : make_uint4(0, 0, 0, 0);
+                w[u] = ok[u] ? __ldg(reinterpret_cast<uint4 const*>(p.norm.normWeight) + vec[u]) : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (base + 32 * u >= total) break;  // the same for the whole warp
+            float sq = 0.f;
+            if constexpr (NORM) {
+                Pack<T, 8> v = *reinterpret_cast<Pack<T, 8> const*>(&a[u]);
+                Pack<T, 8> const r = *reinterpret_cast<Pack<T, 8> const*>(&b[u]);
+                Pack<T, 8> const nw = *reinterpret_cast<Pack<T, 8> const*>(&w[u]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    if (residual) v.v[e] = fromFloat<T>(toFloat(v.v[e]) + toFloat(r.v[e]));  // as rms_norm.cu rounds it
+                    sq += toFloat(v.v[e]) * toFloat(v.v[e]);
+                }
+                if (writeSum && ok[u]) {
+                    reinterpret_cast<uint4*>(static_cast<T*>(p.norm.residualOut) + static_cast<int64_t>(row[u]) * p.k)[vec[u]] =
+                        *reinterpret_cast<uint4 const*>(&v);
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v.v[e] = fromFloat<T>(toFloat(v.v[e]) * toFloat(nw.v[e]));
+                a[u] = *reinterpret_cast<uint4 const*>(&v);
+            }
             Pack<T, 8> const vals = *reinterpret_cast<Pack<T, 8> const*>(&a[u]);
             float s = 0.f;
 #pragma unroll
             for (int e = 0; e < 8; ++e) s += toFloat(vals.v[e]);
 #pragma unroll
-            for (int o = 8; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+            for (int o = 8; o > 0; o /= 2) {
+                s += __shfl_xor_sync(0xffffffffu, s, o);
+                if constexpr (NORM) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            }
             if (ok[u]) {
                 reinterpret_cast<uint4*>(xShared + static_cast<int64_t>(row[u]) * p.k)[vec[u]] =
                     make_uint4(__byte_perm(a[u].x, a[u].z, 0x5410u), __byte_perm(a[u].x, a[u].z, 0x7632u),
                                __byte_perm(a[u].y, a[u].w, 0x5410u), __byte_perm(a[u].y, a[u].w, 0x7632u));
             }
-            if (base + 32 * u + lane < total && lane % 16 == 0) xSum[(vec[u] / 16) * 8 + row[u]] = s;
+            if (base + 32 * u + lane < total && lane % 16 == 0) {
+                xSum[(vec[u] / 16) * 8 + row[u]] = s;
+                if constexpr (NORM) sqSum[(vec[u] / 16) * 8 + row[u]] = sq;
+            }
         }
     }
     for (int e = lane; e < mine * 8; e += 32) {  // rows p.m .. 7 of the warp's k-steps
-        if (e % 8 >= m) xSum[(warp + kMmaWarps * (e / 8)) * 8 + e % 8] = 0.f;
+        if (e % 8 >= m) {
+            xSum[(warp + kMmaWarps * (e / 8)) * 8 + e % 8] = 0.f;
+            if constexpr (NORM) sqSum[(warp + kMmaWarps * (e / 8)) * 8 + e % 8] = 0.f;
+        }
     }
     __syncwarp();
 }
@@ -963,9 +1030,11 @@ __device__ __forceinline__ void fp8XForMma(Params const& p, T* xShared, float in
     }
 }
 
-template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false, bool GATED = false>
+template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false, bool GATED = false,
+          bool NORM = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
+    static_assert(!NORM || (BITS == 4 && std::is_same_v<T, __nv_bfloat16>), "NORM: INT4, bfloat16 x");
     allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeSlots<PAIRS>;
     constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
@@ -987,6 +1056,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     uint32_t const ringLane = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
     T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES));  // [p.m][k]
     float* xSum = reinterpret_cast<float*>(xShared + p.m * p.k);     // INT4: [kSteps][8]; HALF_X: xScale
+    float* sqSum = xSum + kSteps * 8;                                 // NORM: [kSteps][8]
+    float inv = -1.f;                                                 // NORM: this thread's row's, once known
     __shared__ float red[kMmaWarps][8][kMmaRows];
     float const* scales = static_cast<float const*>(p.scales);
     float const* zeros = static_cast<float const*>(p.zeros);
@@ -1054,7 +1125,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     float const inputScale = FP8 ? *p.inputScale : 0.f;
     float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
     if constexpr (BITS == 4) {
-        pairXForWarp(p, xShared, xSum, kSteps, warp, lane);
+        pairXForWarp<T, NORM>(p, xShared, xSum, sqSum, kSteps, warp, lane);
     } else {
         copyXToShared(p, xShared);
         copyAsyncCommit();
@@ -1167,9 +1238,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             accumulate(wa, wb, xs, step);
         }
         if constexpr (GATED) {
-            storeGatedTile<T, FP8>(p, red, acc, (firstRow + tile * tileStride) / 2, inputScale);
+            storeGatedTile<T, FP8, NORM>(p, red, acc, (firstRow + tile * tileStride) / 2, inputScale, sqSum, kSteps,
+                                         &inv);
         } else {
-            storeTile<T, FP8, 1>(p, red, acc, firstRow + tile * tileStride, inputScale);
+            storeTile<T, FP8, 1, NORM>(p, red, acc, firstRow + tile * tileStride, inputScale, sqSum, kSteps, &inv);
         }
         __syncthreads();  // red is read before the next tile writes it
     }
@@ -1187,21 +1259,24 @@ bool pipelinedGemvEnabled() {
 
 // The pipelined kernel with at least MINB blocks an SM, on a grid of the blocks that fit at once
 // (at most one a tile).
-template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false, bool GATED = false>
+template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false, bool GATED = false,
+          bool NORM = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
             return launchPipelined<T, BITS, FP8, MINB, PAIRS, true, GATED>(q, tiles, stream);
         }
     }
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED>;
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
     size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
     constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
-    size_t const sumBytes = kPerStep ? static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
+    constexpr size_t kSums = NORM ? 2 : 1;           // NORM: sqSum after xSum
+    size_t const sumBytes = kPerStep ? kSums * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
     size_t const smem = ring + xBytes + sumBytes;
-    constexpr size_t kMaxSum = kPerStep ? kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>) * 8 * sizeof(float) : 0;
+    constexpr size_t kMaxSum =
+        kPerStep ? kSums * (kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>)) * 8 * sizeof(float) : 0;
     static_assert(ring + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1214,13 +1289,13 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
 // Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales, groups of whole
 // k-steps (or per channel), and FP8, up to 8 rows whose x fits kMaxPipeX. False elsewhere.
 // GATED (which no other kernel serves) ignores TRTLLM_GEMV_PIPELINE.
-template <typename T, typename S, int BITS, bool FP8, bool MASKED, bool GATED = false>
+template <typename T, typename S, int BITS, bool FP8, bool MASKED, bool GATED = false, bool NORM = false>
 bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
     if constexpr (!std::is_same_v<S, float> || MASKED) {
         return false;
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
-        if ((!GATED && !pipelinedGemvEnabled()) || q.m > 8 || xBytes > kMaxPipeX) return false;
+        if ((!GATED && !NORM && !pipelinedGemvEnabled()) || q.m > 8 || xBytes > kMaxPipeX) return false;
         if (q.n * q.groups > std::numeric_limits<int32_t>::max()) return false;  // the kernel's 32-bit offsets
         // Three blocks an SM (at most 80 registers a thread) where two a SM would leave tiles for a
         // second round: INT4 beyond 2 tiles an SM, INT8 (whose kernel keeps fewer codes in flight
@@ -1235,7 +1310,7 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // -> 19.25, o 8.03 -> 7.77; but INT4 o 5.73 -> 5.87 and down unchanged (14.2), and INT8 qkv
         // (384 tiles, where the larger ring leaves two blocks an SM instead of three) 8.64 -> 11.85.
         if (tiles > twoRounds) {
-            launchPipelined<T, BITS, FP8, 3, false, false, GATED>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM>(q, tiles, stream);
         } else if constexpr (BITS == 8) {
             if (tiles <= 2 * static_cast<int64_t>(multiprocessors())) {
                 launchPipelined<T, BITS, FP8, 2, true, false, GATED>(q, tiles, stream);
@@ -1243,7 +1318,7 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
                 launchPipelined<T, BITS, FP8, 2, false, false, GATED>(q, tiles, stream);
             }
         } else {
-            launchPipelined<T, BITS, FP8, 2, false, false, GATED>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 2, false, false, GATED, NORM>(q, tiles, stream);
         }
         return true;
     }
@@ -1288,6 +1363,20 @@ void launchGemvMma(Params p, cudaStream_t stream) {
     constexpr int64_t kTileRows = BITS == 8 ? 32 : 16;
     unsigned const blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
     bool const masked = !FP8 && p.groupShift < 2;  // groups of 1 or 2 packs
+    if (p.normed) {  // the RMSNorm in front: the pipelined INT4 kernel only (the bindings check what it serves)
+        bool launched = false;
+        if constexpr (BITS == 4 && !FP8 && std::is_same_v<T, __nv_bfloat16>) {
+            if (!masked) {
+                launched = p.gated ? launchPipelinedGemv<T, S, BITS, FP8, false, true, true>(p, blocks, stream)
+                                   : launchPipelinedGemv<T, S, BITS, FP8, false, false, true>(p, blocks, stream);
+            }
+        }
+        if (!launched) {
+            throw std::invalid_argument("norm: INT4 with bfloat16 x, at most 8 rows within 64 KB, float32 scales, "
+                                        "groups of whole k-steps");
+        }
+        return;
+    }
     if (p.gated) {  // one launch of the pipelined kernel (the bindings check what it serves)
         if (masked || !launchPipelinedGemv<T, S, BITS, FP8, false, true>(p, blocks, stream)) {
             throw std::invalid_argument("gated: at most 8 rows of x within 64 KB, float32 scales, groups of whole "

@@ -49,8 +49,9 @@ Implementations:
 reading it): the output is silu_and_mul of the product, [..., N / 2]. Up to 8 rows the CUDA GEMV
 applies it in its epilogue (each 16-row tile holds 8 gate rows and their 8 up rows), bit for bit
 the GEMV then silu_and_mul's kernel, one kernel and its wait fewer a decode layer; elsewhere
-the product, then silu_and_mul. Of the other fusions, fuse_gate_up makes this op's gate_up;
-the norm + linear ones match `linear` and `fp8_linear` only.
+the product, then silu_and_mul. Of the other fusions, fuse_gate_up makes this op's gate_up, and
+fuse_norm_linear puts the RMSNorm in front of it: rms_norm_weight_only_linear and
+add_rms_norm_weight_only_linear (below).
 """
 from __future__ import annotations
 
@@ -69,7 +70,17 @@ from ..quantization.mode import INT4_GROUP_SIZES, INT8_GROUP_SIZES
 from .activation import gated_shape, silu_and_mul_cpu, silu_and_mul_cuda, silu_and_mul_reference
 from .launch import bindings_available, cuda_kernels_available, get_bindings, launch, rows, tensor_arg
 from .linear import linear_shape
-from .op import CPU, CUDA, REFERENCE, add_layer, check_shape, define
+from .norm import (
+    check_norm_params,
+    fused_add_rms_norm_cpu,
+    fused_add_rms_norm_cuda,
+    fused_add_rms_norm_reference,
+    residual_sum_shape,
+    rms_norm_cpu,
+    rms_norm_cuda,
+    rms_norm_reference,
+)
+from .op import CPU, CUDA, REFERENCE, add_layer, check_same_dtype, check_shape, define
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_FORMATS = ("int8", "int4")
@@ -126,6 +137,14 @@ def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Option
     """x @ W^T + bias with W the INT8 / INT4 weight of qweight, scales (and zeros); `tiled`:
     qweight's codes in tile order (tile_codes); `gated`: silu_and_mul of that."""
     op = "weight_only_linear"
+    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
+    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, shape)], **attrs)
+
+
+def _check_weight_only(op: str, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor],
+                       bias: Optional[Tensor], weight_format: str, group_size: int, tiled: bool,
+                       gated: bool) -> tuple[tuple, dict]:
+    """A weight-only linear's arguments checked: (its output shape, its layer's attrs)."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"{op}: weight_format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     if isinstance(group_size, bool) or not isinstance(group_size, int):
@@ -172,9 +191,8 @@ def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Option
     shape = linear_shape(op, x.shape, (n, k), bias, dtype=x.dtype)
     if gated:
         shape = gated_shape(op, shape)
-    attrs = {**({"tiled": True} if tiled else {}), **({"gated": True} if gated else {})}
-    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, shape)],
-                     weight_format=weight_format, group_size=int(group_size), **attrs)
+    return shape, {"weight_format": weight_format, "group_size": int(group_size),
+                   **({"tiled": True} if tiled else {}), **({"gated": True} if gated else {})}
 
 
 @weight_only_linear.implementation(REFERENCE)
@@ -347,13 +365,14 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
     bias = None if bias is None else bias.contiguous()
     if gated and 0 < m and gated_gemv_serves(x2, n, scales, weight_format, group_size):
         out = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
-        launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled, True)
+        launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled, True,
+               0.0)
         return out.reshape(*x.shape[:-1], n // 2)
     if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         if m:
             launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled,
-                   False)
+                   False, 0.0)
     else:
         # Prompt steps are bound by arithmetic, not by the weight's bytes: a scratch copy of W in
         # x's dtype for cuBLAS's tensor cores costs one more pass over N * K elements.
@@ -372,3 +391,125 @@ def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight
                                             group_size=group_size, tiled=tiled, gated=gated)
     return weight_only_matmul_cuda(x, qweight, scales, zeros, bias, weight_format=weight_format,
                                    group_size=group_size, tiled=tiled, gated=gated)
+
+
+# ---- the RMSNorm in front: rms_norm_weight_only_linear, add_rms_norm_weight_only_linear ---------
+# Made by graph_rewriting's fuse_norm_linear from a norm whose only reader is a weight-only
+# linear. Up to 8 rows of bfloat16 x with INT4 weights, the CUDA GEMV computes the norm itself
+# (kernels.h's WeightOnlyNorm): out = inv * (W (s * norm_weight)) + bias, inv = rsqrt(mean(s^2) +
+# eps), each warp scaling only the x it stages, so no kernel and no pass over the whole row
+# stands between the previous kernel and the first product. That rounds s * norm_weight to
+# bfloat16 where the norm kernel rounds s * inv * norm_weight: the same size of error, other bits
+# (tests/ops/test_quantized_linear.py measures both against float64). Elsewhere (INT8, float16,
+# more rows, the CPU and the reference) the norm's own implementation, then weight_only_linear:
+# the unfused graph's bits.
+
+# The ops that read a weight-only qweight, and its place among their inputs (tile_weight_only_codes).
+WEIGHT_ONLY_OPS = {"weight_only_linear": 1, "rms_norm_weight_only_linear": 2, "add_rms_norm_weight_only_linear": 3}
+
+
+@define
+def rms_norm_weight_only_linear(x: Tensor, norm_weight: Tensor, qweight: Tensor, scales: Tensor,
+                                zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None, *, eps: float,
+                                weight_format: str, group_size: int = 0, tiled: bool = False,
+                                gated: bool = False) -> Tensor:
+    """weight_only_linear(rms_norm(x, norm_weight, eps), qweight, scales, zeros, bias, ...)."""
+    op = "rms_norm_weight_only_linear"
+    check_norm_params(op, x, norm_weight)
+    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
+    return add_layer(op, [x, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape)], eps=float(eps), **attrs)
+
+
+@define
+def add_rms_norm_weight_only_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, qweight: Tensor,
+                                    scales: Tensor, zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None, *,
+                                    eps: float, weight_format: str, group_size: int = 0, tiled: bool = False,
+                                    gated: bool = False) -> tuple[Tensor, Tensor]:
+    """(weight_only_linear(rms_norm(x + residual, norm_weight, eps), qweight, ...), x + residual)."""
+    op = "add_rms_norm_weight_only_linear"
+    check_norm_params(op, x, norm_weight)
+    check_same_dtype(op, x, residual)
+    total = residual_sum_shape(op, x, residual)
+    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
+    return add_layer(op, [x, residual, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape), (x.dtype, total)],
+                     eps=float(eps), **attrs)
+
+
+@rms_norm_weight_only_linear.implementation(REFERENCE)
+def rms_norm_weight_only_linear_reference(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
+                                          weight_format, group_size=0, tiled=False, gated=False):
+    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    return weight_only_linear_reference(rms_norm_reference(x, norm_weight, eps=eps), qweight, scales, zeros, bias,
+                                        **linear)
+
+
+@rms_norm_weight_only_linear.implementation(CPU)
+def rms_norm_weight_only_linear_cpu(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps, weight_format,
+                                    group_size=0, tiled=False, gated=False):
+    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    return weight_only_linear_cpu(rms_norm_cpu(x, norm_weight, eps=eps), qweight, scales, zeros, bias, **linear)
+
+
+@rms_norm_weight_only_linear.implementation(CUDA)
+def rms_norm_weight_only_linear_cuda(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps, weight_format,
+                                     group_size=0, tiled=False, gated=False):
+    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    if norm_gemv_serves(x, None, norm_weight, qweight, scales, **linear):
+        return _norm_gemv(x, None, norm_weight, qweight, scales, zeros, bias, eps, **linear)[0]
+    return weight_only_linear_cuda(rms_norm_cuda(x, norm_weight, eps=eps), qweight, scales, zeros, bias, **linear)
+
+
+@add_rms_norm_weight_only_linear.implementation(REFERENCE)
+def add_rms_norm_weight_only_linear_reference(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *,
+                                              eps, weight_format, group_size=0, tiled=False, gated=False):
+    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    normed, total = fused_add_rms_norm_reference(x, residual, norm_weight, eps=eps)
+    return weight_only_linear_reference(normed, qweight, scales, zeros, bias, **linear), total
+
+
+@add_rms_norm_weight_only_linear.implementation(CPU)
+def add_rms_norm_weight_only_linear_cpu(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
+                                        weight_format, group_size=0, tiled=False, gated=False):
+    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    normed, total = fused_add_rms_norm_cpu(x, residual, norm_weight, eps=eps)
+    return weight_only_linear_cpu(normed, qweight, scales, zeros, bias, **linear), total
+
+
+@add_rms_norm_weight_only_linear.implementation(CUDA)
+def add_rms_norm_weight_only_linear_cuda(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
+                                         weight_format, group_size=0, tiled=False, gated=False):
+    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    if norm_gemv_serves(x, residual, norm_weight, qweight, scales, **linear):
+        return _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, eps, **linear)
+    normed, total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=eps)
+    return weight_only_linear_cuda(normed, qweight, scales, zeros, bias, **linear), total
+
+
+def norm_gemv_serves(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
+                     qweight: torch.Tensor, scales: torch.Tensor, *, weight_format: str, group_size: int = 0,
+                     tiled: bool = False, gated: bool = False) -> bool:
+    """Whether the CUDA GEMV computes the RMSNorm in front (the bindings' check): INT4 codes the kernels
+    read, bfloat16 x, norm weight and residual on 16-byte packs, what `gated` takes of x (at most 8
+    rows within 64 KB), float32 scales in groups of whole k-steps."""
+    if weight_format != "int4" or x.dtype != torch.bfloat16 or not cuda_serves(x, qweight, weight_format):
+        return False
+    x2 = rows(x)
+    return (gated_gemv_serves(x2, 16, scales, weight_format, group_size) and x2.shape[0] > 0
+            and (not gated or qweight.shape[0] % 16 == 0)
+            and norm_weight.dtype == torch.bfloat16 and norm_weight.is_contiguous() and norm_weight.data_ptr() % 16 == 0
+            and (residual is None or (residual.shape == x.shape and gated_epilogue_takes(rows(residual), 16))))
+
+
+def _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, eps, *, weight_format, group_size=0,
+               tiled=False, gated=False):
+    """(out, x + residual or None): one launch of the GEMV with the RMSNorm in front (norm_gemv_serves)."""
+    x2 = rows(x)
+    m, k = x2.shape
+    n = qweight.shape[0] // 2 if gated else qweight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    total = None if residual is None else torch.empty(m, k, dtype=x.dtype, device=x.device)
+    extra = {} if residual is None else {"residual": rows(residual), "residual_out": total}
+    launch("weight_only_gemv", out, x2, qweight.view(torch.int32), scales.contiguous(), zeros.contiguous(),
+           None if bias is None else bias.contiguous(), weight_format, int(group_size), tiled, gated, float(eps),
+           norm_weight=norm_weight, **extra)
+    return out.reshape(*x.shape[:-1], n), None if total is None else total.view(x.shape)

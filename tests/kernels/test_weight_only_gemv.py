@@ -107,7 +107,7 @@ def _check(got, want, x, q, bias, dtype, matmul_path, msg):
 
 def _gemv(x, qweight, scales, zeros, bias, fmt, group, tiled=False):
     out = torch.empty(x.shape[0], qweight.shape[0], dtype=x.dtype, device=x.device)
-    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled, False)
+    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled, False, 0.0)
     return out
 
 
@@ -241,16 +241,16 @@ def test_binding_refuses_what_the_kernels_cannot_read(needs_kernels):
     words = torch.zeros(8, 8, dtype=torch.int32, device=DEVICE)  # INT4 [8, 64]
     scales = torch.ones(8, 2, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="weight_only_gemv: INT4 weights need zeros"):
-        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32, False, False)
+        launch("weight_only_gemv", out, x, words, scales, None, None, "int4", 32, False, False, 0.0)
     with pytest.raises(ValueError, match="group_size 48"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48, False, False)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 48, False, False, 0.0)
     with pytest.raises(ValueError, match="16-byte"):
-        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32, False, False)
+        launch("weight_only_gemv", out, x[:, :56], words[:, :7], scales, scales, None, "int4", 32, False, False, 0.0)
     with pytest.raises(ValueError, match="weight_format"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32, False, False)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int2", 32, False, False, 0.0)
     # Tile order needs whole tiles of 16 rows and k-steps of 64 bytes: [8, 32 bytes] has neither.
     with pytest.raises(ValueError, match="tiled codes need out_features a multiple of 16"):
-        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 32, True, False)
+        launch("weight_only_gemv", out, x, words, scales, scales, None, "int4", 32, True, False, 0.0)
     with pytest.raises(ValueError, match="tiled codes"):
         launch("weight_only_dequantize", torch.empty(8, 64, dtype=torch.float16, device=DEVICE), words, scales,
                scales, "int4", 32, True)
@@ -258,7 +258,7 @@ def test_binding_refuses_what_the_kernels_cannot_read(needs_kernels):
     with pytest.raises(ValueError, match="more than the GEMV"):
         launch("weight_only_gemv", out[:1], big, torch.zeros(8, 8192, dtype=torch.int32, device=DEVICE),
                torch.ones(8, 512, dtype=torch.float16, device=DEVICE),
-               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128, False, False)
+               torch.ones(8, 512, dtype=torch.float16, device=DEVICE), None, "int4", 128, False, False, 0.0)
 
 
 @gpu
@@ -422,7 +422,7 @@ def test_gated_gemv_is_the_gemv_then_silu_and_mul(gen, needs_kernels, n, k, fmt,
         bias = bias if m == 3 else None
         assert gated_gemv_serves(x, n, scales, fmt, group)
         out = torch.empty(m, n // 2, dtype=dtype, device=DEVICE)
-        launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled, True)
+        launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, fmt, group, tiled, True, 0.0)
         want = silu_and_mul_cuda(_gemv(x, qweight, scales, zeros, bias, fmt, group, tiled))
         torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"{m} rows")
 
@@ -453,10 +453,136 @@ def test_gated_binding_refuses_what_the_pipelined_kernel_cannot_take(gen, needs_
     x = torch.zeros(2, 256, dtype=torch.bfloat16, device=DEVICE)
     out = torch.empty(2, 32, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match="weight_only_gemv: gated takes .*groups of at least 128 inputs"):
-        launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, None, "int4", 32, False, True)
+        launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, None, "int4", 32, False, True, 0.0)
     q = _weight(gen, "int8", 0, 64, 256, torch.float32)
     qweight, scales, _ = _on_device(q)
     x = torch.zeros(9, 256, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match=r"at most 8 rows .* \(got x \(bfloat16 \[9, 256\]"):
         launch("weight_only_gemv", torch.empty(9, 32, dtype=torch.bfloat16, device=DEVICE), x,
-               qweight.view(torch.int32), scales, None, None, "int8", 0, False, True)
+               qweight.view(torch.int32), scales, None, None, "int8", 0, False, True, 0.0)
+
+
+# ---- the RMSNorm in front (kernels.h's WeightOnlyNorm) ------------------------------------------
+# The fused GEMV computes out = inv * (W (s * norm_weight)) + bias, rounding s * norm_weight to
+# bfloat16 where the norm kernel rounds s * inv * norm_weight: other bits, the same size of error.
+# So both are measured against the op in float64 (from the same s): the fused error's RMS over the
+# outputs within 1.25x the unfused one's (plus a float32 term), and every output within the
+# bound both share, a half spacing of each product's input (2^-8 relative) over |W| |a|.
+
+from tensorrt_llm.ops.norm import fused_add_rms_norm_cuda, rms_norm_cuda  # noqa: E402
+from tensorrt_llm.ops.quantized_linear import (  # noqa: E402
+    add_rms_norm_weight_only_linear_cuda,
+    add_rms_norm_weight_only_linear_reference,
+    norm_gemv_serves,
+    rms_norm_weight_only_linear_cuda,
+)
+
+NORM_SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336), (64, 256), (1008, 1280)]
+
+
+def _norm_gemv_launch(x, residual, norm_weight, qweight, scales, zeros, bias, eps, tiled, gated):
+    n = qweight.shape[0] // 2 if gated else qweight.shape[0]
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    extra = {} if residual is None else {"residual": residual, "residual_out": torch.empty_like(x)}
+    launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, "int4", 128, tiled, gated, eps,
+           norm_weight=norm_weight, **extra)
+    return out, extra.get("residual_out")
+
+
+@gpu
+@pytest.mark.parametrize("n,k", NORM_SHAPES)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_norm_gemv_is_as_close_to_the_op_as_the_norm_kernel_then_the_gemv(gen, needs_kernels, n, k, residual, gated,
+                                                                          tiled):
+    q = _weight(gen, "int4", 128, n, k, torch.float32)
+    qweight, scales, zeros = _on_device(q)
+    if tiled:
+        qweight = tile_codes(qweight)
+    w64 = dequantize(q).double()
+    eps = 1e-5
+    norm_weight = (1 + 0.5 * torch.randn(k, generator=gen)).to(torch.bfloat16).to(DEVICE)
+    sq, ref_sq, count, floor = 0.0, 0.0, 0, 0.0  # squared errors over every row of every call
+    for m in (1, 2, 3, 8):
+        if m * k * 2 > 64 * 1024:
+            continue
+        x = (4 * torch.randn(m, k, generator=gen)).to(torch.bfloat16).to(DEVICE)
+        r = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE) if residual else None
+        bias = torch.randn(n, generator=gen).to(torch.bfloat16).to(DEVICE) if m == 3 else None
+        got, total = _norm_gemv_launch(x, r, norm_weight, qweight, scales, zeros, bias, eps, tiled, gated)
+        s = x + r if residual else x
+        if residual:
+            assert torch.equal(total, s), "residual_out is x + residual rounded to bfloat16"
+        if residual:
+            normed = fused_add_rms_norm_cuda(x, r, norm_weight, eps=eps)[0]
+        else:
+            normed = rms_norm_cuda(x, norm_weight, eps=eps)
+        unfused = _gemv(normed, qweight, scales, zeros, bias, "int4", 128, tiled)
+        s64 = s.double().cpu()
+        a64 = s64 * torch.rsqrt(s64.square().mean(-1, keepdim=True) + eps) * norm_weight.double().cpu()
+        y64 = a64 @ w64.t() + (0 if bias is None else bias.double().cpu())
+        mag = a64.abs() @ w64.abs().t()
+        floor = max(floor, (2 * k + 4) * 2.0 ** -24 * float(mag.mean()))
+        if gated:  # silu(gate) * up of the op in float64; the RMS comparison only
+            half = n // 2
+            unfused = silu_and_mul_cuda(unfused)
+            y64 = F.silu(y64[:, :half]) * y64[:, half:]
+        err, ref_err = (got.double().cpu() - y64), (unfused.double().cpu() - y64)
+        sq, ref_sq = sq + float(err.square().sum()), ref_sq + float(ref_err.square().sum())
+        count += err.numel()
+        if not gated:
+            tol = 2.0 ** -8 * mag + EPS[torch.bfloat16] * y64.abs() + 1e-3
+            assert bool((err.abs() <= tol).all()), f"{m} rows: error {err.abs().max():.3g}"
+    # Over a few hundred outputs or more (each call's RMS ratio alone spreads 0.87-1.24 at 64
+    # outputs; the mean ratio is 0.99-1.02 at every shape, H200).
+    rms, ref_rms = (sq / count) ** 0.5, (ref_sq / count) ** 0.5
+    assert rms <= 1.25 * ref_rms + floor, f"RMS error {rms:.3g} against the unfused {ref_rms:.3g}"
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 8, 9])
+def test_norm_ops_on_the_gpu_keep_their_meaning(gen, needs_kernels, m):
+    """rms_norm_weight_only_linear / add_rms_norm_weight_only_linear on the GPU: the fused GEMV up to
+    8 rows of bfloat16 INT4, the norm kernel then the GEMV elsewhere (INT8, group 32, float16, 9
+    rows: bit for bit the unfused ops); near the reference always."""
+    k, n = 1024, 512
+    for fmt, group, dtype in (("int4", 128, torch.bfloat16), ("int4", 32, torch.bfloat16), ("int8", 0, torch.bfloat16),
+                              ("int4", 128, torch.float16)):
+        qweight, scales, zeros = _on_device(_weight(gen, fmt, group, n, k, torch.float32))
+        x, r = (torch.randn(m, k, generator=gen).to(dtype).to(DEVICE) for _ in range(2))
+        norm_weight = (1 + 0.5 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+        kw = dict(weight_format=fmt, group_size=group)
+        fused = norm_gemv_serves(x, r, norm_weight, qweight, scales, **kw)
+        assert fused == (m <= 8 and (fmt, group, dtype) == ("int4", 128, torch.bfloat16))
+        got, total = add_rms_norm_weight_only_linear_cuda(x, r, norm_weight, qweight, scales, zeros, eps=1e-5, **kw)
+        normed, want_total = fused_add_rms_norm_cuda(x, r, norm_weight, eps=1e-5)
+        assert torch.equal(total, want_total)
+        unfused = weight_only_linear_cuda(normed, qweight, scales, zeros, **kw)
+        if not fused:
+            assert torch.equal(got, unfused)
+        ref, _ = add_rms_norm_weight_only_linear_reference(x, r, norm_weight, qweight, scales, zeros, eps=1e-5, **kw)
+        assert (got.float() - ref.float()).norm() <= 0.02 * ref.float().norm()
+        one = rms_norm_weight_only_linear_cuda(x, norm_weight, qweight, scales, zeros, eps=1e-5, **kw)
+        plain = weight_only_linear_cuda(rms_norm_cuda(x, norm_weight, eps=1e-5), qweight, scales, zeros, **kw)
+        assert (one.float() - plain.float()).norm() <= 0.02 * plain.float().norm()
+
+
+@gpu
+def test_norm_binding_refuses_what_the_fused_kernel_cannot_take(gen, needs_kernels):
+    qweight, scales, zeros = _on_device(_weight(gen, "int4", 128, 64, 256, torch.float32))
+    x = torch.zeros(2, 256, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)
+    out = torch.empty(2, 64, dtype=torch.bfloat16, device=DEVICE)
+    args = (out, x, qweight.view(torch.int32), scales, zeros, None, "int4", 128, False, False)
+    with pytest.raises(ValueError, match="norm_weight takes INT4 weights and bfloat16 x"):
+        launch("weight_only_gemv", out.half(), x.half(), *args[2:], 1e-5, norm_weight=w.half())
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        launch("weight_only_gemv", torch.empty(9, 64, dtype=torch.bfloat16, device=DEVICE),
+               torch.zeros(9, 256, dtype=torch.bfloat16, device=DEVICE), *args[2:], 1e-5, norm_weight=w)
+    with pytest.raises(ValueError, match="residual belongs to the RMSNorm"):
+        launch("weight_only_gemv", *args, 1e-5, residual=x, residual_out=torch.empty_like(x))
+    with pytest.raises(ValueError, match="residual_out"):
+        launch("weight_only_gemv", *args, 1e-5, norm_weight=w, residual=x)
+    with pytest.raises(ValueError, match="eps"):
+        launch("weight_only_gemv", *args, -1.0, norm_weight=w)

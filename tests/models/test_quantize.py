@@ -15,6 +15,7 @@ from tensorrt_llm.errors import EngineError
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.quantize import quantize_checkpoint, weight_only_config
+from tensorrt_llm.ops.quantized_linear import WEIGHT_ONLY_OPS
 from tensorrt_llm.quantization import dequantize, from_state_dict
 
 from .llama_utils import generated, random_hf_llama, runner
@@ -86,14 +87,15 @@ def test_engine_logits_are_those_of_the_dequantized_weights(hf, precision, group
     config, weights = _quantized(hf, precision, group, exclude_modules=[])
     engine = _engine(config, weights, tmp_path / "q")
     ops = [layer.op for layer in engine.network.layers]
-    # gate and fc fuse into one quantized gate_up (their codes, scales and zeros stack by rows)
-    assert ops.count("weight_only_linear") == 2 * (len(LINEARS) - 1) + 1 and "linear" not in ops
+    # gate and fc fuse into one quantized gate_up (their codes, scales and zeros stack by rows);
+    # each norm goes in front of the linear that reads it (qkv, gate_up, the head)
+    assert sum(ops.count(op) for op in WEIGHT_ONLY_OPS) == 2 * (len(LINEARS) - 1) + 1 and "linear" not in ops
+    assert ops.count("rms_norm_weight_only_linear") + ops.count("add_rms_norm_weight_only_linear") == 2 * 2 + 1
     assert "transformer.layers.0.mlp.gate_up.scales" not in engine.network.weights
     assert engine.network.weights["transformer.layers.0.mlp.gate_up.weight_scale"].shape[0] == 2 * 160
-    # the fusions of a norm or an activation into a float linear cannot apply, and did not fire
     rewrites = engine.config["build_summary"]["rewrites"]["rewrites"]
     assert rewrites["fuse_gate_up"] == 2
-    assert rewrites["fuse_norm_linear"] == rewrites["fuse_act_linear"] == 0
+    assert rewrites["fuse_norm_linear"] == 2 * 2 + 1 and rewrites["fuse_act_linear"] == 0
     # ...and each gate_up takes its silu_and_mul (fuse_gated_linear)
     assert rewrites["fuse_gated_linear"] == 2 and "silu_and_mul" not in ops
     assert sum(bool(layer.attrs.get("gated")) for layer in engine.network.layers) == 2
@@ -152,7 +154,8 @@ def test_gate_and_up_of_different_formats_are_not_fused(hf, tmp_path):
     engine = _engine(config, quantize_checkpoint(LLaMAForCausalLM, config, weights), tmp_path / "e")
     assert engine.config["build_summary"]["rewrites"]["rewrites"]["fuse_gate_up"] == 0
     ops = [layer.op for layer in engine.network.layers]
-    assert ops.count("weight_only_linear") == 4 and ops.count("linear") + ops.count("rms_norm_linear") >= 4
+    assert ops.count("weight_only_linear") + ops.count("add_rms_norm_weight_only_linear") == 4
+    assert ops.count("linear") + ops.count("rms_norm_linear") + ops.count("add_rms_norm_linear") >= 4
 
 
 def test_excluded_modules_stay_float(hf, tmp_path):
@@ -163,7 +166,8 @@ def test_excluded_modules_stay_float(hf, tmp_path):
     assert config.share_embedding_table and "lm_head.weight" not in weights
     assert weights["transformer.layers.1.mlp.proj.weight"].dtype == torch.float32
     engine = _engine(config, weights, tmp_path / "e")
-    assert [layer.op for layer in engine.network.layers].count("weight_only_linear") == 2 * 3  # gate_up fused
+    ops = [layer.op for layer in engine.network.layers]
+    assert sum(ops.count(op) for op in WEIGHT_ONLY_OPS) == 2 * 3  # gate_up fused
     out = runner(tmp_path / "e").generate([[1, 2, 3]], max_new_tokens=4)
     assert len(generated(out, 0, 3)) == 4
 

@@ -289,5 +289,19 @@ struct GemvParams {
 bool gemvSupports(int64_t rows, int64_t k, DType dtype);
 void launchGemv(GemvParams const& p, void* stream);
 
+// The RMSNorm in front of a weight-only GEMV (weight_only_gemv.cu, INT4 bfloat16, up to 8 rows):
+// a = rmsnorm(s) * normWeight of s = x (+ residual, then written to residualOut), computed as
+// out = inv(s) * (W (s * normWeight)) + bias, inv(s) = rsqrt(mean(s^2) + eps): each warp scales
+// only the x it stages, and the row's mean square meets in the epilogue's reduction (no pass
+// over the whole row before the first product). So out differs from the norm kernel then the GEMV
+// by the rounding of s * normWeight to bfloat16 in place of s * inv * normWeight.
+struct WeightOnlyNorm {
+    void const* residual;       // [rows, k] or nullptr
+    int64_t residualRowStride;
+    void* residualOut;          // [rows, k], contiguous, with residual
+    void const* normWeight;     // [k]
+    float eps;
+};
+
 
 } // namespace tensorrt_llm
