@@ -538,7 +538,7 @@ std::vector<Arg> decodeAttentionArgs(Arg output, std::vector<Arg> extra) {
         optionalTensor("k_new").dtypeOf("q").lastDimContiguous(),
         optionalTensor("v_new").dtypeOf("q").lastDimContiguous(),
         optionalTensor("rotary_cos_sin").rank(2).dtypes({kFloat32}).contiguous(), flag("is_neox"),
-        optionalTensor("kv_scale").dtypes({kFloat32}).contiguous()};
+        optionalTensor("kv_scale").dtypes({kFloat32}).contiguous(), flag("early_cache_loads")};
     for (Arg& a : extra) args.push_back(std::move(a));
     args.push_back(stream());
     return args;
@@ -592,6 +592,7 @@ void launchDecodeAttentionEntry(Call const& c) {
     p.splitCounters = splits ? static_cast<int*>(c["split_counters"].data()) : nullptr;
     p.numSplits = static_cast<int>(c.integer("num_splits"));
     p.splitSize = static_cast<int>(c.integer("split_size"));
+    p.earlyCacheLoads = c.flag("early_cache_loads");
     if (p.batch == 0 || p.maxBlocks == 0) return;
     if constexpr (kCudaKernels) launchDecodeAttention(p, c.stream());
 }
@@ -1049,7 +1050,9 @@ std::vector<Entry> entries() {
         {"decode_attention",
          "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache (q's dtype, or int8 / "
          "uint8 FP8 codes under kv_scale [2]); with k_new/v_new the step's rows are rotated (with rotary_cos_sin) "
-         "and written into the cache by the same launch.",
+         "and written into the cache by the same launch; early_cache_loads: the caller promises that every cached "
+         "position before each query was written before this launch's stream work began (one decode step a CUDA "
+         "graph), so the kernel may read them before the previous kernel ends.",
          decodeAttentionArgs(tensor("out").dtypeOf("q").shapeOf("q").lastDimContiguous().written(), {}),
          checkDecodeAttention, launchDecodeAttentionEntry},
         {"decode_attention_fp8",

@@ -22,6 +22,13 @@
 // attends; every block rotates its query heads in shared memory. One launch replaces the
 // rotation, the cache write and the attention.
 //
+// Early cache loads (p.earlyCacheLoads, the fused form over a cache of T, tensor-core kernel of
+// one block id a tile): the caller promises that every cached position before each query was
+// written before this launch's stream work began (DecodeGraphs: one decode step a graph). A block
+// then stages its block ids and issues its warps' first tiles of K/V before waitForPreviousKernel,
+// under the previous kernel's tail, and after the owner's write replaces this step's row (loaded
+// stale) in the registers of the lanes that hold it with the values the write stored.
+//
 // Quantized cache (cacheDtype kUInt8 / kInt8: FP8 E4M3 / INT8 codes, kv_codes.cuh), tensor-core
 // kernel only: the fused write stores this step's rows as codes; the walk loads 16 codes per
 // 16-byte load and turns them into half2 MMA operands in registers (a few logic ops per pair,
@@ -85,6 +92,16 @@ template <typename T, int D>
 __device__ __forceinline__ float sliceAt(RowSlice<T, D> const& s, int e) {
     constexpr int V = kVec16<T>;
     return toFloat(s.packs[e / V].v[e % V]);
+}
+
+// Eight values of shared memory (float) rounded to T, as one 16-byte pack (T of 2 bytes).
+template <typename T>
+__device__ __forceinline__ uint4 packOf(float const* v) {
+    static_assert(sizeof(T) == 2, "a pack of 8");
+    Pack<T, 8> out;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out.v[e] = fromFloat<T>(v[e]);
+    return *reinterpret_cast<uint4 const*>(&out);
 }
 
 // Sum over the LPR lanes that share a row (lanes aligned to LPR: xor offsets below LPR stay
@@ -194,7 +211,21 @@ __device__ __forceinline__ Shared carveShared(float* smem, int parts) {
 // store of a loaded value waits for that load and would turn each further load into another
 // round trip. In the fused form, the owner block then rotates and writes this step's K/V rows
 // into the cache. Ends synchronised. THREADS: the block size.
-template <typename T, typename C, int D, int THREADS>
+// The chunk's block ids into sh.blocks, then a block barrier (stageBlock's part, on its own for a
+// kernel that reads the cache before waitForPreviousKernel: the block tables are the step's input).
+template <int THREADS>
+__device__ void stageBlockIds(DecodeAttentionParams const& p, Chunk const& c, int b, Shared const& sh) {
+    int32_t const* table = p.blockTables + b * p.maxBlocks;
+    for (int i = threadIdx.x; i < c.numBlocks; i += THREADS) {
+        int64_t const blockInSeq = c.firstBlock + i;
+        int64_t const block = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
+        sh.blocks[i] = (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1;
+    }
+    __syncthreads();
+}
+
+// IDS_STAGED: sh.blocks holds the chunk's block ids already (stageBlockIds).
+template <typename T, typename C, int D, int THREADS, bool IDS_STAGED = false>
 __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group,
                            Shared const& sh) {
     constexpr int V = kVec16<T>;
@@ -210,7 +241,8 @@ __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b
 
     int32_t const* table = p.blockTables + b * p.maxBlocks;
     int const i0 = c.firstBlock + static_cast<int>(threadIdx.x);
-    int64_t const firstId = c.numBlocks > static_cast<int>(threadIdx.x) && i0 < p.maxBlocks ? table[i0] : -1;
+    int64_t const firstId =
+        !IDS_STAGED && c.numBlocks > static_cast<int>(threadIdx.x) && i0 < p.maxBlocks ? table[i0] : -1;
     float2 const* cs = c.rotary ? reinterpret_cast<float2 const*>(p.cosSin + static_cast<int64_t>(c.qPos) * p.rotaryDim)
                                 : nullptr;
     float2 csv[kCs];
@@ -271,10 +303,12 @@ __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b
         }
     }
     auto blockId = [&](int64_t block) { return (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1; };
-    if (static_cast<int>(threadIdx.x) < c.numBlocks) sh.blocks[threadIdx.x] = blockId(firstId);
-    for (int i = threadIdx.x + THREADS; i < c.numBlocks; i += THREADS) {  // chunks of many blocks
-        int64_t const blockInSeq = c.firstBlock + i;
-        sh.blocks[i] = blockId(blockInSeq < p.maxBlocks ? table[blockInSeq] : -1);
+    if constexpr (!IDS_STAGED) {
+        if (static_cast<int>(threadIdx.x) < c.numBlocks) sh.blocks[threadIdx.x] = blockId(firstId);
+        for (int i = threadIdx.x + THREADS; i < c.numBlocks; i += THREADS) {  // chunks of many blocks
+            int64_t const blockInSeq = c.firstBlock + i;
+            sh.blocks[i] = blockId(blockInSeq < p.maxBlocks ? table[blockInSeq] : -1);
+        }
     }
     __syncthreads();
     if (c.rotary) {
@@ -602,10 +636,19 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 // Without it (smaller blocks), every row looks up its own block.
 template <typename T, typename C, int D, int WARPS, int TILES, int MINB, bool PIPE, bool TILE_BLOCKS>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(DecodeAttentionParams p) {
-    waitForPreviousKernel();  // see launchKernel
-    allowNextKernel();
-    static_assert(D == 64 || D == 128, "head dims of the tensor-core kernel");
     constexpr bool kCodes = kIsKvCode<C>;
+    // early: the warp's first tiles of K/V are loaded before waitForPreviousKernel (see
+    // DecodeAttentionParams::earlyCacheLoads), this step's own row patched in from shared memory
+    // after the owner writes it; one block-table-first round trip is off the chain.
+    // Not the instance held to 168 registers (three four-warp blocks an SM): the early tiles' registers
+    // would spill there.
+    constexpr bool kEarly = TILE_BLOCKS && !PIPE && !kCodes && WARPS * 32 * MINB <= 256;
+    bool const early = kEarly && p.earlyCacheLoads && p.kNew != nullptr;
+    if (!early) {
+        waitForPreviousKernel();  // see launchKernel
+        allowNextKernel();
+    }
+    static_assert(D == 64 || D == 128, "head dims of the tensor-core kernel");
     using M = std::conditional_t<kCodes, __half, T>;
     constexpr int MAXG = kDecodeAttentionMaxGroup;   // query heads: MMA rows 0..7
     constexpr int KC = D / 16;                        // MMA k-steps of a score (S = Q K^T)
@@ -626,38 +669,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     int const g = lane / 4;  // MMA row (query head) and column (position, output dim) of this lane
     int const t = lane % 4;  // its place in the quad
     Chunk const c = chunkOf(p, b, split);
-    if (split >= c.splits) return;  // the whole block: this sequence uses fewer splits
-    stageBlock<T, C, D, WARPS * 32>(p, c, b, kvh, group, sh);
-
-    // Q as the B operand of every k-step (column g: head g), in the permuted dim order.
-    uint32_t qa[KC][2];
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-        int const d0 = kCodes ? (kc / 4) * 64 + t * 16 + (kc % 4) * 4 : (kc / 2) * 32 + t * 8 + (kc % 2) * 4;
-        float const* row = sh.q + g * D + d0;
-        qa[kc][0] = g < group ? packPair<M>(row[0], row[1]) : 0u;
-        qa[kc][1] = g < group ? packPair<M>(row[2], row[3]) : 0u;
-    }
-    // Codes: a K operand is (code value * kvHalfUnit), its value code * kScale.
-    float const kMul = kCodes ? p.kvScale[0] / kvHalfUnit<C>() : 1.f;
-    float const vMul = kCodes ? p.kvScale[1] / kvHalfUnit<C>() : 1.f;
-    float const scoreScale = p.scale * kMul * kLog2e;  // scores in log2 units: exp2f below
-    float slope[2];  // heads 2t, 2t+1 (this lane's S^T columns)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        int const head = 2 * t + h;
-        slope[h] = (p.alibiSlopes != nullptr && head < group) ? p.alibiSlopes[kvh * group + head] * kLog2e : 0.f;
+    if (split >= c.splits) {  // the whole block: this sequence uses fewer splits
+        if (early) waitForPreviousKernel();
+        return;
     }
     int64_t const vOffset = p.kvHeads * p.tokensPerBlock * D;
-
-    // O^T (dims x heads), m-tile i: rows g and g+8 are this lane's output dims dimOf(i, 0 / 1),
-    // columns 2t and 2t+1 its heads; no rows wasted on absent heads.
-    float acc[MT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    float m[2] = {-FLT_MAX, -FLT_MAX};  // running max of heads 2t, 2t+1 (log2 units), the same for every g
-    float l[2] = {0.f, 0.f};            // this lane's part of their sums of exponentials
-
     // A warp takes TILES tiles of 16 positions at a time: their loads first, all of them, then
     // the math of each: one wait for memory per TILES * 16 positions. PIPE: the next TILES
     // tiles' loads are issued before this iteration's math, so they are in flight while it runs.
@@ -729,6 +745,65 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
             }
         }
     };
+    Tiles pre;  // early: the warp's first tiles
+    if (early) {
+        stageBlockIds<WARPS * 32>(p, c, b, sh);
+        load(warp * 16 * TILES - lead, pre);
+        waitForPreviousKernel();
+        allowNextKernel();
+        stageBlock<T, C, D, WARPS * 32, true>(p, c, b, kvh, group, sh);
+        if (c.owner) {  // this step's row, as the owner wrote it (fromFloat of sh.k / sh.v), where loaded stale
+            int const own = c.qPos - c.begin;
+            int const base = warp * 16 * TILES - lead;
+#pragma unroll
+            for (int u = 0; u < TILES; ++u) {
+                int const tile = base + 16 * u;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    if (tile + 8 * j + g != own) continue;
+#pragma unroll
+                    for (int i = 0; i < KP; ++i) pre.kq[u][j][i] = packOf<T>(sh.k + t * 8 + i * 32);
+                }
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    if (tile + (r / 2) * 8 + 2 * t + (r % 2) != own) continue;
+#pragma unroll
+                    for (int i = 0; i < VP; ++i) pre.vq[u][r][i] = packOf<T>(sh.v + g * 8 + i * 64);
+                }
+            }
+        }
+    } else {
+        stageBlock<T, C, D, WARPS * 32>(p, c, b, kvh, group, sh);
+    }
+
+    // Q as the B operand of every k-step (column g: head g), in the permuted dim order.
+    uint32_t qa[KC][2];
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+        int const d0 = kCodes ? (kc / 4) * 64 + t * 16 + (kc % 4) * 4 : (kc / 2) * 32 + t * 8 + (kc % 2) * 4;
+        float const* row = sh.q + g * D + d0;
+        qa[kc][0] = g < group ? packPair<M>(row[0], row[1]) : 0u;
+        qa[kc][1] = g < group ? packPair<M>(row[2], row[3]) : 0u;
+    }
+    // Codes: a K operand is (code value * kvHalfUnit), its value code * kScale.
+    float const kMul = kCodes ? p.kvScale[0] / kvHalfUnit<C>() : 1.f;
+    float const vMul = kCodes ? p.kvScale[1] / kvHalfUnit<C>() : 1.f;
+    float const scoreScale = p.scale * kMul * kLog2e;  // scores in log2 units: exp2f below
+    float slope[2];  // heads 2t, 2t+1 (this lane's S^T columns)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int const head = 2 * t + h;
+        slope[h] = (p.alibiSlopes != nullptr && head < group) ? p.alibiSlopes[kvh * group + head] * kLog2e : 0.f;
+    }
+
+    // O^T (dims x heads), m-tile i: rows g and g+8 are this lane's output dims dimOf(i, 0 / 1),
+    // columns 2t and 2t+1 its heads; no rows wasted on absent heads.
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float m[2] = {-FLT_MAX, -FLT_MAX};  // running max of heads 2t, 2t+1 (log2 units), the same for every g
+    float l[2] = {0.f, 0.f};            // this lane's part of their sums of exponentials
+
     auto compute = [&](int base, Tiles& x) {
 #pragma unroll
         for (int u = 0; u < TILES; ++u) {
@@ -854,7 +929,12 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
             base += kStride;
         }
     } else {
-        for (int base = warp * 16 * TILES - lead; base < c.n; base += kStride) {
+        int base = warp * 16 * TILES - lead;
+        if (early && base < c.n) {
+            compute(base, pre);
+            base += kStride;
+        }
+        for (; base < c.n; base += kStride) {
             Tiles cur;
             load(base, cur);
             compute(base, cur);

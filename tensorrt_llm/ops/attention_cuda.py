@@ -20,6 +20,7 @@ new ones included, from the cache, dequantized, as the reference does.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -86,19 +87,40 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
     return buffers[-1]
 
 
+# Whether a decode step being captured now is a CUDA graph of its own (DecodeGraphs): every cached
+# position before each query was then written by earlier launches, which end before the graph's
+# first kernel starts, so decode_step_cuda lets the kernel load them before its predecessor ends
+# (DecodeAttentionParams::earlyCacheLoads). Set only through cache_written_before_launch.
+_cache_written_before_launch = False
+
+
+@contextlib.contextmanager
+def cache_written_before_launch():
+    """While it is open, decode steps are captured as graphs of one step each (see above)."""
+    global _cache_written_before_launch
+    before, _cache_written_before_launch = _cache_written_before_launch, True
+    try:
+        yield
+    finally:
+        _cache_written_before_launch = before
+
+
 def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                           sequence_lengths: torch.Tensor, scale: float, alibi_slopes: Optional[torch.Tensor] = None,
                           sliding_window: int = 0, k_new: Optional[torch.Tensor] = None,
                           v_new: Optional[torch.Tensor] = None, rotary_cos_sin: Optional[torch.Tensor] = None,
                           is_neox: bool = True, kv_scale: Optional[torch.Tensor] = None,
-                          input_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                          input_scale: Optional[torch.Tensor] = None, early_cache_loads: bool = False) -> torch.Tensor:
     """Attention of one query token per sequence, q [B, H, D] at position sequence_lengths[b] - 1,
     over its cached K/V in kv_cache [num_blocks, 2, KV, tpb, D]; -> [B, H, D]. With k_new/v_new
     ([B, KV, D]) the same launch writes them at position L - 1 first, after rotating k and q by
     rotary_cos_sin when given (the caller's q/k stay unrotated). An int8 / uint8 cache holds codes
     under kv_scale (float32 [2]), written and read as such. With input_scale (float32 [1], the
     static input scale of the FP8 linear that reads the output): -> uint8 [B, H * D], the E4M3
-    codes fp8_quantize would make of the [B, H * D] output, written by the same launch."""
+    codes fp8_quantize would make of the [B, H * D] output, written by the same launch.
+    early_cache_loads: the caller's promise that every cached position before each query was
+    written before this launch's stream work began (one decode step a CUDA graph); the kernel
+    then reads them before the previous kernel ends."""
     batch, num_heads, head_dim = q.shape
     if input_scale is None:
         out = torch.empty_like(q)
@@ -115,7 +137,8 @@ def decode_attention_cuda(q: torch.Tensor, kv_cache: torch.Tensor, block_tables:
         counters = _split_counters(q.device, batch * kv_cache.shape[2])
 
     operands = (q, kv_cache, block_tables, sequence_lengths, alibi_slopes, workspace, counters, num_splits, split_size,
-                float(scale), int(sliding_window), k_new, v_new, rotary_cos_sin, bool(is_neox), kv_scale)
+                float(scale), int(sliding_window), k_new, v_new, rotary_cos_sin, bool(is_neox), kv_scale,
+                bool(early_cache_loads))
     if input_scale is None:
         launch("decode_attention", out, *operands)
     else:
@@ -357,7 +380,8 @@ def decode_step_cuda(q, k, v, kv_cache_pool, block_tables, sequence_lengths, ali
                                 sequence_lengths, 1.0 / math.sqrt(head_dim) if scale is None else scale, alibi_slopes,
                                 sliding_window or 0, k.view(tokens, num_kv_heads, head_dim),
                                 v.view(tokens, num_kv_heads, head_dim), rotary_cos_sin, rotary_is_neox, kv_cache_scale,
-                                input_scale)
+                                input_scale,
+                                _cache_written_before_launch and torch.cuda.is_current_stream_capturing())
     return out.view(tokens, num_heads * head_dim)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..logger import logger
+from ..ops.attention_cuda import cache_written_before_launch
 from .host_tape import HostTape, TapeRefused
 from .session import Session
 
@@ -100,7 +101,8 @@ class DecodeGraphs:
                                       device=output.device)
         del output
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.memory_pool):
+        # One step a graph: its attention may read the cache before its predecessor kernel ends.
+        with torch.cuda.graph(graph, pool=self.memory_pool), cache_written_before_launch():
             # The logits, or the hidden states a non-last pipeline stage sends (the graph
             # holds that send and the previous stage's receive, not the logits' way back).
             # Its own output is freed after capture: later graphs of the pool may reuse that

@@ -220,3 +220,45 @@ def test_codes_are_the_output_then_the_quantize(case, form, dtype):
     assert codes.shape == (batch, heads * head_dim) and codes.dtype == torch.uint8
     assert torch.equal(codes, want.view(torch.uint8))
     assert (codes.view(want.dtype).float().abs() == FP8_MAX).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", [
+    (1, 32, 8, 128, 32, 300),    # eight-warp blocks (few pairs), Llama-3 8B's heads
+    (7, 32, 8, 128, 32, 600),    # four-warp blocks
+    (160, 32, 8, 128, 16, 150),  # one-warp blocks (many waves)
+    (3, 9, 3, 64, 32, 257),      # head size 64, group 3
+])
+def test_early_cache_loads_in_a_graph_give_the_same_bits(case, dtype):
+    """early_cache_loads (one decode step a graph, DecodeGraphs): the kernel loads its first K/V
+    tiles before the previous kernel ends, then patches in this step's row as the fused write
+    stores it. Bit for bit the launch without it, at lengths that put the new row at every place
+    of a tile, in the cache too."""
+    from tensorrt_llm.functional import rope_cos_sin_cache
+    from tensorrt_llm.ops.attention_cuda import decode_attention_cuda
+    gen = torch.Generator().manual_seed(7)
+    batch, heads, kv_heads, head_dim, tpb, max_len = case
+    q, cache, tables, lengths = make_inputs(*case, dtype, "cuda", gen)
+    k_new, v_new = (torch.randn(batch, kv_heads, head_dim, generator=gen).to(dtype).cuda() for _ in range(2))
+    cos_sin = rope_cos_sin_cache(max_len + 8, head_dim, 10000.0).cuda()
+    base = cache.clone()
+
+    def attend(kv, early):
+        return decode_attention_cuda(q, kv, tables, lengths, 0.1, None, 0, k_new, v_new, cos_sin, True, None, None,
+                                     early)
+
+    attend(cache, True)  # warm-up outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attend(cache, True)
+    picks = [1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 128, 129, max_len]
+    for i in range(len(picks)):
+        new = [picks[(i + r) % len(picks)] for r in range(batch)]
+        lengths.copy_(torch.tensor(new, dtype=torch.int32))
+        cache.copy_(base)
+        graph.replay()
+        want_cache = base.clone()
+        want = attend(want_cache, False)
+        assert torch.equal(out, want), f"lengths {new[:4]}"
+        assert torch.equal(cache, want_cache), f"cache, lengths {new[:4]}"

@@ -246,6 +246,10 @@ struct DecodeAttentionParams {
     int slidingWindow;  // 0: none
     float scale;
     DType dtype;
+    // The caller's promise that every cached position before each query was written before this
+    // launch's stream work began (a decode step of its own CUDA graph): the tensor-core kernel then
+    // issues its first K/V loads before waitForPreviousKernel (fused form, a cache of T).
+    bool earlyCacheLoads;
 };
 bool decodeAttentionSupportsHeadDim(int64_t headDim);
 void launchDecodeAttention(DecodeAttentionParams const& p, void* stream);
