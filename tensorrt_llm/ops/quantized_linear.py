@@ -435,54 +435,67 @@ def add_rms_norm_weight_only_linear(x: Tensor, residual: Tensor, norm_weight: Te
                      eps=float(eps), **attrs)
 
 
+def _norm_then_linear(norm, linear, x, norm_weight, qweight, scales, zeros, bias, eps, attrs):
+    """linear(norm(x)): the unfused graph's two implementations, one after the other."""
+    return linear(norm(x, norm_weight, eps=eps), qweight, scales, zeros, bias, **attrs)
+
+
+def _add_norm_then_linear(add_norm, linear, x, residual, norm_weight, qweight, scales, zeros, bias, eps, attrs):
+    """(linear(norm(x + residual)), x + residual): the unfused graph's two implementations."""
+    normed, total = add_norm(x, residual, norm_weight, eps=eps)
+    return linear(normed, qweight, scales, zeros, bias, **attrs), total
+
+
 @rms_norm_weight_only_linear.implementation(REFERENCE)
 def rms_norm_weight_only_linear_reference(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
                                           weight_format, group_size=0, tiled=False, gated=False):
-    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
-    return weight_only_linear_reference(rms_norm_reference(x, norm_weight, eps=eps), qweight, scales, zeros, bias,
-                                        **linear)
+    attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    return _norm_then_linear(rms_norm_reference, weight_only_linear_reference, x, norm_weight, qweight, scales,
+                             zeros, bias, eps, attrs)
 
 
 @rms_norm_weight_only_linear.implementation(CPU)
 def rms_norm_weight_only_linear_cpu(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps, weight_format,
                                     group_size=0, tiled=False, gated=False):
-    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
-    return weight_only_linear_cpu(rms_norm_cpu(x, norm_weight, eps=eps), qweight, scales, zeros, bias, **linear)
+    attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    return _norm_then_linear(rms_norm_cpu, weight_only_linear_cpu, x, norm_weight, qweight, scales, zeros, bias,
+                             eps, attrs)
 
 
 @rms_norm_weight_only_linear.implementation(CUDA)
 def rms_norm_weight_only_linear_cuda(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps, weight_format,
                                      group_size=0, tiled=False, gated=False):
-    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
-    if norm_gemv_serves(x, None, norm_weight, qweight, scales, **linear):
-        return _norm_gemv(x, None, norm_weight, qweight, scales, zeros, bias, eps, **linear)[0]
-    return weight_only_linear_cuda(rms_norm_cuda(x, norm_weight, eps=eps), qweight, scales, zeros, bias, **linear)
+    attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    if norm_gemv_serves(x, None, norm_weight, qweight, scales, **attrs):
+        return _norm_gemv(x, None, norm_weight, qweight, scales, zeros, bias, eps, **attrs)[0]
+    return _norm_then_linear(rms_norm_cuda, weight_only_linear_cuda, x, norm_weight, qweight, scales, zeros, bias,
+                             eps, attrs)
 
 
 @add_rms_norm_weight_only_linear.implementation(REFERENCE)
 def add_rms_norm_weight_only_linear_reference(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *,
                                               eps, weight_format, group_size=0, tiled=False, gated=False):
-    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
-    normed, total = fused_add_rms_norm_reference(x, residual, norm_weight, eps=eps)
-    return weight_only_linear_reference(normed, qweight, scales, zeros, bias, **linear), total
+    attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    return _add_norm_then_linear(fused_add_rms_norm_reference, weight_only_linear_reference, x, residual,
+                                 norm_weight, qweight, scales, zeros, bias, eps, attrs)
 
 
 @add_rms_norm_weight_only_linear.implementation(CPU)
 def add_rms_norm_weight_only_linear_cpu(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
                                         weight_format, group_size=0, tiled=False, gated=False):
-    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
-    normed, total = fused_add_rms_norm_cpu(x, residual, norm_weight, eps=eps)
-    return weight_only_linear_cpu(normed, qweight, scales, zeros, bias, **linear), total
+    attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    return _add_norm_then_linear(fused_add_rms_norm_cpu, weight_only_linear_cpu, x, residual, norm_weight, qweight,
+                                 scales, zeros, bias, eps, attrs)
 
 
 @add_rms_norm_weight_only_linear.implementation(CUDA)
 def add_rms_norm_weight_only_linear_cuda(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
                                          weight_format, group_size=0, tiled=False, gated=False):
-    linear = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
-    if norm_gemv_serves(x, residual, norm_weight, qweight, scales, **linear):
-        return _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, eps, **linear)
-    normed, total = fused_add_rms_norm_cuda(x, residual, norm_weight, eps=eps)
-    return weight_only_linear_cuda(normed, qweight, scales, zeros, bias, **linear), total
+    attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
+    if norm_gemv_serves(x, residual, norm_weight, qweight, scales, **attrs):
+        return _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, eps, **attrs)
+    return _add_norm_then_linear(fused_add_rms_norm_cuda, weight_only_linear_cuda, x, residual, norm_weight, qweight,
+                                 scales, zeros, bias, eps, attrs)
 
 
 def norm_gemv_serves(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
