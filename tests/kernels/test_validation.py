@@ -94,7 +94,7 @@ def test_binding_decode_attention_codes_errors(b):
 
     def call(codes, scale):
         b.decode_attention_fp8(on(0, codes), on(0, q), on(0, cache), on(0, tables), on(0, lengths), None, None, None,
-                               1, 48, 0.125, 0, None, None, None, True, None, on(0, scale), 0)
+                               1, 48, 0.125, 0, None, None, None, True, None, False, on(0, scale), 0)
     with pytest.raises(ValueError, match=r"^decode_attention_fp8: codes must have shape \[2, 64\], got \[2, 32\]$"):
         call(torch.empty(2, 32, dtype=torch.int32), torch.ones(1))
     with pytest.raises(ValueError, match=r"^decode_attention_fp8: input_scale must have shape \[1\], got \[2\]$"):
@@ -104,7 +104,7 @@ def test_binding_decode_attention_codes_errors(b):
     with pytest.raises(ValueError, match="decode_attention_fp8: .*must have batch"):
         b.decode_attention_fp8(on(0, torch.empty(2, 64, dtype=torch.int32)), on(0, q), on(0, cache),
                                on(0, tables[:1]), on(0, lengths), None, None, None, 1, 48, 0.125, 0, None, None, None,
-                               True, None, on(0, torch.ones(1)), 0)
+                               True, None, False, on(0, torch.ones(1)), 0)
 
 
 def test_binding_other_kernels_errors(b):
