@@ -400,7 +400,7 @@ def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight
 # eps), each warp scaling only the x it stages, so no kernel and no pass over the whole row
 # stands between the previous kernel and the first product. That rounds s * norm_weight to
 # bfloat16 where the norm kernel rounds s * inv * norm_weight: the same size of error, other bits
-# (tests/ops/test_quantized_linear.py measures both against float64). Elsewhere (INT8, float16,
+# (tests/kernels/test_weight_only_gemv.py measures both against float64). Elsewhere (INT8, float16,
 # more rows, the CPU and the reference) the norm's own implementation, then weight_only_linear:
 # the unfused graph's bits.
 
