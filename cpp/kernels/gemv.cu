@@ -58,12 +58,12 @@ __device__ __forceinline__ void computeInput(GemvParams const& p, T* a) {
 
 template <typename T, int MAXM, GemvPrologue PRO>
 __global__ void __launch_bounds__(kThreads) gemvKernel(GemvParams p) {
-    allowNextKernel();  // see launchKernel
     // The block's first kWarps weight rows (contiguous) towards L2 while the previous kernel ends.
     if (threadIdx.x == 0) {
         prefetchRowsToL2(p.weight, int64_t{blockIdx.x} * kWarps, kWarps, p.n, p.k * int64_t{sizeof(T)});
     }
     waitForPreviousKernel();
+    allowNextKernel();  // see launchKernel: after the wait
     constexpr int V = kVec16<T>;
     using P = Pack<T, V>;
     extern __shared__ __align__(16) unsigned char smemBytes[];

@@ -663,12 +663,12 @@ __device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMm
 template <typename T, typename S, int BITS, int NT, bool MASKED, bool FP8 = false, bool ONE_WAVE = false,
           bool SHARED_X = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGemvMmaKernel(Params p) {
-    allowNextKernel();  // see launchKernel
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
     int64_t const firstRow = static_cast<int64_t>(blockIdx.x) * kMmaRows;
     // The block's (first) weight rows (contiguous) towards L2 while the previous kernel ends.
     if (threadIdx.x == 0) prefetchRowsToL2(p.qweight, firstRow, kMmaRows, p.n, numPacks * int64_t{sizeof(uint4)});
     waitForPreviousKernel();
+    allowNextKernel();  // see launchKernel: after the wait
     constexpr int XW = 16 / BITS;     // uint4 of x per pack per row of x
     // k-steps in flight per warp (16 INT8 / 32 INT4 weight bytes a k-step per lane), within 128 registers
     constexpr int U = BITS == 8 ? (NT == 1 ? (ONE_WAVE ? 3 : 4) : NT == 2 ? 2 : 1)
@@ -1035,7 +1035,6 @@ template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = fa
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
     static_assert(!NORM || (BITS == 4 && std::is_same_v<T, __nv_bfloat16>), "NORM: INT4, bfloat16 x");
-    allowNextKernel();  // see launchKernel
     constexpr int STAGES = kPipeSlots<PAIRS>;
     constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
     constexpr int XW = 16 / BITS;  // uint4 of x per pack per row of x
@@ -1121,6 +1120,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     for (int i = 0; i < AHEAD; ++i) issue();
     prefetchScales(0);
     waitForPreviousKernel();
+    allowNextKernel();  // see launchKernel: after the wait
 
     float const inputScale = FP8 ? *p.inputScale : 0.f;
     float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;

@@ -1,0 +1,149 @@
+// The cost of a kernel boundary: a CUDA graph of 256 dependent kernels, each block reading the
+// whole 16 KB vector the previous kernel wrote (x) and a slice of weights of its own (loaded
+// before its dependency wait), writing 16 outputs of the next x. Per launch mode, microseconds a
+// kernel (best of 5 replays of 20 graphs):
+//   0 ordinary launches (the graph orders each kernel after the last);
+//   1 programmatic dependent launch, each block allowing the next kernel at its start;
+//   2 programmatic launch, the dependency kept by a counter per kernel that each block adds one
+//     to when done (release) and the next kernel's blocks spin on (acquire), no griddepcontrol.wait;
+//   3 programmatic launch, each block allowing the next kernel right after its wait
+//     (cpp/kernels/common.cuh's rule);
+//   4 programmatic launch, no allowance (the next kernel launches as blocks end).
+//
+//   nvcc -O3 -arch=sm_90 -o launch_chain benchmarks/launch_chain.cu
+//   ./launch_chain <16-byte weight loads a thread, 0-8> <dynamic shared memory a block, KB>
+// Figures: benchmarks/README.md, "Where a kernel boundary's time goes".
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#define CHECK(x)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e = (x);                                                                     \
+        if (e != cudaSuccess) {                                                                  \
+            std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                \
+            std::exit(1);                                                                        \
+        }                                                                                        \
+    } while (0)
+
+constexpr int kK = 4096;       // x's length
+constexpr int kThreads = 256;
+constexpr int kKernels = 256;  // a graph's chain
+constexpr int kBlocks = kK / 16;
+
+struct Step {
+    float const* x;
+    float* y;
+    float4 const* w;
+    int loads;               // 16-byte weight loads a thread
+    unsigned const* waitOn;  // mode 2: the previous kernel's counter
+    unsigned* signal;        // mode 2: this kernel's
+    unsigned target;
+    int mode;
+};
+
+__global__ void __launch_bounds__(kThreads) step(Step p) {
+    extern __shared__ float unused[];  // only to limit the blocks an SM
+    if (p.mode == 1 || p.mode == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    float4 w[8];
+    float4 const* mine = p.w + static_cast<size_t>(blockIdx.x) * kThreads * p.loads + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = i < p.loads ? __ldg(mine + i * kThreads) : make_float4(0, 0, 0, 0);
+    if (p.mode == 1 || p.mode >= 3) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (p.mode == 3) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (p.mode == 2) {
+        if (threadIdx.x == 0) {
+            unsigned v;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p.waitOn));
+            } while (v < p.target);
+        }
+        __syncthreads();
+    }
+    float acc = 0.f;
+    for (int k = threadIdx.x; k < kK; k += kThreads) acc += p.x[k] * (w[k / kThreads % 8].x + 1.f);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(~0u, acc, o);
+    __shared__ float red[kThreads / 32];
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float s = 0.f;
+        for (int i = 0; i < kThreads / 32; ++i) s += red[i];
+        p.y[blockIdx.x * 16 + threadIdx.x] = s * 1e-4f + threadIdx.x;
+    }
+    if (p.mode == 2) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.signal) : "memory");
+        }
+    }
+}
+
+int main(int argc, char** argv) {
+    int const loads = argc > 1 ? std::atoi(argv[1]) : 8;
+    int const smem = (argc > 2 ? std::atoi(argv[2]) : 0) * 1024;
+    if (loads < 0 || loads > 8) {
+        std::printf("weight loads a thread: 0 to 8\n");
+        return 1;
+    }
+    CHECK(cudaFuncSetAttribute(step, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    float* x[2];
+    for (auto& b : x) {
+        CHECK(cudaMalloc(&b, kK * sizeof(float)));
+        CHECK(cudaMemset(b, 0, kK * sizeof(float)));
+    }
+    size_t const perKernel = size_t{kBlocks} * kThreads * 8;  // float4s
+    float4* w;
+    CHECK(cudaMalloc(&w, perKernel * kKernels * sizeof(float4)));  // 2 GB: no kernel's weights in L2
+    CHECK(cudaMemset(w, 0, perKernel * kKernels * sizeof(float4)));
+    unsigned* counters;
+    CHECK(cudaMalloc(&counters, (kKernels + 1) * sizeof(unsigned)));
+    cudaStream_t stream;
+    CHECK(cudaStreamCreate(&stream));
+    char const* names[] = {"ordinary", "allowed at start", "counters", "allowed after wait", "never allowed"};
+    for (int mode = 0; mode < 5; ++mode) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        if (mode == 2) CHECK(cudaMemsetAsync(counters, 0, (kKernels + 1) * sizeof(unsigned), stream));
+        for (int i = 0; i < kKernels; ++i) {
+            Step p{x[i % 2], x[(i + 1) % 2], w + perKernel * i, loads, counters + i, counters + i + 1,
+                   i == 0 ? 0u : unsigned{kBlocks}, mode};
+            cudaLaunchAttribute attribute{};
+            attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attribute.val.programmaticStreamSerializationAllowed = 1;
+            cudaLaunchConfig_t config{};
+            config.gridDim = kBlocks;
+            config.blockDim = kThreads;
+            config.dynamicSmemBytes = smem;
+            config.stream = stream;
+            config.attrs = &attribute;
+            config.numAttrs = mode == 0 ? 0 : 1;
+            CHECK(cudaLaunchKernelEx(&config, step, p));
+        }
+        CHECK(cudaStreamEndCapture(stream, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int i = 0; i < 5; ++i) CHECK(cudaGraphLaunch(exec, stream));
+        cudaEvent_t start, end;
+        CHECK(cudaEventCreate(&start));
+        CHECK(cudaEventCreate(&end));
+        float best = 1e30f;
+        for (int r = 0; r < 5; ++r) {
+            CHECK(cudaEventRecord(start, stream));
+            for (int i = 0; i < 20; ++i) CHECK(cudaGraphLaunch(exec, stream));
+            CHECK(cudaEventRecord(end, stream));
+            CHECK(cudaEventSynchronize(end));
+            float ms;
+            CHECK(cudaEventElapsedTime(&ms, start, end));
+            best = ms < best ? ms : best;
+        }
+        std::printf("weights %5zu KB a kernel, shared memory %3d KB a block, %-18s %6.2f us a kernel\n",
+                    size_t{kBlocks} * kThreads * loads * 16 / 1024, smem / 1024, names[mode],
+                    best * 1e3f / 20 / kKernels);
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(graph));
+    }
+    return 0;
+}
