@@ -680,23 +680,30 @@ void launchGemvEntry(Call const& c) {
 
 constexpr int64_t kWeightOnlyGemvMaxK = 32768;  // a row of x as float32 (and its pack sums) in shared memory
 
-// The GEMVs' `gated` (silu_and_mul in the epilogue; weight_only_gemv.cuh's Params::gated) is the
-// pipelined kernel's: at most kGatedMaxRows rows of float16 / bfloat16 x on 16-byte boundaries
-// within kGatedMaxX bytes (its kMaxPipeX), out_features a multiple of 16, and `served`, what else
-// that kernel needs (`needs` says it).
-constexpr int64_t kGatedMaxRows = 8;
-constexpr int64_t kGatedMaxX = 64 * 1024;
+// What the pipelined kernel's fused forms (`gated`, the RMSNorm in front) take of x: at most
+// kPipelinedMaxRows rows of float16 / bfloat16 on 16-byte boundaries within kPipelinedMaxX bytes
+// (weight_only_gemv.cuh's kMaxPipeX).
+constexpr int64_t kPipelinedMaxRows = 8;
+constexpr int64_t kPipelinedMaxX = 64 * 1024;
 
-void checkGated(TensorArg const& x, int64_t n, bool served, std::string const& needs) {
+bool pipelinedTakesX(TensorArg const& x) {
     bool const halfX = x.dtype == DType::kFloat16 || x.dtype == DType::kBFloat16;
-    if (n % 16 == 0 && x.size(0) <= kGatedMaxRows && halfX && x.size(0) * x.size(1) * dtypeSize(x.dtype) <= kGatedMaxX
-        && x.ptr % 16 == 0 && (x.stride(0) * dtypeSize(x.dtype)) % 16 == 0 && served) {
-        return;
-    }
-    throw std::invalid_argument("gated takes out_features a multiple of 16 (got " + std::to_string(n) + "), at most "
-                                + std::to_string(kGatedMaxRows) + " rows of float16 / bfloat16 x on 16-byte boundaries "
-                                + "within " + std::to_string(kGatedMaxX) + " bytes (got " + x.describe() + ")"
-                                + (needs.empty() ? "" : ", " + needs));
+    return x.size(0) <= kPipelinedMaxRows && halfX && x.size(0) * x.size(1) * dtypeSize(x.dtype) <= kPipelinedMaxX
+           && x.ptr % 16 == 0 && (x.stride(0) * dtypeSize(x.dtype)) % 16 == 0;
+}
+
+std::string pipelinedXLimits(TensorArg const& x) {
+    return "at most " + std::to_string(kPipelinedMaxRows) + " rows of float16 / bfloat16 x on 16-byte boundaries within "
+           + std::to_string(kPipelinedMaxX) + " bytes (got " + x.describe() + ")";
+}
+
+// The GEMVs' `gated` (silu_and_mul in the epilogue; weight_only_gemv.cuh's Params::gated) is the
+// pipelined kernel's: pipelinedTakesX, out_features a multiple of 16, and `served`, what else that
+// kernel needs (`needs` says it).
+void checkGated(TensorArg const& x, int64_t n, bool served, std::string const& needs) {
+    if (n % 16 == 0 && pipelinedTakesX(x) && served) return;
+    throw std::invalid_argument("gated takes out_features a multiple of 16 (got " + std::to_string(n) + "), "
+                                + pipelinedXLimits(x) + (needs.empty() ? "" : ", " + needs));
 }
 
 struct WeightOnlyShape {
@@ -755,8 +762,8 @@ void checkWeightOnlyGemv(Call& c) {
     bool const pipelined = c["scales"].dtype == kFloat32 && (w.groupSize == 0 || w.groupSize >= 512 / w.bits);
     std::string const needs = "float32 scales and groups of at least " + std::to_string(512 / w.bits) + " inputs";
     if (gated) checkGated(x, w.n, pipelined, needs);
-    // The RMSNorm in front (kernels.h's WeightOnlyNorm): the pipelined INT4 kernel's, bfloat16 x, the
-    // rows and bytes of x that gated takes.
+    // The RMSNorm in front (kernels.h's WeightOnlyNorm): the pipelined INT4 kernel's, bfloat16 x as
+    // pipelinedTakesX.
     c.together("residual", "residual_out");
     if (c.has("norm_weight")) {
         c.shape("norm_weight", {w.k});
@@ -770,7 +777,9 @@ void checkWeightOnlyGemv(Call& c) {
             throw std::invalid_argument("norm_weight takes INT4 weights and bfloat16 x (got " + c.text("weight_format")
                                         + ", " + x.describe() + ")");
         }
-        checkGated(x, 16, pipelined, needs);  // the same rows and bytes of x
+        if (!pipelinedTakesX(x) || !pipelined) {
+            throw std::invalid_argument("norm_weight takes " + pipelinedXLimits(x) + ", " + needs);
+        }
     } else if (c.has("residual")) {
         throw std::invalid_argument("residual belongs to the RMSNorm in front (norm_weight) only");
     }

@@ -311,9 +311,9 @@ GEMV_MAX_ROWS = 64
 # The binding's limit on in_features for the GEMV (the float32-activation kernel keeps a row of
 # x as float32 in shared memory).
 GEMV_MAX_K = 32768
-# `gated` (silu_and_mul in the GEMV's epilogue): the pipelined kernel's rows and bytes of x.
-GATED_GEMV_MAX_ROWS = 8
-GATED_GEMV_MAX_X_BYTES = 64 * 1024
+# The pipelined kernel's x, which its fused forms (`gated`, the RMSNorm in front) need: rows and bytes.
+PIPELINED_GEMV_MAX_ROWS = 8
+PIPELINED_GEMV_MAX_X_BYTES = 64 * 1024
 
 
 def _codes_per_pack(weight_format: str) -> int:
@@ -329,21 +329,32 @@ def cuda_serves(x: torch.Tensor, qweight: torch.Tensor, weight_format: str) -> b
             and qweight.is_contiguous() and qweight.data_ptr() % 16 == 0)
 
 
-def gated_epilogue_takes(x2: torch.Tensor, n: int) -> bool:
-    """What every GEMV's `gated` needs (the bindings' checkGated): at most 8 rows of float16 /
-    bfloat16 x on 16-byte boundaries within 64 KB, out_features a multiple of 16."""
+def pipelined_takes_x(x2: torch.Tensor) -> bool:
+    """What the pipelined GEMV's fused forms take of x [m, k] (the bindings' pipelinedTakesX): at
+    most 8 rows of float16 / bfloat16 on 16-byte boundaries within 64 KB."""
     m, k = x2.shape
-    return (m <= GATED_GEMV_MAX_ROWS and n % 16 == 0 and x2.dtype in (torch.float16, torch.bfloat16)
-            and m * k * x2.element_size() <= GATED_GEMV_MAX_X_BYTES and x2.data_ptr() % 16 == 0
+    return (m <= PIPELINED_GEMV_MAX_ROWS and x2.dtype in (torch.float16, torch.bfloat16)
+            and m * k * x2.element_size() <= PIPELINED_GEMV_MAX_X_BYTES and x2.data_ptr() % 16 == 0
             and (x2.stride(0) * x2.element_size()) % 16 == 0)
 
 
-def gated_gemv_serves(x2: torch.Tensor, n: int, scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
-    """Whether the GEMV applies silu_and_mul in its epilogue (`gated`): gated_epilogue_takes, float32
-    scales, groups of whole k-steps (4 packs) or one scale a row."""
+def pipelined_groups(scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
+    """Whether the pipelined GEMV reads these scales: float32, in groups of whole k-steps (4 packs)
+    or one a row."""
     bits = 8 if weight_format == "int8" else 4
-    return (gated_epilogue_takes(x2, n) and scales.dtype == torch.float32
-            and (group_size == 0 or group_size >= 512 // bits))
+    return scales.dtype == torch.float32 and (group_size == 0 or group_size >= 512 // bits)
+
+
+def gated_epilogue_takes(x2: torch.Tensor, n: int) -> bool:
+    """What every GEMV's `gated` needs (the bindings' checkGated): pipelined_takes_x and
+    out_features a multiple of 16."""
+    return n % 16 == 0 and pipelined_takes_x(x2)
+
+
+def gated_gemv_serves(x2: torch.Tensor, n: int, scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
+    """Whether the GEMV applies silu_and_mul in its epilogue (`gated`): gated_epilogue_takes and
+    pipelined_groups."""
+    return gated_epilogue_takes(x2, n) and pipelined_groups(scales, weight_format, group_size)
 
 
 def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -502,15 +513,15 @@ def norm_gemv_serves(x: torch.Tensor, residual: Optional[torch.Tensor], norm_wei
                      qweight: torch.Tensor, scales: torch.Tensor, *, weight_format: str, group_size: int = 0,
                      tiled: bool = False, gated: bool = False) -> bool:
     """Whether the CUDA GEMV computes the RMSNorm in front (the bindings' check): INT4 codes the kernels
-    read, bfloat16 x, norm weight and residual on 16-byte packs, what `gated` takes of x (at most 8
-    rows within 64 KB), float32 scales in groups of whole k-steps."""
+    read, bfloat16 x, norm weight and residual on 16-byte packs, x and residual as pipelined_takes_x,
+    scales as pipelined_groups."""
     if weight_format != "int4" or x.dtype != torch.bfloat16 or not cuda_serves(x, qweight, weight_format):
         return False
     x2 = rows(x)
-    return (gated_gemv_serves(x2, 16, scales, weight_format, group_size) and x2.shape[0] > 0
+    return (pipelined_takes_x(x2) and pipelined_groups(scales, weight_format, group_size) and x2.shape[0] > 0
             and (not gated or qweight.shape[0] % 16 == 0)
             and norm_weight.dtype == torch.bfloat16 and norm_weight.is_contiguous() and norm_weight.data_ptr() % 16 == 0
-            and (residual is None or (residual.shape == x.shape and gated_epilogue_takes(rows(residual), 16))))
+            and (residual is None or (residual.shape == x.shape and pipelined_takes_x(rows(residual)))))
 
 
 def _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, eps, *, weight_format, group_size=0,

@@ -577,9 +577,11 @@ def test_norm_binding_refuses_what_the_fused_kernel_cannot_take(gen, needs_kerne
     args = (out, x, qweight.view(torch.int32), scales, zeros, None, "int4", 128, False, False)
     with pytest.raises(ValueError, match="norm_weight takes INT4 weights and bfloat16 x"):
         launch("weight_only_gemv", out.half(), x.half(), *args[2:], 1e-5, norm_weight=w.half())
-    with pytest.raises(ValueError, match="at most 8 rows"):
+    with pytest.raises(ValueError, match=r"norm_weight takes at most 8 rows .* \(got x \(bfloat16 \[9, 256\]"):
         launch("weight_only_gemv", torch.empty(9, 64, dtype=torch.bfloat16, device=DEVICE),
                torch.zeros(9, 256, dtype=torch.bfloat16, device=DEVICE), *args[2:], 1e-5, norm_weight=w)
+    with pytest.raises(ValueError, match="norm_weight takes .*float32 scales and groups of at least 128 inputs"):
+        launch("weight_only_gemv", *args[:3], scales.half(), zeros.half(), *args[5:], 1e-5, norm_weight=w)
     with pytest.raises(ValueError, match="residual belongs to the RMSNorm"):
         launch("weight_only_gemv", *args, 1e-5, residual=x, residual_out=torch.empty_like(x))
     with pytest.raises(ValueError, match="residual_out"):

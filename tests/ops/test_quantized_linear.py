@@ -10,6 +10,10 @@ from tensorrt_llm.network import Network, net_guard
 from tensorrt_llm.ops import CPU, OPS, implementations
 from tensorrt_llm.ops.quantized_linear import (
     cpu_pack,
+    gated_epilogue_takes,
+    gated_gemv_serves,
+    pipelined_groups,
+    pipelined_takes_x,
     tile_codes,
     tileable,
     untile_codes,
@@ -134,6 +138,26 @@ def test_shape_rule():
 
 
 # ---- tile order ----
+
+
+def test_the_pipelined_gemvs_limits():
+    """What the fused forms of the pipelined GEMV (gated, the norm in front) take, as the
+    bindings check it: up to 8 rows of half-precision x within 64 KB on 16-byte boundaries;
+    float32 scales in groups of whole k-steps; gated, out_features a multiple of 16."""
+    x = torch.zeros(8, 4096, dtype=torch.bfloat16)
+    assert pipelined_takes_x(x) and pipelined_takes_x(x.half())
+    assert not pipelined_takes_x(torch.zeros(9, 256, dtype=torch.bfloat16))        # rows
+    assert not pipelined_takes_x(torch.zeros(4, 16384, dtype=torch.bfloat16))      # 128 KB
+    assert not pipelined_takes_x(x.float())                                        # dtype
+    assert not pipelined_takes_x(torch.zeros(2, 4104, dtype=torch.bfloat16)[:, 4:4100])  # 8 bytes past a boundary
+    assert not pipelined_takes_x(torch.zeros(2, 4100, dtype=torch.bfloat16)[:, :4096])  # rows 8,200 bytes apart
+    assert pipelined_takes_x(torch.zeros(2, 4104, dtype=torch.bfloat16)[:, 8:])  # 16-byte steps
+    f32 = torch.zeros(1, dtype=torch.float32)
+    assert pipelined_groups(f32, "int4", 128) and pipelined_groups(f32, "int8", 0)
+    assert not pipelined_groups(f32, "int4", 64)                                   # less than a k-step
+    assert not pipelined_groups(f32.half(), "int4", 128)
+    assert gated_epilogue_takes(x, 32) and not gated_epilogue_takes(x, 24)
+    assert gated_gemv_serves(x, 32, f32, "int4", 128) and not gated_gemv_serves(x, 32, f32, "int4", 64)
 
 
 def test_tile_order_puts_each_pack_where_the_kernels_read_it():
