@@ -28,7 +28,8 @@ weight scales and static activation scales calibrated on the agreement prompts (
 transformers model of the same weights). The LM head stays float in all three (TensorRT-LLM's
 default). With smollm2-gguf, int4_wo keeps the GGUF file's own Q4_1 blocks (INT4, group 32)
 and its Q8_0 embedding as an INT8 LM head, exactly; int8_wo quantizes the decoder's dequantized
-weights and keeps that same exact INT8 head; fp8 quantizes the dequantized weights. FP8 needs a GPU of compute capability 8.9 or newer (the CPU runs its reference):
+weights and keeps that same exact INT8 head; fp8 quantizes the dequantized weights. FP8 needs a
+GPU of compute capability 8.9 or newer (the CPU runs its reference):
 
     python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant none,fp8 \
         --batch_sizes 1,8,32,64 --input_len 128 --output_len 128 --no_hf

@@ -131,8 +131,8 @@ def test_no_fusion_for_different_inputs_or_broadcast_add():
         net.mark_output(F.rms_norm(x + bias, None, eps=1e-6), "n")
     report = optimize(net)
     assert report["rewrites"] == {"fuse_add_rms_norm": 0, "fuse_gate_up": 0, "fuse_rope_attention": 0,
-                                  "fuse_attention_fp8_linear": 0, "fuse_norm_linear": 0, "fuse_act_linear": 0, "fuse_fp8_gated_mlp": 0,
-                                  "fuse_gated_linear": 0}
+                                  "fuse_attention_fp8_linear": 0, "fuse_norm_linear": 0, "fuse_act_linear": 0,
+                                  "fuse_fp8_gated_mlp": 0, "fuse_gated_linear": 0}
 
 
 def fp8_mlp_network(weight_scales, input_scales, bias=False, up_fp8=True):

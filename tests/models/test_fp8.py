@@ -214,9 +214,10 @@ def test_norm_and_activation_fusions_keep_fp8_logits_bit_for_bit(hf, float_weigh
 def test_a_crafted_fused_attention_is_checked_as_an_attention(hf, float_weights, tmp_path):
     """gpt_attention_fp8_linear carries gpt_attention's inputs and attrs: a crafted engine whose
     fused layer indexes a KV-cache layer the config does not have is refused at load."""
-    from ..runtime.test_engine_safety import craft, first_layer
     from tensorrt_llm.errors import EngineError
     from tensorrt_llm.runtime import ModelRunner
+
+    from ..runtime.test_engine_safety import craft, first_layer
     _engine(*_fp8(hf, float_weights, False, False), tmp_path / "fp8")
 
     def edit(graph, weights):

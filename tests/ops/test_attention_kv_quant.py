@@ -190,7 +190,8 @@ def test_decode_kernel_reads_codes(batch, heads, algo, dtype):
     needs(algo)
     seed, gen = seeded()
     num_heads, kv_heads, head_dim = heads
-    if batch == "2.5 an SM":  # 2.5 (sequence, KV head) blocks a multiprocessor: the four-warp kernel's three-block instance
+    # 2.5 (sequence, KV head) blocks a multiprocessor: the four-warp kernel's three-block instance
+    if batch == "2.5 an SM":
         batch = 5 * torch.cuda.get_device_properties(0).multi_processor_count // (2 * kv_heads)
     tpb, max_len = 16, (700 if batch <= 3 else 90)
     lengths = torch.randint(1, max_len + 1, (batch,), generator=gen).to(torch.int32)
