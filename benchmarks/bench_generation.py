@@ -28,8 +28,14 @@ weight scales and static activation scales calibrated on the agreement prompts (
 transformers model of the same weights). The LM head stays float in all three (TensorRT-LLM's
 default). With smollm2-gguf, int4_wo keeps the GGUF file's own Q4_1 blocks (INT4, group 32)
 and its Q8_0 embedding as an INT8 LM head, exactly; int8_wo quantizes the decoder's dequantized
-weights and keeps that same exact INT8 head; fp8 quantizes the dequantized weights. FP8 needs a
-GPU of compute capability 8.9 or newer (the CPU runs its reference):
+weights and keeps that same exact INT8 head; fp8 quantizes the dequantized weights. int4_awq is
+the engine of an AutoAWQ checkpoint folder (GEMM layout, groups as int4_wo's) of the same weights:
+written as AutoAWQ publishes one and read back through the converter a user's AWQ folder takes
+(examples/llama/convert_checkpoint.py --model_dir, LLM(model=folder)). Its codes are round to
+nearest onto integer zero points with float16 scales, AutoAWQ's storage; AWQ's activation-aware
+scale search is not run (it changes the values, not the format or the speed). With
+--quantize_lm_head its head is an AWQ layer too (AutoAWQ keeps it float). FP8 needs a GPU of
+compute capability 8.9 or newer (the CPU runs its reference):
 
     python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant none,fp8 \
         --batch_sizes 1,8,32,64 --input_len 128 --output_len 128 --no_hf
@@ -248,16 +254,14 @@ def random_rank_engine(name, dtype, device, mapping, build_config, seed: int = 0
     return engine, params
 
 
-def hf_twin(hf_config, config, weights, dtype, device):
-    """A transformers LlamaForCausalLM whose parameters are views of our weights."""
-    import transformers
-    hf_config.dtype = getattr(torch, dtype)
-    with torch.device("meta"):
-        hf = transformers.LlamaForCausalLM(hf_config)
+def hf_state(config, weights) -> dict[str, torch.Tensor]:
+    """Our float LLaMA weights under Hugging Face's names (views; q, k and v split; no
+    lm_head.weight when the embedding is tied)."""
     H, KV, D = config.num_attention_heads, config.num_key_value_heads, config.head_size
     state = {"model.embed_tokens.weight": weights["transformer.vocab_embedding.weight"],
              "model.norm.weight": weights["transformer.ln_f.weight"]}
-    state["lm_head.weight"] = weights.get("lm_head.weight", state["model.embed_tokens.weight"])
+    if "lm_head.weight" in weights:
+        state["lm_head.weight"] = weights["lm_head.weight"]
     for i in range(config.num_hidden_layers):
         p, q = f"transformer.layers.{i}.", f"model.layers.{i}."
         qkv = weights[p + "attention.qkv.weight"]
@@ -270,6 +274,45 @@ def hf_twin(hf_config, config, weights, dtype, device):
         state[q + "mlp.down_proj.weight"] = weights[p + "mlp.proj.weight"]
         state[q + "input_layernorm.weight"] = weights[p + "input_layernorm.weight"]
         state[q + "post_attention_layernorm.weight"] = weights[p + "post_layernorm.weight"]
+    return state
+
+
+def awq_folder_checkpoint(model, group_size: int, quantize_lm_head: bool, folder: Path):
+    """(config, weights) of an AutoAWQ checkpoint folder (GEMM layout, `folder`) of `model`'s weights,
+    written as AutoAWQ publishes one and read back through the converter a user's AWQ folder
+    takes (load_weight_only_from_awq_gptq). Its codes are round_to_nearest_awq's."""
+    from safetensors.torch import save_file
+
+    from tensorrt_llm.models.llama.convert import load_weight_only_from_awq_gptq
+    from tensorrt_llm.quantization.awq_gptq import pack_awq, round_to_nearest_awq
+    config = model.config
+    state = hf_state(config, {name: p.value for name, p in model.named_parameters()})
+    if quantize_lm_head:  # AutoAWQ keeps the head float; here it is an AWQ layer like the others
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    tensors = {}
+    for name, t in state.items():
+        prefix = name.removesuffix(".weight")
+        if name.endswith("_proj.weight") or (name == "lm_head.weight" and quantize_lm_head):
+            packed = pack_awq(*round_to_nearest_awq(t, group_size))
+            tensors.update({f"{prefix}.{part}": v.contiguous().cpu() for part, v in packed.items()})
+        else:
+            tensors[name] = t.contiguous().cpu()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "quant_config.json").write_text(json.dumps(
+        {"quant_method": "awq", "w_bit": 4, "q_group_size": group_size, "zero_point": True, "version": "gemm"}))
+    del tensors
+    return load_weight_only_from_awq_gptq(folder, config)
+
+
+def hf_twin(hf_config, config, weights, dtype, device):
+    """A transformers LlamaForCausalLM whose parameters are views of our weights."""
+    import transformers
+    hf_config.dtype = getattr(torch, dtype)
+    with torch.device("meta"):
+        hf = transformers.LlamaForCausalLM(hf_config)
+    state = hf_state(config, weights)
+    state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     hf.load_state_dict(state, assign=True, strict=False)
     # Non-persistent buffers (the rotary inverse frequencies) are made on the device.
     with torch.device(device):
@@ -291,7 +334,7 @@ def gguf_models(dtype, device, with_hf):
     return model, hf
 
 
-QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4", "fp8": "fp8"}
+QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4", "int4_awq": "int4", "fp8": "fp8"}
 KV_CACHE_DTYPES = ("none", "fp8", "int8")
 
 
@@ -343,11 +386,14 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
         weights = {name: p.value for name, p in model.named_parameters()}
         config = fp8_config(config, exclude_modules=excluded_modules(quantize_lm_head))
         weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax.input_amax)
+    elif quant == "int4_awq":
+        with tempfile.TemporaryDirectory() as folder:
+            config, weights = awq_folder_checkpoint(model, group_size or default_int4_group(config), quantize_lm_head,
+                                                    Path(folder))
     else:
         weights = {name: p.value for name, p in model.named_parameters()}
         if group_size is None and quant == "int4_wo":
-            widths = (config.hidden_size, config.intermediate_size)
-            group_size = next(g for g in (128, 64, 32) if all(w % g == 0 for w in widths))
+            group_size = default_int4_group(config)
         config = weight_only_config(config, QUANTS[quant], group_size if quant == "int4_wo" else None,
                                     excluded_modules(quantize_lm_head))
         weights = quantize_checkpoint(LLaMAForCausalLM, config, weights)
@@ -357,6 +403,12 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
     q = LLaMAForCausalLM(config)
     q.load(weights)
     return q
+
+
+def default_int4_group(config) -> int:
+    """The largest of 128 / 64 / 32 that divides the model's widths."""
+    widths = (config.hidden_size, config.intermediate_size)
+    return next(g for g in (128, 64, 32) if all(w % g == 0 for w in widths))
 
 
 def gguf_path() -> Path:
@@ -441,7 +493,8 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the results here as JSON")
     p.add_argument("--quant", default="none",
                    help=f"comma-separated engines to run side by side: {', '.join(QUANTS)}")
-    p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None, help="int4_wo's group size")
+    p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None,
+                   help="int4_wo's and int4_awq's group size")
     p.add_argument("--quantize_lm_head", action="store_true",
                    help="the --quant engines' LM head quantized too (by default it stays in --dtype)")
     p.add_argument("--kv_cache_dtype", default="none",
@@ -478,7 +531,7 @@ def main(argv=None):
     if unknown:
         p.error(f"--quant {unknown[0]} is not one of {', '.join(QUANTS)}")
     if args.quantize_lm_head and all(QUANTS[q] is None for q in quants):
-        p.error("--quantize_lm_head applies to the --quant engines (fp8, int8_wo, int4_wo)")
+        p.error("--quantize_lm_head applies to the --quant engines (fp8, int8_wo, int4_wo, int4_awq)")
     kvs = args.kv_cache_dtype.split(",")
     unknown = [k for k in kvs if k not in KV_CACHE_DTYPES]
     if unknown:

@@ -26,6 +26,13 @@ GGUF file keeps its Q4_0 / Q4_1 / Q4_K blocks as INT4 and Q8_0 / Q6_K as INT8, e
 (--weight_only_precision does not apply), and dequantizes the rest; a tied Q8_0 embedding gives
 the LM head its own INT8 copy (the embedding stays float).
 
+A Hugging Face folder of an AutoAWQ (GEMM layout) or AutoGPTQ checkpoint (its config.json's
+quantization_config, or quant_config.json / quantize_config.json, names awq or gptq) is always
+converted that way, with or without --use_weight_only: each 4-bit linear keeps its codes, zero
+points and scales as INT4, exactly (W4A16_AWQ / W4A16_GPTQ), the rest is read as usual:
+
+    python examples/llama/convert_checkpoint.py --model_dir Llama-3.1-8B-Instruct-AWQ --output_dir ckpt
+
 FP8 (W8A8) checkpoints, which need calibration, are written by examples/quantization/quantize.py.
 
 --kv_cache_dtype fp8 stores the KV cache as FP8 E4M3 codes with scales 1.0 (no calibration), with
@@ -68,6 +75,7 @@ from tensorrt_llm.models.quantize import (
     quantize_checkpoint,
     weight_only_config,
 )
+from tensorrt_llm.quantization.awq_gptq import awq_gptq_method
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
 PROG = "convert_checkpoint.py"
@@ -112,6 +120,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--{given[0]} does not apply to a GGUF file: its blocks keep their own precision and group")
     if args.use_weight_only and args.gguf_file is not None and args.tp_size * args.pp_size != 1:
         parser.error("--use_weight_only of a GGUF file writes one rank (--tp_size 1 --pp_size 1)")
+    # An AutoAWQ / AutoGPTQ folder keeps its 4-bit weights: INT4, exactly (--use_weight_only implied).
+    args.awq_gptq = args.model_dir is not None and awq_gptq_method(args.model_dir)
+    if args.awq_gptq:
+        if given:
+            parser.error(f"--{given[0]} does not apply to an {args.awq_gptq.upper()} checkpoint: its weights keep "
+                         "their own 4-bit codes and groups")
+        if args.tp_size * args.pp_size != 1:
+            parser.error(f"an {args.awq_gptq.upper()} checkpoint converts to one rank (--tp_size 1 --pp_size 1)")
+        args.use_weight_only = True
     if args.kv_cache_dtype == "int8":
         parser.error("--kv_cache_dtype int8 needs calibrated scales: use examples/quantization/quantize.py "
                      "--kv_cache_dtype int8")
@@ -148,6 +165,13 @@ def main(argv=None):
 
         def rank_weights(rank):
             return meta_ckpt.rank_weights(source_config, mapping.with_rank(rank))
+    elif args.awq_gptq:
+        source = args.model_dir
+        config = convert.config_from_hf(source, dtype, mapping)
+        config, quantized = convert.load_weight_only_from_awq_gptq(source, config)
+
+        def rank_weights(rank):
+            return quantized
     else:
         source = args.model_dir
         config = convert.config_from_hf(source, dtype, mapping)
@@ -164,7 +188,7 @@ def main(argv=None):
                           f"{str(e).removeprefix('PretrainedConfig: ')}") from None
     mapping = config.mapping
     source_config = config  # what the loaders above read with (a tied head stays tied there)
-    if args.use_weight_only and args.gguf_file is None:
+    if args.use_weight_only and args.gguf_file is None and not args.awq_gptq:
         float_weights = rank_weights
         config = weight_only_config(source_config, args.weight_only_precision, args.group_size,
                                     excluded_modules(args.quantize_lm_head))

@@ -86,6 +86,7 @@ from ..models.modeling_utils import (
     with_pp_partition,
     write_checkpoint,
 )
+from ..quantization.awq_gptq import awq_gptq_method
 from ..tokenizer_utils import TOKENIZER_FILES, save_tokenizer
 from ..version import __version__
 
@@ -342,7 +343,15 @@ def _source(path: Path, kind: str, dtype: str, on_gpu: bool, mapping: Optional[M
     config = convert.config_from_hf(path, None, mapping)  # the source's dtype
     config = _with_dtype(config, _auto_dtype(kind, config.dtype, on_gpu) if dtype == "auto" else dtype)
     config = with_pp_partition(config)  # the balanced stages (pipeline_parallel_size > 1)
+    method = awq_gptq_method(path)
+    if method is not None:  # its 4-bit linears stay INT4 (examples/llama/convert_checkpoint.py)
+        if not hasattr(convert, "load_weight_only_from_awq_gptq"):
+            raise ConfigError(f"{path}: {method.upper()} checkpoints of model_type {model_type!r} are not supported "
+                              "(LLaMA-family ones are)")
+        config, weights = convert.load_weight_only_from_awq_gptq(path, config)
+        return config, lambda r: weights
     return config, lambda r: convert.load_weights_from_hf(path, config, config.mapping.with_rank(r))
+
 
 
 def _with_dtype(config: PretrainedConfig, dtype: str) -> PretrainedConfig:

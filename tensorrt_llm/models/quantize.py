@@ -98,10 +98,12 @@ def kv_cache_config(config: PretrainedConfig, kv_cache_dtype: str | None) -> Pre
 
 def set_quantized(weights: dict[str, torch.Tensor], name: str, w) -> None:
     """Put linear `name`'s quantized weight (formats.py) into `weights` as a quantized Linear
-    reads it: the codes as they are, scales and zeros float32 (exact from float16 / bfloat16)."""
+    reads it: the codes (and an INT4 act-order perm) as they are, scales and zeros float32 (exact
+    from float16 / bfloat16)."""
     weights.pop(f"{name}.weight", None)
     for key, t in to_state_dict(w, name).items():
-        weights[key] = t if key.endswith(".weight") else t.to(getattr(torch, QUANT_SCALE_DTYPE)).contiguous()
+        scale = not key.endswith(".weight") and t.is_floating_point()
+        weights[key] = t.to(getattr(torch, QUANT_SCALE_DTYPE)).contiguous() if scale else t
 
 
 def quantize_checkpoint(model_cls, config: PretrainedConfig, weights: dict[str, torch.Tensor], *,

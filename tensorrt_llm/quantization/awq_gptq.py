@@ -31,7 +31,9 @@ zero repeated: also exact. Only 4-bit weights are read: AWQ's GEMV layout and 8-
 refused with the reason.
 
 `pack_awq` / `pack_gptq` write the layouts above from codes, zero points and scales (tests,
-exporters); `load_awq_gptq(folder)` reads a whole checkpoint folder.
+exporters); `load_awq_gptq(folder)` reads a whole checkpoint folder, `awq_gptq_method(folder)`
+tells such a folder from a float one (the LLaMA converter's load_weight_only_from_awq_gptq
+turns it into our checkpoint).
 """
 from __future__ import annotations
 
@@ -178,6 +180,24 @@ def gptq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tens
     return _to_int4(codes, zeros, scales, group_of_input, name)
 
 
+def round_to_nearest_awq(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] rounded to nearest onto 4-bit codes with an integer zero point and a
+    float16 scale per group of `group_size` inputs, as AutoAWQ / AutoGPTQ store them: (codes
+    [K, N], zero points [K / G, N] in 1..15, scales [K / G, N]) for pack_awq / pack_gptq, meaning
+    (codes - zero) * scale. (AWQ's activation-aware scale search is not run: it changes which
+    values are stored, not their format.)"""
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"in_features {k} is not a multiple of the group size {group_size}")
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scales = ((hi - lo) / 15).clamp(min=1e-4).half()
+    s = scales.float()
+    zeros = (-lo / s).round().clamp(1, 15)  # from 1: AutoGPTQ stores z - 1
+    codes = ((g / s[..., None]).round() + zeros[..., None]).clamp(0, 15)
+    return codes.reshape(n, k).t().long(), zeros.t().long(), scales.t().contiguous()
+
+
 def pack_gptq(codes_kn: torch.Tensor, zeros_gn: torch.Tensor, scales_gn: torch.Tensor,
               g_idx: torch.Tensor | None = None, checkpoint_format: str = "gptq") -> dict[str, torch.Tensor]:
     """AutoGPTQ tensors from codes [K, N], zero points [groups, N] (1..15 for `gptq`, whose
@@ -232,6 +252,18 @@ def read_quantization_config(folder: Path) -> dict:
             return qc
     raise CheckpointError(f"{folder} has no quantization settings (config.json quantization_config, "
                           "quantize_config.json or quant_config.json)")
+
+
+def awq_gptq_method(folder) -> str | None:
+    """'awq' or 'gptq' when a Hugging Face folder holds an AutoAWQ / AutoGPTQ checkpoint (its
+    config.json's quantization_config, or quant_config.json / quantize_config.json, says so),
+    else None (a float folder, or another method: the float converters read those)."""
+    try:
+        qc = read_quantization_config(Path(folder))
+    except CheckpointError:
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    return method if method in ("awq", "gptq") else None
 
 
 def _settings(qc: dict, folder: Path) -> tuple[str, int, str]:

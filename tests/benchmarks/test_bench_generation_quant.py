@@ -1,5 +1,6 @@
 """bench_generation.py --quant with --quantize_lm_head as a user runs it (a tiny random Llama on
-the CPU): the head's quantized bytes leave the engine and its decode floor."""
+the CPU): the head's quantized bytes leave the engine and its decode floor; --quant int4_awq's
+engine, from an AutoAWQ folder of the same weights, is int4_wo's size."""
 import json
 import subprocess
 import sys
@@ -7,9 +8,9 @@ import sys
 from .test_bench_multi_rank import ROOT, TINY, run
 
 
-def bench(tmp_path, name, *args):
+def bench(tmp_path, name, *args, quant="int4_wo"):
     out = tmp_path / f"{name}.json"
-    run("bench_generation.py", *TINY, "--quant", "int4_wo", "--group_size", "32", "--batch_sizes", "1",
+    run("bench_generation.py", *TINY, "--quant", quant, "--group_size", "32", "--batch_sizes", "1",
         "--input_len", "8", "--output_len", "4", "--repeats", "1", "--no_hf", "--json", str(out), *args,
         timeout=300)
     return json.loads(out.read_text())
@@ -32,3 +33,11 @@ def test_quantize_lm_head_needs_a_quantized_engine():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_generation.py"), *TINY, "--quant", "none",
                            "--quantize_lm_head"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--quantize_lm_head applies to the --quant engines" in proc.stderr
+
+
+def test_int4_awq_engine_is_read_from_an_awq_folder_and_is_int4_wos_size(tmp_path):
+    wo, awq = bench(tmp_path, "wo"), bench(tmp_path, "awq", quant="int4_awq")
+    assert awq["quant"] == "int4_awq" and awq["params"] == wo["params"]
+    # the same codes, scales and zeros a weight: the engine files differ only in names' bytes
+    assert abs(awq["engine_bytes"] - wo["engine_bytes"]) < 0.01 * wo["engine_bytes"]
+    assert awq["decode_read_floor_ms"] > 0 and awq["rows"][0]["batch"] == 1  # (its speed: GPU runs)

@@ -8,7 +8,14 @@ from safetensors.torch import save_file
 
 from tensorrt_llm.errors import CheckpointError
 from tensorrt_llm.quantization import QuantAlgo, dequantize, quantized_linear_reference
-from tensorrt_llm.quantization.awq_gptq import awq_to_int4, gptq_to_int4, load_awq_gptq, pack_awq, pack_gptq
+from tensorrt_llm.quantization.awq_gptq import (
+    awq_to_int4,
+    gptq_to_int4,
+    load_awq_gptq,
+    pack_awq,
+    pack_gptq,
+    round_to_nearest_awq,
+)
 from tensorrt_llm.quantization.cpu import int4_weight_only_linear
 
 
@@ -232,3 +239,19 @@ def test_malformed_folders_name_the_missing_or_misshaped_tensor(tmp_path):
     (broken / "model-00001-of-00001.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     refused(broken, "is not a readable safetensors file")
     refused(tmp_path / "absent", "is not a folder")
+
+
+def test_round_to_nearest_awq_is_within_half_a_step():
+    """Each weight's stored value is its nearest on the group's grid of 16 steps, the zero point
+    an integer in 1..15 (AutoGPTQ stores z - 1), the scale float16."""
+    w = torch.randn(24, 256, generator=torch.Generator().manual_seed(4)) * 0.05
+    codes, zeros, scales = round_to_nearest_awq(w, 64)
+    assert codes.shape == (256, 24) and zeros.shape == scales.shape == (4, 24) and scales.dtype == torch.float16
+    assert codes.min() >= 0 and codes.max() <= 15 and zeros.min() >= 1 and zeros.max() <= 15
+    g = torch.arange(256) // 64
+    meant = ((codes - zeros[g]).float() * scales.float()[g]).t()
+    step = scales.float().t().repeat_interleave(64, 1)
+    assert ((meant - w).abs() <= 0.5 * step + 1e-6).float().mean() > 0.99  # all but a clamped edge
+    assert torch.equal(dequantize(awq_to_int4(**pack_awq(codes, zeros, scales), group_size=64)), meant)
+    with pytest.raises(ValueError, match="not a multiple of the group size"):
+        round_to_nearest_awq(w, 96)

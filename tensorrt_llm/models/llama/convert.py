@@ -237,33 +237,41 @@ def _check_hf_shape(name: str, shape, config: PretrainedConfig) -> None:
         raise CheckpointError(f"{name} has shape {list(shape)}, the config implies {list(_hf_shape(name, config))}")
 
 
-def _weights(get: Getter, has: Has, config: PretrainedConfig):
-    """Our weights, whole, from a getter of Hugging Face-named tensors (HF row order)."""
+def _weights(get: Getter, has: Has, config: PretrainedConfig, quantized: frozenset = frozenset()):
+    """Our weights, whole, from a getter of Hugging Face-named tensors (HF row order).
+    `quantized`: Hugging Face linears (e.g. `model.layers.0.self_attn.q_proj`, `lm_head`) whose
+    weights the caller supplies in a quantized form: theirs are not read (their biases are)."""
 
     def take(name: str) -> torch.Tensor:
         t = get(name)
         _check_hf_shape(name, t.shape, config)
         return t
 
+    def weight(ours: str, hf_linear: str):
+        if hf_linear not in quantized:
+            yield ours, take(hf_linear + ".weight")
+
     yield "transformer.vocab_embedding.weight", take("model.embed_tokens.weight")
     for i in range(config.num_hidden_layers):
         hf, ours = f"model.layers.{i}.", f"transformer.layers.{i}."
         yield ours + "input_layernorm.weight", take(hf + "input_layernorm.weight")
-        for kind in ("weight", "bias") if config.attn_bias else ("weight",):
-            yield ours + f"attention.qkv.{kind}", torch.cat([take(hf + f"self_attn.{p}_proj.{kind}") for p in "qkv"])
-        yield ours + "attention.dense.weight", take(hf + "self_attn.o_proj.weight")
+        if hf + "self_attn.q_proj" not in quantized:  # q, k and v are quantized together or not at all
+            yield ours + "attention.qkv.weight", torch.cat([take(hf + f"self_attn.{p}_proj.weight") for p in "qkv"])
+        if config.attn_bias:
+            yield ours + "attention.qkv.bias", torch.cat([take(hf + f"self_attn.{p}_proj.bias") for p in "qkv"])
+        yield from weight(ours + "attention.dense.weight", hf + "self_attn.o_proj")
         if config.attn_bias:
             yield ours + "attention.dense.bias", take(hf + "self_attn.o_proj.bias")
         yield ours + "post_layernorm.weight", take(hf + "post_attention_layernorm.weight")
         for ours_name, hf_name in (("gate", "gate_proj"), ("fc", "up_proj")):
-            yield ours + f"mlp.{ours_name}.weight", take(hf + f"mlp.{hf_name}.weight")
+            yield from weight(ours + f"mlp.{ours_name}.weight", hf + f"mlp.{hf_name}")
             if config.mlp_bias:
                 yield ours + f"mlp.{ours_name}.bias", take(hf + f"mlp.{hf_name}.bias")
-        yield ours + "mlp.proj.weight", take(hf + "mlp.down_proj.weight")
+        yield from weight(ours + "mlp.proj.weight", hf + "mlp.down_proj")
         if config.mlp_bias:
             yield ours + "mlp.proj.bias", take(hf + "mlp.down_proj.bias")
     yield "transformer.ln_f.weight", take("model.norm.weight")
-    if not config.share_embedding_table:
+    if not config.share_embedding_table and "lm_head" not in quantized:
         if not has("lm_head.weight"):
             raise CheckpointError("the source has no lm_head.weight but its config does not tie "
                                   "the embeddings")
@@ -432,6 +440,83 @@ def load_weight_only_from_gguf(path, config: PretrainedConfig, reader=None):
                                  share_embedding_table=config.share_embedding_table and "lm_head" not in layers)
     weights = load_weights_from_gguf(path, source_config, reader=reader, placeholders=frozenset(read))
     for name, (w, _) in modules.items():
+        set_quantized(weights, name, w)
+    return config, weights
+
+
+# Our linear module -> its Hugging Face linears (q, k and v make one).
+def _hf_linears(config: PretrainedConfig) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"model.layers.{i}.", f"transformer.layers.{i}."
+        out[ours + "attention.qkv"] = tuple(hf + f"self_attn.{p}_proj" for p in "qkv")
+        for name, hf_name in (("attention.dense", "self_attn.o_proj"), ("mlp.gate", "mlp.gate_proj"),
+                              ("mlp.fc", "mlp.up_proj"), ("mlp.proj", "mlp.down_proj")):
+            out[ours + name] = (hf + hf_name,)
+    out["lm_head"] = ("lm_head",)
+    return out
+
+
+def load_weight_only_from_awq_gptq(folder, config: PretrainedConfig):
+    """(config, weights) of a weight-only checkpoint of an AutoAWQ (GEMM) or AutoGPTQ folder (one
+    rank): each 4-bit linear keeps its codes, scales and zero points as INT4 exactly
+    (quantization/awq_gptq.py), q, k and v stacked into one; the other tensors (embedding, norms,
+    biases, a float LM head) are read as load_weights_from_hf reads them. The `quantization`
+    section says W4A16_AWQ / W4A16_GPTQ with the group size (MIXED_PRECISION when the linears'
+    groups differ) and excludes the linears the folder keeps float."""
+    from ...quantization.awq_gptq import load_awq_gptq
+    from ...quantization.formats import cat_rows
+    from ...quantization.mode import LayerQuant, QuantAlgo
+    from ..quantize import set_quantized
+    if config.mapping.world_size != 1:
+        raise ConfigError("an AWQ / GPTQ checkpoint converts to one rank (--tp_size 1 --pp_size 1)")
+    ckpt = load_awq_gptq(folder)
+    for prefix, w in ckpt.layers.items():
+        if w.perm is not None:
+            raise CheckpointError(f"{folder}: {prefix} is GPTQ with act-order (desc_act: its g_idx puts the inputs "
+                                  "of a group apart), which the engine's INT4 linears do not run; use a checkpoint "
+                                  "quantized without desc_act, or with static groups")
+    algo = QuantAlgo.W4A16_AWQ if ckpt.method == "awq" else QuantAlgo.W4A16_GPTQ
+    modules = {}  # our module name -> Int4Weight
+    for ours, hf_names in _hf_linears(config).items():
+        present = [name in ckpt.layers for name in hf_names]
+        if not any(present):
+            continue
+        if not all(present):
+            missing = hf_names[present.index(False)]
+            raise CheckpointError(f"{folder}: {missing} is not quantized but {hf_names[present.index(True)]} is "
+                                  "(q, k and v must be quantized alike)")
+        for name in hf_names:
+            _check_hf_shape(name + ".weight", ckpt.layers[name].shape, config)
+        try:
+            modules[ours] = cat_rows([ckpt.layers[name] for name in hf_names])
+        except ValueError as e:
+            raise CheckpointError(f"{folder}: {hf_names[0]} .. {hf_names[-1]}: {e}") from None
+    known = {name for names in _hf_linears(config).values() for name in names}
+    unknown = sorted(set(ckpt.layers) - known)
+    if unknown:
+        raise CheckpointError(f"{folder}: quantized layer {unknown[0]} is not a linear of this "
+                              f"{config.num_hidden_layers}-layer Llama model")
+    if "lm_head" in modules and config.vocab_size_padded != config.vocab_size:
+        raise ConfigError("a quantized lm_head cannot be padded to the tensor-parallel vocabulary")
+    layers = {name: LayerQuant(algo, w.group_size) for name, w in modules.items()}
+    if len(set(layers.values())) == 1:
+        section = {"quant_algo": algo.value, "group_size": next(iter(layers.values())).group_size,
+                   "exclude_modules": sorted(_linear_names(config) - set(layers)) or None}
+    else:  # e.g. group 128, but one linear's in_features only a multiple of 64
+        section = {"quant_algo": "MIXED_PRECISION",
+                   "quantized_layers": {name: layer.to_dict() for name, layer in layers.items()}}
+
+    def get(name: str) -> torch.Tensor:
+        if name not in ckpt.tensors:
+            raise CheckpointError(f"{folder} has no tensor {name!r}")
+        return ckpt.tensors[name]
+
+    weights = rank_weights(_weights(get, ckpt.tensors.__contains__, config, frozenset(ckpt.layers)), config,
+                           config.mapping)
+    config = dataclasses.replace(config, quantization=section,
+                                 share_embedding_table=config.share_embedding_table and "lm_head" not in modules)
+    for name, w in modules.items():
         set_quantized(weights, name, w)
     return config, weights
 
