@@ -22,6 +22,7 @@ from pathlib import Path
 from tensorrt_llm.cli import add_debug_argument, run_cli
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.modeling_utils import MODEL_DTYPES, atomic_output_dir, check_output_dir, write_checkpoint
+from tensorrt_llm.quantization.awq_gptq import awq_gptq_method
 from tensorrt_llm.tokenizer_utils import save_tokenizer
 
 PROG = "convert_checkpoint.py"
@@ -44,6 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--model_dir {args.model_dir} is not a folder")
     if args.tp_size < 1:
         parser.error("--tp_size must be >= 1")
+    method = awq_gptq_method(args.model_dir)
+    if method is not None:  # this script reads float weights only
+        parser.error(f"{args.model_dir} is an {method.upper()} checkpoint: convert it with "
+                     "examples/llama/convert_checkpoint.py --model_dir (LLaMA family), which keeps its INT4 weights")
     return args
 
 

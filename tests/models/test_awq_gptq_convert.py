@@ -122,6 +122,11 @@ def test_convert_checkpoint_and_the_llm_api_read_an_awq_folder(hf, tmp_path, cap
         convert.main(["--model_dir", str(folder), "--output_dir", str(tmp_path / "c2"), "--use_weight_only",
                       "--weight_only_precision", "int8"])
     assert "does not apply to an AWQ checkpoint" in capsys.readouterr().err
+    # the generic converter reads float weights only, and says where such a folder goes
+    with pytest.raises(SystemExit):
+        load_script("examples/convert_checkpoint.py").main(["--model_type", "llama", "--model_dir", str(folder),
+                                                             "--output_dir", str(tmp_path / "c3")])
+    assert "is an AWQ checkpoint: convert it with examples/llama/convert_checkpoint.py" in capsys.readouterr().err
     # the LLM API's Hugging Face source is the same conversion
     config, rank_weights = _source(folder, "hf", "float32", on_gpu=False)
     assert config.quantization["quant_algo"] == "W4A16_AWQ"
