@@ -522,9 +522,7 @@ def load_weight_only_from_awq_gptq(folder, config: PretrainedConfig):
 
 
 def _linear_names(config: PretrainedConfig) -> set[str]:
-    names = {f"transformer.layers.{i}.{m}" for i in range(config.num_hidden_layers)
-             for m in ("attention.qkv", "attention.dense", "mlp.gate", "mlp.fc", "mlp.proj")}
-    return names | {"lm_head"}
+    return set(_hf_linears(config))
 
 
 # ---------------------------------------------------------------------------- Meta checkpoints
