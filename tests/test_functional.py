@@ -192,6 +192,25 @@ def test_norm_and_activation_fused_with_a_linear():
             F.silu_and_mul_linear(F.slice(x, 1, 0, 5), m)
 
 
+@pytest.mark.parametrize("eps", [-1.0, math.nan, math.inf])
+def test_every_norm_refuses_an_eps_no_kernel_takes(eps):
+    """Each op with a norm records a finite eps >= 0 or refuses it (an engine file that says
+    otherwise is refused at load by the replay of its ops, not inside a kernel)."""
+    net = Network()
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, 6], [DYN])
+        ones6, m = F.constant(torch.ones(6)), F.constant(torch.zeros(4, 6))
+        calls = {"layer_norm": lambda: F.layer_norm(x, ones6, eps=eps),
+                 "rms_norm": lambda: F.rms_norm(x, ones6, eps=eps),
+                 "fused_add_rms_norm": lambda: F.fused_add_rms_norm(x, x, ones6, eps=eps),
+                 "rms_norm_linear": lambda: F.rms_norm_linear(x, ones6, m, eps=eps),
+                 "add_rms_norm_linear": lambda: F.add_rms_norm_linear(x, x, ones6, m, eps=eps)}
+        for op, call in calls.items():
+            with pytest.raises(ValueError, match=rf"{op}: eps must be finite and >= 0"):
+                call()
+        F.rms_norm(x, ones6, eps=0)  # zero is an eps the kernels take
+
+
 def test_embedding_gather_index_select_argmax_cast_where():
     table, ids = torch.randn(10, 4), torch.tensor([3, 0, 9], dtype=torch.int32)
     out, got = evaluate(lambda i, t: F.embedding(i, t), ids, table)

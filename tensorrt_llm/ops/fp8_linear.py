@@ -89,6 +89,7 @@ from .norm import (
     fused_add_rms_norm_cpu,
     fused_add_rms_norm_cuda,
     fused_add_rms_norm_reference,
+    norm_eps,
     residual_sum_shape,
     rms_norm_cpu,
     rms_norm_cuda,
@@ -332,7 +333,7 @@ def rms_norm_fp8_linear(x: Tensor, norm_weight: Tensor, qweight: Tensor, weight_
     check_shape(op, norm_weight, x.shape[-1:], "norm_weight")
     shape = _fp8_linear_shape(op, x.shape, x.dtype, qweight, weight_scale, input_scale, bias)
     return add_layer(op, [x, norm_weight, qweight, weight_scale, input_scale, bias], [(x.dtype, shape)],
-                     eps=float(eps))
+                     eps=norm_eps(op, eps))
 
 
 @rms_norm_fp8_linear.implementation(REFERENCE)
@@ -392,7 +393,7 @@ def add_rms_norm_fp8_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, qw
     check_shape(op, norm_weight, total[-1:], "norm_weight")
     shape = _fp8_linear_shape(op, total, x.dtype, qweight, weight_scale, input_scale, bias)
     return add_layer(op, [x, residual, norm_weight, qweight, weight_scale, input_scale, bias],
-                     [(x.dtype, shape), (x.dtype, total)], eps=float(eps))
+                     [(x.dtype, shape), (x.dtype, total)], eps=norm_eps(op, eps))
 
 
 @add_rms_norm_fp8_linear.implementation(REFERENCE)
@@ -472,7 +473,7 @@ def add_rms_norm_fp8_gated_mlp(x: Tensor, residual: Tensor, norm_weight: Tensor,
                               what=f"gate_up's output {list(h)} gated to")
     return add_layer(op, [x, residual, norm_weight, gate_up_qweight, gate_up_scale, gate_up_input_scale, gate_up_bias,
                           down_qweight, down_scale, down_input_scale, down_bias],
-                     [(x.dtype, shape), (x.dtype, total)], eps=float(eps))
+                     [(x.dtype, shape), (x.dtype, total)], eps=norm_eps(op, eps))
 
 
 @add_rms_norm_fp8_gated_mlp.implementation(REFERENCE)

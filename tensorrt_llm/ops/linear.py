@@ -24,6 +24,7 @@ from .norm import (
     fused_add_rms_norm_cpu,
     fused_add_rms_norm_cuda,
     fused_add_rms_norm_reference,
+    norm_eps,
     residual_sum_shape,
     rms_norm_cpu,
     rms_norm_cuda,
@@ -156,7 +157,7 @@ def rms_norm_linear(x: Tensor, norm_weight: Tensor, weight: Tensor, bias: Option
     dtype = check_same_dtype(op, x, norm_weight, weight, bias)
     check_shape(op, norm_weight, x.shape[-1:], "norm_weight")
     return add_layer(op, [x, norm_weight, weight, bias], [(dtype, linear_shape(op, x.shape, weight, bias))],
-                     eps=float(eps))
+                     eps=norm_eps(op, eps))
 
 
 @rms_norm_linear.implementation(REFERENCE)
@@ -185,7 +186,7 @@ def add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, weight
     total = residual_sum_shape(op, x, residual)
     check_shape(op, norm_weight, total[-1:], "norm_weight")
     return add_layer(op, [x, residual, norm_weight, weight, bias],
-                     [(dtype, linear_shape(op, total, weight, bias)), (dtype, total)], eps=float(eps))
+                     [(dtype, linear_shape(op, total, weight, bias)), (dtype, total)], eps=norm_eps(op, eps))
 
 
 @add_rms_norm_linear.implementation(REFERENCE)

@@ -11,6 +11,7 @@ bit-exact.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -28,6 +29,15 @@ def check_norm_params(op: str, x: Tensor, *params: Optional[Tensor]) -> None:
             check_shape(op, p, x.shape[-1:], p.name)
 
 
+def norm_eps(op: str, eps) -> float:
+    """A norm's epsilon as its op records it: a finite float >= 0, what every kernel takes (an
+    engine file's other value is refused at load by the replay of its ops, engine_check)."""
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
+    return value
+
+
 def residual_sum_shape(op: str, x: Tensor, residual: Tensor) -> Shape:
     """x + residual without broadcasting (fused kernels add row by row)."""
     if not shapes_compatible(x.shape, residual.shape):
@@ -39,7 +49,7 @@ def residual_sum_shape(op: str, x: Tensor, residual: Tensor) -> Shape:
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
     """Normalises over the last dim; statistics in float32."""
     check_norm_params("layer_norm", x, weight, bias)
-    return add_layer("layer_norm", [x, weight, bias], [(x.dtype, x.shape)], eps=float(eps))
+    return add_layer("layer_norm", [x, weight, bias], [(x.dtype, x.shape)], eps=norm_eps("layer_norm", eps))
 
 
 @layer_norm.implementation(REFERENCE)
@@ -54,7 +64,7 @@ def layer_norm_reference(x, weight=None, bias=None, *, eps):
 def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim; statistics in float32."""
     check_norm_params("rms_norm", x, weight)
-    return add_layer("rms_norm", [x, weight], [(x.dtype, x.shape)], eps=float(eps))
+    return add_layer("rms_norm", [x, weight], [(x.dtype, x.shape)], eps=norm_eps("rms_norm", eps))
 
 
 @rms_norm.implementation(REFERENCE)
@@ -113,7 +123,7 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor] = N
     check_same_dtype("fused_add_rms_norm", x, residual)
     shape = residual_sum_shape("fused_add_rms_norm", x, residual)
     return add_layer("fused_add_rms_norm", [x, residual, weight], [(x.dtype, shape), (x.dtype, shape)],
-                     eps=float(eps))
+                     eps=norm_eps("fused_add_rms_norm", eps))
 
 
 @fused_add_rms_norm.implementation(REFERENCE)

@@ -75,6 +75,7 @@ from .norm import (
     fused_add_rms_norm_cpu,
     fused_add_rms_norm_cuda,
     fused_add_rms_norm_reference,
+    norm_eps,
     residual_sum_shape,
     rms_norm_cpu,
     rms_norm_cuda,
@@ -428,7 +429,8 @@ def rms_norm_weight_only_linear(x: Tensor, norm_weight: Tensor, qweight: Tensor,
     op = "rms_norm_weight_only_linear"
     check_norm_params(op, x, norm_weight)
     shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
-    return add_layer(op, [x, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape)], eps=float(eps), **attrs)
+    return add_layer(op, [x, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape)], eps=norm_eps(op, eps),
+                     **attrs)
 
 
 @define
@@ -443,7 +445,7 @@ def add_rms_norm_weight_only_linear(x: Tensor, residual: Tensor, norm_weight: Te
     total = residual_sum_shape(op, x, residual)
     shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
     return add_layer(op, [x, residual, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape), (x.dtype, total)],
-                     eps=float(eps), **attrs)
+                     eps=norm_eps(op, eps), **attrs)
 
 
 def _norm_then_linear(norm, linear, x, norm_weight, qweight, scales, zeros, bias, eps, attrs):

@@ -248,6 +248,16 @@ def test_a_missing_attribute_and_a_wrong_input_count_are_refused(engine_dir, tmp
         Engine.from_dir(engine_dir)
 
 
+def test_a_norm_eps_no_kernel_takes_is_refused_at_load(engine_dir):
+    """A negative eps (found by tests/fuzz) once passed the load and reached the host RMSNorm
+    kernel's own check at the first step: now the replay of the ops refuses it."""
+    def negative_eps(graph, weights):
+        next(layer for layer in graph["layers"] if "eps" in layer["attrs"])["attrs"]["eps"] = -1.0
+    craft(engine_dir, negative_eps)
+    with pytest.raises(EngineError, match=r"does not hold together: \w+: eps must be finite and >= 0, got -1.0"):
+        Engine.from_dir(engine_dir)
+
+
 def test_op_attributes_are_derived_from_the_op_references():
     sigs = op_signatures()
     assert set(sigs) == set(references()) | {"constant"}
