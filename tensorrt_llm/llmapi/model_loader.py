@@ -353,7 +353,6 @@ def _source(path: Path, kind: str, dtype: str, on_gpu: bool, mapping: Optional[M
     return config, lambda r: convert.load_weights_from_hf(path, config, config.mapping.with_rank(r))
 
 
-
 def _with_dtype(config: PretrainedConfig, dtype: str) -> PretrainedConfig:
     return config if config.dtype == dtype else dataclasses.replace(config, dtype=dtype)
 

@@ -262,13 +262,18 @@ def awq_gptq_method(folder) -> str | None:
         qc = read_quantization_config(Path(folder))
     except CheckpointError:
         return None
+    return _method(qc)
+
+
+def _method(qc: dict) -> str | None:
+    """The settings' quant_method when it is awq or gptq (lower case), else None."""
     method = str(qc.get("quant_method", "")).lower()
     return method if method in ("awq", "gptq") else None
 
 
 def _settings(qc: dict, folder: Path) -> tuple[str, int, str]:
-    method = str(qc.get("quant_method", "")).lower()
-    if method not in ("awq", "gptq"):
+    method = _method(qc)
+    if method is None:
         raise CheckpointError(f"{folder}: quant_method {qc.get('quant_method')!r} is not awq or gptq")
     bits = qc.get("bits", qc.get("w_bit", 4))
     if bits != 4:
