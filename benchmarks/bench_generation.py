@@ -34,7 +34,10 @@ written as AutoAWQ publishes one and read back through the converter a user's AW
 (examples/llama/convert_checkpoint.py --model_dir, LLM(model=folder)). Its codes are round to
 nearest onto integer zero points with float16 scales, AutoAWQ's storage; AWQ's activation-aware
 scale search is not run (it changes the values, not the format or the speed). With
---quantize_lm_head its head is an AWQ layer too (AutoAWQ keeps it float). FP8 needs a GPU of
+--quantize_lm_head its head is an AWQ layer too (AutoAWQ keeps it float). int4_gptq_act_order
+is the same for an AutoGPTQ folder with act-order (desc_act): each input's groups in a seeded
+random order, so its engine gathers the inputs of qkv, o, gate_up (and the head) first and has
+no norm in front of those GEMVs (down's permutation is folded into gate_up's rows). FP8 needs a GPU of
 compute capability 8.9 or newer (the CPU runs its reference):
 
     python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant none,fp8 \
@@ -277,30 +280,56 @@ def hf_state(config, weights) -> dict[str, torch.Tensor]:
     return state
 
 
-def awq_folder_checkpoint(model, group_size: int, quantize_lm_head: bool, folder: Path):
-    """(config, weights) of an AutoAWQ checkpoint folder (GEMM layout, `folder`) of `model`'s weights,
-    written as AutoAWQ publishes one and read back through the converter a user's AWQ folder
-    takes (load_weight_only_from_awq_gptq). Its codes are round_to_nearest_awq's."""
+# The linears of one input (one act-order permutation): q, k, v; gate, up.
+_INPUT_OF = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def _act_order_gptq(t, group_size: int, perm: torch.Tensor) -> dict:
+    """GPTQ act-order tensors of weight t [N, K]: groups of inputs in `perm`'s order (as desc_act
+    gives them), each rounded to nearest; g_idx says each input's group."""
+    from tensorrt_llm.quantization.awq_gptq import pack_gptq, round_to_nearest_awq
+    codes, zeros, scales = round_to_nearest_awq(t[:, perm], group_size)  # codes [K, N], in perm's order
+    g_idx = torch.empty(t.shape[1], dtype=torch.long, device=t.device)
+    g_idx[perm] = torch.arange(t.shape[1], device=t.device) // group_size
+    return pack_gptq(codes[torch.argsort(perm)], zeros, scales, g_idx)
+
+
+def folder_checkpoint(model, method: str, group_size: int, quantize_lm_head: bool, folder: Path):
+    """(config, weights) of a checkpoint folder of `model`'s weights, written as its publishers
+    write one and read back through the converter a user's folder takes
+    (load_weight_only_from_awq_gptq): `awq`, AutoAWQ's GEMM layout; `gptq_act_order`, AutoGPTQ
+    with desc_act, each input's groups in a seeded random order (the linears of one input
+    sharing it, as the calibration's statistics make them). Codes are round_to_nearest_awq's."""
     from safetensors.torch import save_file
 
     from tensorrt_llm.models.llama.convert import load_weight_only_from_awq_gptq
     from tensorrt_llm.quantization.awq_gptq import pack_awq, round_to_nearest_awq
     config = model.config
     state = hf_state(config, {name: p.value for name, p in model.named_parameters()})
-    if quantize_lm_head:  # AutoAWQ keeps the head float; here it is an AWQ layer like the others
+    if quantize_lm_head:  # AutoAWQ / AutoGPTQ keep the head float; here it is quantized like the others
         state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
-    tensors = {}
+    tensors, perms = {}, {}
+    gen = torch.Generator().manual_seed(0)
     for name, t in state.items():
         prefix = name.removesuffix(".weight")
         if name.endswith("_proj.weight") or (name == "lm_head.weight" and quantize_lm_head):
-            packed = pack_awq(*round_to_nearest_awq(t, group_size))
+            if method == "awq":
+                packed = pack_awq(*round_to_nearest_awq(t, group_size))
+            else:
+                base, _, linear = prefix.rpartition(".")
+                key = (base.rpartition(".")[0], _INPUT_OF.get(linear, linear))
+                if key not in perms:
+                    perms[key] = torch.randperm(t.shape[1], generator=gen).to(t.device)
+                packed = _act_order_gptq(t, group_size, perms[key])
             tensors.update({f"{prefix}.{part}": v.contiguous().cpu() for part, v in packed.items()})
         else:
             tensors[name] = t.contiguous().cpu()
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"))
-    (folder / "quant_config.json").write_text(json.dumps(
-        {"quant_method": "awq", "w_bit": 4, "q_group_size": group_size, "zero_point": True, "version": "gemm"}))
+    settings = ({"quant_method": "awq", "w_bit": 4, "q_group_size": group_size, "zero_point": True, "version": "gemm"}
+                if method == "awq" else
+                {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": True, "sym": False})
+    (folder / ("quant_config.json" if method == "awq" else "quantize_config.json")).write_text(json.dumps(settings))
     del tensors
     return load_weight_only_from_awq_gptq(folder, config)
 
@@ -334,7 +363,8 @@ def gguf_models(dtype, device, with_hf):
     return model, hf
 
 
-QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4", "int4_awq": "int4", "fp8": "fp8"}
+QUANTS = {"none": None, "int8_wo": "int8", "int4_wo": "int4", "int4_awq": "int4", "int4_gptq_act_order": "int4",
+          "fp8": "fp8"}
 KV_CACHE_DTYPES = ("none", "fp8", "int8")
 
 
@@ -386,10 +416,10 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
         weights = {name: p.value for name, p in model.named_parameters()}
         config = fp8_config(config, exclude_modules=excluded_modules(quantize_lm_head))
         weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax.input_amax)
-    elif quant == "int4_awq":
+    elif quant in ("int4_awq", "int4_gptq_act_order"):
         with tempfile.TemporaryDirectory() as folder:
-            config, weights = awq_folder_checkpoint(model, group_size or default_int4_group(config), quantize_lm_head,
-                                                    Path(folder))
+            config, weights = folder_checkpoint(model, quant.removeprefix("int4_"), group_size or default_int4_group(config),
+                                                quantize_lm_head, Path(folder))
     else:
         weights = {name: p.value for name, p in model.named_parameters()}
         if group_size is None and quant == "int4_wo":
@@ -494,7 +524,7 @@ def main(argv=None):
     p.add_argument("--quant", default="none",
                    help=f"comma-separated engines to run side by side: {', '.join(QUANTS)}")
     p.add_argument("--group_size", type=int, choices=[32, 64, 128], default=None,
-                   help="int4_wo's and int4_awq's group size")
+                   help="the INT4 engines' group size")
     p.add_argument("--quantize_lm_head", action="store_true",
                    help="the --quant engines' LM head quantized too (by default it stays in --dtype)")
     p.add_argument("--kv_cache_dtype", default="none",
@@ -531,7 +561,7 @@ def main(argv=None):
     if unknown:
         p.error(f"--quant {unknown[0]} is not one of {', '.join(QUANTS)}")
     if args.quantize_lm_head and all(QUANTS[q] is None for q in quants):
-        p.error("--quantize_lm_head applies to the --quant engines (fp8, int8_wo, int4_wo, int4_awq)")
+        p.error(f"--quantize_lm_head applies to the --quant engines ({', '.join(q for q in QUANTS if QUANTS[q])})")
     kvs = args.kv_cache_dtype.split(",")
     unknown = [k for k in kvs if k not in KV_CACHE_DTYPES]
     if unknown:

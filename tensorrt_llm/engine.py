@@ -27,6 +27,7 @@ from ._utils import read_json_object
 from .build_config import BuildConfig, current_device_target
 from .engine_check import (
     check_config_matches_graph,
+    check_constant_indices,
     check_engine_config,
     check_graph,
     check_shapes,
@@ -196,6 +197,7 @@ class Engine:
             raise EngineError(f"{path}: the graph does not load ({' '.join(str(e).split())[:300]}); "
                               f"rebuild the engine") from None
         check_shapes(network, str(path))
+        check_constant_indices(network, str(path))
         check_config_matches_graph(pretrained, build_config, network, str(path), rank)
         return cls(config, network, rank, refit_map=refit)
 

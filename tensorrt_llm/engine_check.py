@@ -531,6 +531,37 @@ def check_shapes(network, where: str) -> None:
 _PRIMES = (101, 103, 107, 109, 113, 127, 131, 137, 139, 149)
 
 
+# ---- indices the file holds -----------------------------------------------------------------
+
+# op -> (the input that indexes, the input it indexes): layers whose index is a weight
+# (an INT4 act-order linear's `weight_perm`) read memory at positions the file chose.
+_INDEXING_OPS = {"index_select": (1, 0), "gather": (2, 0)}
+
+
+def check_constant_indices(network, where: str) -> None:
+    """Refuse an engine whose weights index out of range: every index_select / gather whose
+    index is a weight must index within the fixed size of the indexed dimension. A CUDA gather
+    past its tensor is not an error but a fault that ends the process, or a silent read."""
+    tensors = network._tensors
+    for layer in network.layers:
+        if layer.op not in _INDEXING_OPS:
+            continue
+        at, of = _INDEXING_OPS[layer.op]
+        parent = network.producer(layer.inputs[at])
+        if parent is None or parent.op != "constant":
+            continue
+        index = network.weights[parent.attrs["weight"]]
+        size = tensors[layer.inputs[of]].shape[layer.attrs["dim"]]
+        if size < 0:
+            problem = "indexes a dimension of no fixed size"
+        elif index.numel() and not (int(index.min()) >= 0 and int(index.max()) < size):
+            problem = f"holds indices {int(index.min())} .. {int(index.max())} into a dimension of size {size}"
+        else:
+            continue
+        raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}): its index {_show(parent.attrs['weight'])} "
+                          f"{problem}; do not use this engine, rebuild it")
+
+
 def _spec_matches(made, recorded) -> bool:
     """A replayed tensor against the file's spec of it: same dtype and rank; each recorded
     dim equal, or -1 (dynamic) where the replay has a size."""

@@ -385,6 +385,49 @@ _GATE_UP_PARAMS = {"linear": ("weight", "bias"), "weight_only_linear": ("qweight
 _GATE_UP_SHARED = {"fp8_linear": ("input_scale",)}
 
 
+class ShareInputGathers(Fusion):
+    """Two index_select calls of one x along one dim with equal constant indices -> the first's
+    output serves both. GPTQ act-order gives gate and up the same input permutation
+    (`weight_perm`, the same calibration inputs order both); once they read one gathered x,
+    fuse_gate_up makes them one linear. The index read in place of the equal one is recorded
+    in `Network.equal_sources`, so refit refuses a checkpoint in which they differ."""
+
+    def __init__(self):
+        super().__init__("share_input_gathers", root_layer={"index_select"})
+
+    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
+        first = _info(layer)
+        index = first.get_input("index")
+        if not _is_constant(index):
+            return None
+        net = layer.network
+        for user in first.get_input("x").get_users():
+            if user is layer or user.op != "index_select" or user.removed or user.attrs != layer.attrs:
+                continue
+            other = _info(user)
+            if other.get_input("x") != first.get_input("x") or not _is_constant(other.get_input("index")):
+                continue
+            a, b = _weight_name(index), _weight_name(other.get_input("index"))
+            if (a == b or torch.equal(net.weights[a], net.weights[b])) and _is_checkpoint_weight(net, a) \
+                    and _is_checkpoint_weight(net, b):
+                return {"other": other}
+        return None
+
+    def rewrite(self, layer: Layer) -> None:
+        self.match_and_rewrite(layer)
+
+    def match_and_rewrite(self, layer: Layer) -> bool:
+        found = self.find(layer)
+        if found is None:
+            return False
+        other = found["other"]
+        net = layer.network
+        _record_equal(net, _weight_name(other.get_input("index")), _weight_name(_info(layer).get_input("index")))
+        other.outputs[0].replace_all_uses_with(layer.get_output(0))
+        net.mark_removed(other.layer)
+        return True
+
+
 class FuseGateUp(Fusion):
     """act(linear(x, W_gate, b_gate)) * linear(x, W_up, b_up) -> one linear with
     cat([W_gate, W_up]) (and biases) followed by silu_and_mul / gelu_and_mul.
@@ -741,7 +784,7 @@ class FuseGatedLinear(Fusion):
 
 
 # The default order: later passes match what earlier ones make.
-PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
+PASSES = {"share_input_gathers": ShareInputGathers, "fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
           "fuse_rope_attention": FuseRopeAttention, "fuse_attention_fp8_linear": FuseAttentionFp8Linear,
           "fuse_gated_linear": FuseGatedLinear, "fuse_norm_linear": FuseNormLinear,
           "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp}

@@ -130,9 +130,9 @@ def test_no_fusion_for_different_inputs_or_broadcast_add():
         bias = F.constant(torch.randn(H), name="b")
         net.mark_output(F.rms_norm(x + bias, None, eps=1e-6), "n")
     report = optimize(net)
-    assert report["rewrites"] == {"fuse_add_rms_norm": 0, "fuse_gate_up": 0, "fuse_rope_attention": 0,
-                                  "fuse_attention_fp8_linear": 0, "fuse_norm_linear": 0, "fuse_act_linear": 0,
-                                  "fuse_fp8_gated_mlp": 0, "fuse_gated_linear": 0}
+    assert report["rewrites"] == {"share_input_gathers": 0, "fuse_add_rms_norm": 0, "fuse_gate_up": 0,
+                                  "fuse_rope_attention": 0, "fuse_attention_fp8_linear": 0, "fuse_norm_linear": 0,
+                                  "fuse_act_linear": 0, "fuse_fp8_gated_mlp": 0, "fuse_gated_linear": 0}
 
 
 def fp8_mlp_network(weight_scales, input_scales, bias=False, up_fp8=True):
@@ -486,3 +486,31 @@ def test_fusion_plan_reports_what_each_pass_replaces(make):
             assert not live & set(names)  # each named layer was replaced
             if label in shapes and all(n in before for n in names):
                 assert [before[n] for n in names] == shapes[label]
+
+
+def test_equal_constant_gathers_of_one_input_share_one_and_gate_up_then_fuses():
+    """GPTQ act-order: gate and up gather x by equal permutations; after share_input_gathers
+    they read one gathered x and fuse_gate_up makes them one linear. A different permutation, or
+    another input, keeps its own gather."""
+    g = torch.Generator().manual_seed(1)
+    perm, other = torch.randperm(H, generator=g), torch.randperm(H, generator=g)
+    net = Network("gathers")
+    with net_guard(net):
+        x = net.add_input("x", "float32", [-1, H], [("num_tokens", (1, 4, 16))])
+        z = net.add_input("z", "float32", [-1, H], [("num_tokens", (1, 4, 16))])
+        xg = F.index_select(x, 1, F.constant(perm, name="gate.weight_perm"))
+        xu = F.index_select(x, 1, F.constant(perm.clone(), name="fc.weight_perm"))
+        gate = F.linear(xg, F.constant(torch.randn(INTER, H, generator=g), name="gate.weight"))
+        up = F.linear(xu, F.constant(torch.randn(INTER, H, generator=g), name="fc.weight"))
+        net.mark_output(F.silu(gate) * up, "y")
+        net.mark_output(F.index_select(x, 1, F.constant(other, name="o.weight_perm")), "xo")
+        net.mark_output(F.index_select(z, 1, F.constant(perm.clone(), name="z.weight_perm")), "zg")
+    feed = {"x": torch.randn(3, H, generator=g), "z": torch.randn(3, H, generator=g)}
+    before = ReferenceExecutor(net).run(feed)
+    report = optimize(net, passes=["share_input_gathers", "fuse_gate_up"])
+    after = ReferenceExecutor(net).run(feed)
+    assert report["rewrites"] == {"share_input_gathers": 1, "fuse_gate_up": 1}
+    assert ops(net).count("index_select") == 3 and ops(net).count("silu_and_mul") == 1
+    assert net.equal_sources == {"fc.weight_perm": "gate.weight_perm"} and "fc.weight_perm" not in net.weights
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], atol=1e-5, rtol=1e-5)

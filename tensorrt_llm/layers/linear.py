@@ -7,7 +7,9 @@ RowLinear splits the input features and sums the partial results with an allredu
 says, with the checkpoint names of quantization/formats.py:
 - weight-only INT8 / INT4 (W8A16 / W4A16): `weight` holds the codes (int8 [out, in] or uint8
   [out, in / 2]) with `weight_scale` and, for INT4, `weight_zero` (float32: every loader's
-  scales are exact in it); it runs as `weight_only_linear`.
+  scales are exact in it); it runs as `weight_only_linear`. An INT4 layer with act-order
+  (`has_act_order`, GPTQ's desc_act) also has `weight_perm` (int64 [in]): its input is gathered
+  by it (`index_select`) before the product, since stored column j multiplies input perm[j].
 - FP8 (W8A8, `FP8` or `FP8_PER_CHANNEL_PER_TOKEN`): `weight` holds the E4M3 codes, `weight_scale`
   is float32 [1] (per tensor) or [out] (per output channel), as the bound tensor is (both
   algorithms take either), and `input_scale` float32 [1] for static activation scales (`FP8`;
@@ -68,6 +70,7 @@ class Linear(Module):
         self.bias = Parameter(shape=(out_features,), dtype=dtype) if bias else None
         self.weight_format = None  # "int8" / "int4" / "fp8" once quantize_weight made it quantized
         self.group_size = 0
+        self.weight_perm = None
 
     def quantize_weight(self, layer: LayerQuant) -> None:
         """Hold the weight as `layer` says it is quantized (INT8 or INT4 weight-only, or FP8)."""
@@ -89,6 +92,8 @@ class Linear(Module):
         self.weight_scale = Parameter(shape=(n, k // group) if group else (n,), dtype=QUANT_SCALE_DTYPE)
         if fmt == "int4":
             self.weight_zero = Parameter(shape=(n, k // group), dtype=QUANT_SCALE_DTYPE)
+        if layer.has_act_order:
+            self.weight_perm = Parameter(shape=(k,), dtype="int64")
         self.weight_format, self.group_size = fmt, group
 
     def matmul(self, x, bias=None):
@@ -99,6 +104,8 @@ class Linear(Module):
             input_scale = self.input_scale.tensor if self.input_scale is not None else None
             return F.fp8_linear(x, self.weight.tensor, self.weight_scale.tensor, input_scale, bias)
         zeros = self.weight_zero.tensor if self.weight_format == "int4" else None
+        if self.weight_perm is not None:
+            x = F.index_select(x, x.ndim - 1, self.weight_perm.tensor)
         return F.weight_only_linear(x, self.weight.tensor, self.weight_scale.tensor, zeros, bias,
                                     weight_format=self.weight_format, group_size=self.group_size)
 

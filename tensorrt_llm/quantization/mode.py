@@ -35,9 +35,14 @@ formats.py) or `null`.
 Unlike TensorRT-LLM, which writes `group_size: 128` for every algorithm, `W8A16` reads its
 `group_size` (`null` is per channel), so a per-channel INT8 checkpoint must say `null`.
 
+`has_act_order` (INT4 only; not a TensorRT-LLM key) says each INT4 linear's weight holds its
+inputs in another order, GPTQ's act-order (`desc_act`): the linear has a `weight_perm` (int64
+[in_features], stored column j multiplies input perm[j]) and gathers its input by it first.
+
 `MIXED_PRECISION` names each quantized layer (exact module names, or `fnmatch` patterns such
 as `transformer.layers.*.mlp.fc`) in `quantized_layers`, each with its own `quant_algo` and
-`group_size`; a GGUF file whose layers are Q4_1 but whose tied embedding is Q8_0 is one.
+`group_size` (and `has_act_order`); a GGUF file whose layers are Q4_1 but whose tied embedding
+is Q8_0 is one.
 
 `check_device_support` is what a build calls with the target GPU: FP8 (weights or KV cache)
 needs compute capability 8.9 or newer.
@@ -95,8 +100,8 @@ DEFAULT_GROUP_SIZE = 128
 # Keys of TensorRT-LLM's QuantConfig that only its other algorithms read: accepted, ignored.
 _IGNORED_KEYS = frozenset({"smoothquant_val", "clamp_val", "use_meta_recipe", "sq_use_plugin"})
 _KEYS = frozenset({"quant_algo", "kv_cache_quant_algo", "group_size", "has_zero_point",
-                   "pre_quant_scale", "exclude_modules", "quantized_layers"})
-_LAYER_KEYS = frozenset({"quant_algo", "group_size", "has_zero_point"})
+                   "pre_quant_scale", "has_act_order", "exclude_modules", "quantized_layers"})
+_LAYER_KEYS = frozenset({"quant_algo", "group_size", "has_zero_point", "has_act_order"})
 
 FP8_MIN_CAPABILITY = (8, 9)
 
@@ -149,11 +154,23 @@ def _check_group_size(algo: QuantAlgo | None, group_size: Any, where: str) -> in
     return None  # FP8, no quantization: not grouped
 
 
+def _check_act_order(algo: QuantAlgo | None, value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.has_act_order must be true or false, got {value!r}")
+    if value and algo not in INT4_WEIGHT_ALGOS:
+        raise ConfigError(f"{where}.has_act_order is true, but only INT4 weights ({_names(INT4_WEIGHT_ALGOS)}) "
+                          f"have an input permutation, not {algo}"
+                          + ("; under MIXED_PRECISION each layer says it" if algo == QuantAlgo.MIXED_PRECISION else ""))
+    return value
+
+
 @dataclass(frozen=True)
 class LayerQuant:
-    """How one linear layer's weight is quantized: the algorithm and its group size."""
+    """How one linear layer's weight is quantized: the algorithm, its group size, and whether
+    its INT4 weight holds its inputs in another order (GPTQ act-order: `weight_perm`)."""
     quant_algo: QuantAlgo
     group_size: int | None = None
+    has_act_order: bool = False
 
     @property
     def weight_format(self) -> str:
@@ -170,7 +187,10 @@ class LayerQuant:
         return self.quant_algo == QuantAlgo.FP8
 
     def to_dict(self) -> dict:
-        return {"quant_algo": self.quant_algo.value, "group_size": self.group_size}
+        out = {"quant_algo": self.quant_algo.value, "group_size": self.group_size}
+        if self.has_act_order:
+            out["has_act_order"] = True
+        return out
 
 
 def _layer_from_dict(d: Any, where: str) -> LayerQuant:
@@ -182,7 +202,8 @@ def _layer_from_dict(d: Any, where: str) -> LayerQuant:
     algo = parse_algo(d.get("quant_algo"), f"{where.removeprefix('quantization.')}.quant_algo", LAYER_ALGOS)
     if algo is None:
         raise ConfigError(f"{where}.quant_algo is missing; choose one of {_names(LAYER_ALGOS)}")
-    return LayerQuant(algo, _check_group_size(algo, d.get("group_size"), where))
+    return LayerQuant(algo, _check_group_size(algo, d.get("group_size"), where),
+                      _check_act_order(algo, d.get("has_act_order", False), where))
 
 
 @dataclass
@@ -193,6 +214,7 @@ class QuantConfig:
     group_size: int | None = None
     has_zero_point: bool = False
     pre_quant_scale: bool = False
+    has_act_order: bool = False
     exclude_modules: list[str] | None = None
     quantized_layers: dict[str, LayerQuant] = field(default_factory=dict)
 
@@ -206,6 +228,7 @@ class QuantConfig:
         for key in ("has_zero_point", "pre_quant_scale"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"quantization.{key} must be true or false, got {getattr(self, key)!r}")
+        self.has_act_order = _check_act_order(self.quant_algo, self.has_act_order, "quantization")
         if self.pre_quant_scale:
             raise ConfigError("quantization.pre_quant_scale true (an activation scale before each AWQ "
                               "linear) is not supported; fold the scales into the previous layer, as "
@@ -253,6 +276,7 @@ class QuantConfig:
             "group_size": self.group_size,
             "has_zero_point": self.has_zero_point,
             "pre_quant_scale": self.pre_quant_scale,
+            **({"has_act_order": True} if self.has_act_order else {}),
             "exclude_modules": list(self.exclude_modules) if self.exclude_modules is not None else None,
         }
         if self.quantized_layers:
@@ -284,7 +308,7 @@ class QuantConfig:
                 if fnmatch.fnmatchcase(module_name, pattern):
                     return spec
             return None
-        return LayerQuant(self.quant_algo, self.group_size)
+        return LayerQuant(self.quant_algo, self.group_size, self.has_act_order)
 
     def layer_algos(self) -> set[QuantAlgo]:
         """Every per-layer algorithm the config can use."""

@@ -41,3 +41,15 @@ def test_int4_awq_engine_is_read_from_an_awq_folder_and_is_int4_wos_size(tmp_pat
     # the same codes, scales and zeros a weight: the engine files differ only in names' bytes
     assert abs(awq["engine_bytes"] - wo["engine_bytes"]) < 0.01 * wo["engine_bytes"]
     assert awq["decode_read_floor_ms"] > 0 and awq["rows"][0]["batch"] == 1  # (its speed: GPU runs)
+
+
+def test_int4_gptq_act_order_engine_gathers_its_inputs(tmp_path):
+    wo, act = bench(tmp_path, "wo"), bench(tmp_path, "act", quant="int4_gptq_act_order")
+    # llama-tiny, 4 layers of hidden 64: each layer's qkv, o, gate and up hold a permutation of
+    # their 64 inputs (down's is folded into gate's and up's rows); in the engine gate and up
+    # share one gather, so 3 int64 permutations a layer; the graph's JSON grows by the gathers and
+    # by the norms left unfused in front of them (25 KB of 703 KB when written)
+    assert act["quant"] == "int4_gptq_act_order" and act["params"] == wo["params"] + 4 * 4 * 64
+    perms = 4 * 3 * 64 * 8
+    assert perms < act["engine_bytes"] - wo["engine_bytes"] < perms + 0.05 * wo["engine_bytes"]
+    assert act["rows"][0]["batch"] == 1

@@ -75,26 +75,44 @@ def _folder(hf, path, method: str, act_order: bool = False):
     return path, meant_model
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("method", ["awq", "gptq", "gptq_act_order"])
 def test_folder_converts_exactly_and_its_engine_means_its_weights(hf, tmp_path, method):
-    folder, meant_model = _folder(hf, tmp_path / method, method)
+    act_order = method == "gptq_act_order"
+    method = method.removesuffix("_act_order")
+    folder, meant_model = _folder(hf, tmp_path / method, method, act_order=act_order)
     assert awq_gptq_method(folder) == method
     config, weights = load_weight_only_from_awq_gptq(folder, config_from_hf(folder, "float32"))
     algo = "W4A16_AWQ" if method == "awq" else "W4A16_GPTQ"
-    assert config.quantization == {"quant_algo": algo, "group_size": GROUP, "exclude_modules": ["lm_head"]}
+    if not act_order:
+        assert config.quantization == {"quant_algo": algo, "group_size": GROUP, "exclude_modules": ["lm_head"]}
+    else:  # down's perm is folded into gate's and up's rows: it alone has no act-order
+        layers = config.quantization["quantized_layers"]
+        assert config.quantization["quant_algo"] == "MIXED_PRECISION" and "lm_head" not in layers
+        assert {name: spec.get("has_act_order", False) for name, spec in layers.items()} == {
+            name: not name.endswith("mlp.proj") for name in layers}
+        assert weights["transformer.layers.0.attention.qkv.weight_perm"].dtype == torch.int64
+        assert "transformer.layers.0.mlp.proj.weight_perm" not in weights
     assert weights["lm_head.weight"].dtype == torch.float32
-    # every linear's weight is exactly the one the folder means (q, k and v stacked)
     meant = dict(meant_model.named_parameters())
+
+    def ours(i, name):
+        prefix = f"transformer.layers.{i}.{name}"
+        assert weights[f"{prefix}.weight"].dtype == torch.uint8
+        return dequantize(from_state_dict(weights, prefix, config.quant_config.layer(prefix)))
+
     for i in range(2):
-        for ours, hf_names in (("attention.qkv", ("q_proj", "k_proj", "v_proj")), ("attention.dense", ("o_proj",)),
-                               ("mlp.gate", ("gate_proj",)), ("mlp.fc", ("up_proj",)),
-                               ("mlp.proj", ("down_proj",))):
-            prefix = f"transformer.layers.{i}.{ours}"
-            assert weights[f"{prefix}.weight"].dtype == torch.uint8
-            got = dequantize(from_state_dict(weights, prefix, config.quant_config.layer(prefix)))
-            part = "self_attn" if ours.startswith("attention") else "mlp"
-            want = torch.cat([meant[f"model.layers.{i}.{part}.{h}.weight"] for h in hf_names])
-            assert torch.equal(got, want.detach())
+        # q, k, v (stacked) and o: exactly the weight the folder means, in the inputs' order
+        want = torch.cat([meant[f"model.layers.{i}.self_attn.{h}_proj.weight"] for h in "qkv"])
+        assert torch.equal(ours(i, "attention.qkv"), want.detach())
+        assert torch.equal(ours(i, "attention.dense"), meant[f"model.layers.{i}.self_attn.o_proj.weight"].detach())
+        # the MLP: the same weights, gate's and up's rows and down's columns in one order
+        gate, up, down = ours(i, "mlp.gate"), ours(i, "mlp.fc"), ours(i, "mlp.proj")
+        m = {h: meant[f"model.layers.{i}.mlp.{h}_proj.weight"].detach() for h in ("gate", "up", "down")}
+        order = torch.tensor([int(torch.nonzero((m["gate"] == row).all(1))[0]) for row in gate])
+        identity = torch.arange(len(order))
+        assert torch.equal(order.sort().values, identity) and bool((order != identity).any()) == act_order
+        assert torch.equal(gate, m["gate"][order]) and torch.equal(up, m["up"][order])
+        assert torch.equal(down, m["down"][:, order])
     model = LLaMAForCausalLM(config)
     model.load(weights)
     build(model, BuildConfig(max_batch_size=2, max_input_len=64, max_seq_len=96, tokens_per_block=8,
@@ -106,6 +124,29 @@ def test_folder_converts_exactly_and_its_engine_means_its_weights(hf, tmp_path, 
     lq, lf = q["context_logits"][0], f["context_logits"][0]
     # the CPU's INT4 kernel takes bfloat16 activations (as in tests/models/test_quantize.py)
     assert (lq - lf).abs().max() <= 0.03 * lf.abs().max()
+
+
+@pytest.mark.gpu
+def test_an_act_order_engine_on_cuda_matches_the_cpu(tmp_path):
+    """The act-order engine on the GPU (the input gathers, the INT4 GEMV of decode rows and its
+    dequantize-and-cuBLAS prompt path, decode steps in CUDA graphs) against the same engine on
+    the CPU: they differ by float16 roundings only."""
+    hf = random_hf_llama(seed=5, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2)
+    folder, _ = _folder(hf, tmp_path / "gptq", "gptq", act_order=True)
+    config, weights = load_weight_only_from_awq_gptq(folder, config_from_hf(folder, "float16"))
+    model = LLaMAForCausalLM(config)
+    model.load(weights)
+    build(model, BuildConfig(max_batch_size=2, max_input_len=64, max_seq_len=96, tokens_per_block=8,
+                             target_device="any")).save(tmp_path / "q")
+    prompts = [torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 7)]
+    outs = {device: runner(tmp_path / "q", device=device).generate(prompts, max_new_tokens=4,
+                                                                     return_context_logits=True)
+            for device in ("cpu", "cuda")}
+    for b, prompt in enumerate(prompts):
+        ref, got = outs["cpu"]["context_logits"][b].float(), outs["cuda"]["context_logits"][b].float().cpu()
+        assert float((got - ref).pow(2).mean().sqrt() / ref.std()) <= 0.02
+        assert outs["cuda"]["output_ids"][b, 0, len(prompt)] == outs["cpu"]["output_ids"][b, 0, len(prompt)]
 
 
 def test_convert_checkpoint_and_the_llm_api_read_an_awq_folder(hf, tmp_path, capsys):
@@ -131,14 +172,6 @@ def test_convert_checkpoint_and_the_llm_api_read_an_awq_folder(hf, tmp_path, cap
     config, rank_weights = _source(folder, "hf", "float32", on_gpu=False)
     assert config.quantization["quant_algo"] == "W4A16_AWQ"
     assert rank_weights(0)["transformer.layers.0.attention.qkv.weight"].dtype == torch.uint8
-
-
-def test_gptq_act_order_is_refused_with_the_reason(hf, tmp_path):
-    """desc_act's groups are not contiguous in the inputs: the engine's INT4 linears would need the
-    inputs gathered first, which they do not do; the checkpoint is refused, not misread."""
-    folder, _ = _folder(hf, tmp_path / "gptq", "gptq", act_order=True)
-    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.\w+\.\w+_proj is GPTQ with act-order \(desc_act"):
-        load_weight_only_from_awq_gptq(folder, config_from_hf(folder, "float32"))
 
 
 def test_malformed_folders_are_refused_with_the_reason(hf, tmp_path):

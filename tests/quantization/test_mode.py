@@ -22,6 +22,7 @@ def refused(section, *words):
     {"quant_algo": "W8A16", "group_size": 32},
     {"quant_algo": "W4A16_AWQ", "group_size": 64, "has_zero_point": True, "exclude_modules": ["lm_head"]},
     {"quant_algo": "W4A16_GPTQ", "group_size": 128},
+    {"quant_algo": "W4A16_GPTQ", "group_size": 128, "has_act_order": True},
     {"quant_algo": "W4A16", "group_size": 32, "kv_cache_quant_algo": "INT8"},
     {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
     {"quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"},
@@ -29,6 +30,9 @@ def refused(section, *words):
     {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
         "transformer.layers.*.attention.qkv": {"quant_algo": "W4A16", "group_size": 32},
         "lm_head": {"quant_algo": "W8A16", "group_size": 32}}},
+    {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "transformer.layers.*.mlp.proj": {"quant_algo": "W4A16_GPTQ", "group_size": 32},
+        "transformer.layers.*": {"quant_algo": "W4A16_GPTQ", "group_size": 32, "has_act_order": True}}},
 ])
 def test_a_section_survives_json_and_back(section):
     config = QuantConfig.from_dict(section)
@@ -86,6 +90,23 @@ def test_bad_sections_are_refused_in_one_line():
             "unknown key 'bits'")
     refused({"quant_algo": "MIXED_PRECISION", "quantized_layers": {"a": "W8A16"}}, "must be an object")
     refused([1], "quantization must be an object")
+    refused({"quant_algo": "W4A16_GPTQ", "has_act_order": 1}, "has_act_order must be true or false")
+    refused({"quant_algo": "W8A16", "has_act_order": True}, "has_act_order is true", "not W8A16")
+    refused({"quant_algo": "MIXED_PRECISION", "has_act_order": True,
+             "quantized_layers": {"a": {"quant_algo": "W4A16"}}}, "under MIXED_PRECISION each layer says it")
+    refused({"quant_algo": "MIXED_PRECISION", "quantized_layers": {"a": {"quant_algo": "FP8", "has_act_order": True}}},
+            "quantized_layers['a'].has_act_order is true", "not FP8")
+
+
+def test_act_order_reaches_each_layer():
+    config = QuantConfig.from_dict({"quant_algo": "W4A16_GPTQ", "group_size": 64, "has_act_order": True})
+    assert config.layer("transformer.layers.0.attention.qkv") == LayerQuant(QuantAlgo.W4A16_GPTQ, 64, True)
+    assert "has_act_order" not in QuantConfig.from_dict({"quant_algo": "W4A16_GPTQ"}).to_dict()
+    mixed = QuantConfig.from_dict({"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "transformer.layers.*.mlp.proj": {"quant_algo": "W4A16_GPTQ", "group_size": 32},
+        "transformer.layers.*": {"quant_algo": "W4A16_GPTQ", "group_size": 32, "has_act_order": True}}})
+    assert not mixed.layer("transformer.layers.3.mlp.proj").has_act_order
+    assert mixed.layer("transformer.layers.3.mlp.fc").has_act_order
 
 
 def test_layer_lookup_with_excludes_and_mixed_layers():

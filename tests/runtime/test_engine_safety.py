@@ -426,3 +426,34 @@ def test_kv_cache_bytes_are_the_runtimes(hf, built):
     assert per_block == layout.bytes_per_block
     assert layout.max_pool_bytes(bc.max_batch_size * bc.max_beam_width, bc.max_seq_len) == \
         (pool.shape[1] - 1) * per_block
+
+
+@pytest.mark.parametrize("bad", [-1, "in_features"])
+def test_an_act_order_permutation_out_of_range_is_refused_at_load(hf, tmp_path, bad):
+    """An INT4 act-order linear gathers its input by its weight_perm, a weight the file holds: an
+    index past the input (a CUDA gather would read past it, or fault the process) is refused."""
+    from tensorrt_llm.builder import BuildConfig, build
+    from tensorrt_llm.models.llama.convert import load_weight_only_from_awq_gptq
+    from tensorrt_llm.models.llama.model import LLaMAForCausalLM
+
+    from ..models.test_awq_gptq_convert import _folder
+    folder, _ = _folder(hf, tmp_path / "gptq", "gptq", act_order=True)
+    config, weights = load_weight_only_from_awq_gptq(folder, config_from_hf(folder, "float32"))
+    model = LLaMAForCausalLM(config)
+    model.load(weights)
+    engine_dir = tmp_path / "engine"
+    build(model, BuildConfig(max_batch_size=2, max_input_len=32, max_seq_len=48, tokens_per_block=8,
+                             target_device="any")).save(engine_dir)
+    Engine.from_dir(engine_dir)  # as built, it loads
+    name = "transformer.layers.1.attention.dense.weight_perm"
+
+    def out_of_range(graph, weights):
+        perm = weights[name].clone()
+        perm[3] = perm.numel() if bad == "in_features" else bad
+        weights[name] = perm
+    craft(engine_dir, out_of_range)
+    k = config.hidden_size
+    span = "-1 .. " + str(k - 1) if bad == -1 else f"0 .. {k}"
+    with pytest.raises(EngineError, match=rf"\(index_select\): its index '{re.escape(name)}' holds indices "
+                                          rf"{re.escape(span)} into a dimension of size {k}; do not use"):
+        Engine.from_dir(engine_dir)

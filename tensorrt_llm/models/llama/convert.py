@@ -461,9 +461,11 @@ def load_weight_only_from_awq_gptq(folder, config: PretrainedConfig):
     """(config, weights) of a weight-only checkpoint of an AutoAWQ (GEMM) or AutoGPTQ folder (one
     rank): each 4-bit linear keeps its codes, scales and zero points as INT4 exactly
     (quantization/awq_gptq.py), q, k and v stacked into one; the other tensors (embedding, norms,
-    biases, a float LM head) are read as load_weights_from_hf reads them. The `quantization`
+    biases, a float LM head) are read as load_weights_from_hf reads them. GPTQ act-order
+    (desc_act) linears keep their input permutation (`weight_perm`, gathered at run time),
+    except down's, which _fold_down_perms folds into gate's and up's rows. The `quantization`
     section says W4A16_AWQ / W4A16_GPTQ with the group size (MIXED_PRECISION when the linears'
-    groups differ) and excludes the linears the folder keeps float."""
+    groups or act-order differ) and excludes the linears the folder keeps float."""
     from ...quantization.awq_gptq import load_awq_gptq
     from ...quantization.formats import cat_rows
     from ...quantization.mode import LayerQuant, QuantAlgo
@@ -471,11 +473,6 @@ def load_weight_only_from_awq_gptq(folder, config: PretrainedConfig):
     if config.mapping.world_size != 1:
         raise ConfigError("an AWQ / GPTQ checkpoint converts to one rank (--tp_size 1 --pp_size 1)")
     ckpt = load_awq_gptq(folder)
-    for prefix, w in ckpt.layers.items():
-        if w.perm is not None:
-            raise CheckpointError(f"{folder}: {prefix} is GPTQ with act-order (desc_act: its g_idx puts the inputs "
-                                  "of a group apart), which the engine's INT4 linears do not run; use a checkpoint "
-                                  "quantized without desc_act, or with static groups")
     algo = QuantAlgo.W4A16_AWQ if ckpt.method == "awq" else QuantAlgo.W4A16_GPTQ
     modules = {}  # our module name -> Int4Weight
     for ours, hf_names in _hf_linears(config).items():
@@ -499,11 +496,14 @@ def load_weight_only_from_awq_gptq(folder, config: PretrainedConfig):
                               f"{config.num_hidden_layers}-layer Llama model")
     if "lm_head" in modules and config.vocab_size_padded != config.vocab_size:
         raise ConfigError("a quantized lm_head cannot be padded to the tensor-parallel vocabulary")
-    layers = {name: LayerQuant(algo, w.group_size) for name, w in modules.items()}
+    row_perms = _fold_down_perms(modules, config)
+    layers = {name: LayerQuant(algo, w.group_size, w.perm is not None) for name, w in modules.items()}
     if len(set(layers.values())) == 1:
-        section = {"quant_algo": algo.value, "group_size": next(iter(layers.values())).group_size,
+        layer = next(iter(layers.values()))
+        section = {"quant_algo": algo.value, "group_size": layer.group_size,
+                   **({"has_act_order": True} if layer.has_act_order else {}),
                    "exclude_modules": sorted(_linear_names(config) - set(layers)) or None}
-    else:  # e.g. group 128, but one linear's in_features only a multiple of 64
+    else:  # e.g. group 128 but one linear's in_features only a multiple of 64; act-order but down's folded
         section = {"quant_algo": "MIXED_PRECISION",
                    "quantized_layers": {name: layer.to_dict() for name, layer in layers.items()}}
 
@@ -518,7 +518,31 @@ def load_weight_only_from_awq_gptq(folder, config: PretrainedConfig):
                                  share_embedding_table=config.share_embedding_table and "lm_head" not in modules)
     for name, w in modules.items():
         set_quantized(weights, name, w)
+    for name, rows in row_perms.items():  # a float gate / up bias follows its rows
+        if f"{name}.bias" in weights:
+            weights[f"{name}.bias"] = weights[f"{name}.bias"][rows.to(weights[f"{name}.bias"].device)]
     return config, weights
+
+
+def _fold_down_perms(modules: dict, config: PretrainedConfig) -> dict[str, torch.Tensor]:
+    """GPTQ act-order on the down projection, folded into gate and up (in place in `modules`):
+    down's input is silu(gate x) * (up x) feature by feature, so gate's and up's output rows
+    taken in down's perm order make down's stored column order its input order, exactly, and
+    down needs no gather. qkv, o and gate / up keep theirs (their inputs are the residual
+    stream's norm and the attention's heads, which no earlier row order can permute).
+    Returns the row order each of gate / up took."""
+    from ...quantization.formats import Int4Weight, select_rows
+    rows = {}
+    for i in range(config.num_hidden_layers):
+        p = f"transformer.layers.{i}.mlp."
+        down = modules.get(p + "proj")
+        if down is None or down.perm is None or not all(p + name in modules for name in ("gate", "fc")):
+            continue
+        for name in ("gate", "fc"):
+            modules[p + name] = select_rows(modules[p + name], down.perm)
+            rows[p + name] = down.perm.long()
+        modules[p + "proj"] = Int4Weight(down.qweight, down.scales, down.zeros, down.group_size)
+    return rows
 
 
 def _linear_names(config: PretrainedConfig) -> set[str]:
