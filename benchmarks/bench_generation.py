@@ -418,8 +418,9 @@ def quantized_model(model, quant: str, group_size, gguf: bool, hf=None, calibrat
         weights = quantize_checkpoint(LLaMAForCausalLM, config, weights, input_amax=amax.input_amax)
     elif quant in ("int4_awq", "int4_gptq_act_order"):
         with tempfile.TemporaryDirectory() as folder:
-            config, weights = folder_checkpoint(model, quant.removeprefix("int4_"), group_size or default_int4_group(config),
-                                                quantize_lm_head, Path(folder))
+            group = group_size or default_int4_group(config)
+            config, weights = folder_checkpoint(model, quant.removeprefix("int4_"), group, quantize_lm_head,
+                                                Path(folder))
     else:
         weights = {name: p.value for name, p in model.named_parameters()}
         if group_size is None and quant == "int4_wo":
