@@ -26,10 +26,10 @@ class BuildConfig:
     # "auto": the GPU of the building machine if there is one, else "any" (runs anywhere).
     target_device: str = "auto"
     # Graph-rewriting passes to run; names are those of graph_rewriting.optimize().
-    optimizations: list = field(default_factory=lambda: ["share_input_gathers", "fuse_add_rms_norm",
-                                                         "fuse_gate_up", "fuse_rope_attention",
-                                                         "fuse_attention_fp8_linear", "fuse_gated_linear",
-                                                         "fuse_norm_linear", "fuse_act_linear", "fuse_fp8_gated_mlp"])
+    optimizations: list = field(default_factory=lambda: ["fuse_add_rms_norm", "fuse_gate_up",
+                                                                   "fuse_rope_attention", "fuse_attention_fp8_linear",
+                                                                   "fuse_gated_linear", "fuse_norm_linear",
+                                                                   "fuse_act_linear", "fuse_fp8_gated_mlp"])
 
     def __post_init__(self):
         """Raises ConfigError (a ValueError) naming the first field out of range."""

@@ -533,25 +533,30 @@ _PRIMES = (101, 103, 107, 109, 113, 127, 131, 137, 139, 149)
 
 # ---- indices the file holds -----------------------------------------------------------------
 
-# op -> (the input that indexes, the input it indexes): layers whose index is a weight
-# (an INT4 act-order linear's `weight_perm`) read memory at positions the file chose.
-_INDEXING_OPS = {"index_select": (1, 0), "gather": (2, 0)}
+# op -> (the input that indexes, the input it indexes; along attrs["dim"], or the last dim when
+# the op has none): layers whose index is a weight read memory at positions the file chose. A
+# weight-only linear's index is an INT4 act-order weight's input order (`perm`, its last input).
+_INDEXING_OPS = {"index_select": (1, 0), "gather": (2, 0), **{op: (at + 4, 0) for op, at in WEIGHT_ONLY_OPS.items()}}
 
 
 def check_constant_indices(network, where: str) -> None:
-    """Refuse an engine whose weights index out of range: every index_select / gather whose
-    index is a weight must index within the fixed size of the indexed dimension. A CUDA gather
-    past its tensor is not an error but a fault that ends the process, or a silent read."""
+    """Refuse an engine whose weights index out of range: every index_select / gather and
+    act-order weight-only linear whose index is a weight must index within the fixed size of
+    the indexed dimension. A CUDA gather past its tensor is not an error but a fault that ends
+    the process, or a silent read."""
     tensors = network._tensors
     for layer in network.layers:
         if layer.op not in _INDEXING_OPS:
             continue
         at, of = _INDEXING_OPS[layer.op]
-        parent = network.producer(layer.inputs[at])
+        parent = network.producer(layer.inputs[at]) if at < len(layer.inputs) and layer.inputs[at] else None
         if parent is None or parent.op != "constant":
+            if layer.op in WEIGHT_ONLY_OPS and at < len(layer.inputs) and layer.inputs[at]:  # the GEMV's own gather
+                raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}): its perm is not a weight of "
+                                  f"the engine; do not use this engine, rebuild it")
             continue
         index = network.weights[parent.attrs["weight"]]
-        size = tensors[layer.inputs[of]].shape[layer.attrs["dim"]]
+        size = tensors[layer.inputs[of]].shape[layer.attrs.get("dim", -1)]
         if size < 0:
             problem = "indexes a dimension of no fixed size"
         elif index.numel() and not (int(index.min()) >= 0 and int(index.max()) < size):

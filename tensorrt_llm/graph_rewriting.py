@@ -381,51 +381,9 @@ _GATED_ACTIVATIONS = {"silu": ("silu_and_mul", None), "gelu": ("gelu_and_mul", "
 _GATE_UP_PARAMS = {"linear": ("weight", "bias"), "weight_only_linear": ("qweight", "scales", "zeros", "bias"),
                    "fp8_linear": ("qweight", "weight_scale", "bias")}
 # Parameters of one value for the whole input that both linears must share, and the fused one
-# reads once: FP8's static input scale (x is quantized once, with one scale).
-_GATE_UP_SHARED = {"fp8_linear": ("input_scale",)}
-
-
-class ShareInputGathers(Fusion):
-    """Two index_select calls of one x along one dim with equal constant indices -> the first's
-    output serves both. GPTQ act-order gives gate and up the same input permutation
-    (`weight_perm`, the same calibration inputs order both); once they read one gathered x,
-    fuse_gate_up makes them one linear. The index read in place of the equal one is recorded
-    in `Network.equal_sources`, so refit refuses a checkpoint in which they differ."""
-
-    def __init__(self):
-        super().__init__("share_input_gathers", root_layer={"index_select"})
-
-    def find(self, layer: Layer) -> Optional[dict[str, FLayerInfo]]:
-        first = _info(layer)
-        index = first.get_input("index")
-        if not _is_constant(index):
-            return None
-        net = layer.network
-        for user in first.get_input("x").get_users():
-            if user is layer or user.op != "index_select" or user.removed or user.attrs != layer.attrs:
-                continue
-            other = _info(user)
-            if other.get_input("x") != first.get_input("x") or not _is_constant(other.get_input("index")):
-                continue
-            a, b = _weight_name(index), _weight_name(other.get_input("index"))
-            if (a == b or torch.equal(net.weights[a], net.weights[b])) and _is_checkpoint_weight(net, a) \
-                    and _is_checkpoint_weight(net, b):
-                return {"other": other}
-        return None
-
-    def rewrite(self, layer: Layer) -> None:
-        self.match_and_rewrite(layer)
-
-    def match_and_rewrite(self, layer: Layer) -> bool:
-        found = self.find(layer)
-        if found is None:
-            return False
-        other = found["other"]
-        net = layer.network
-        _record_equal(net, _weight_name(other.get_input("index")), _weight_name(_info(layer).get_input("index")))
-        other.outputs[0].replace_all_uses_with(layer.get_output(0))
-        net.mark_removed(other.layer)
-        return True
+# reads once: FP8's static input scale (x is quantized once, with one scale); an act-order INT4
+# weight's input order (x is gathered once; GPTQ gives gate and up the same one).
+_GATE_UP_SHARED = {"fp8_linear": ("input_scale",), "weight_only_linear": ("perm",)}
 
 
 class FuseGateUp(Fusion):
@@ -468,6 +426,8 @@ class FuseGateUp(Fusion):
                 continue
             if gate_layer.op == "fp8_linear" and not _fp8_fusable(gate, up):
                 continue
+            if gate_layer.op == "weight_only_linear" and not _same_checkpoint_values(gate, up, "perm"):
+                continue
             if not (_only_reader(act.get_input("x"), act_layer) and _only_reader(act_t, layer)
                     and _only_reader(up_t, layer)):
                 continue
@@ -496,7 +456,7 @@ class FuseGateUp(Fusion):
         else:
             attrs = {k: v for k, v in gate.raw_inputs.items() if k in ("weight_format", "group_size")}
             y = F.weight_only_linear(gate.get_input("x"), fused["qweight"], fused["scales"], fused["zeros"],
-                                     fused["bias"], **attrs)
+                                     fused["bias"], gate.get_input("perm"), **attrs)
         op, approximate = _GATED_ACTIVATIONS[act.layer_type]
         out = F.silu_and_mul(y) if op == "silu_and_mul" else F.gelu_and_mul(y, approximate=approximate)
         found["mul"].replace_output_uses_with(net, [out])
@@ -510,6 +470,17 @@ def _weight_name(tensor: Tensor) -> str:
 def _is_checkpoint_weight(net: Network, name: str) -> bool:
     """A weight as the checkpoint has it (no rewrite made it), which refit can compare."""
     return name not in net.weight_sources
+
+
+def _same_checkpoint_values(gate: FLayerInfo, up: FLayerInfo, param: str) -> bool:
+    """Both linears' `param` absent, or equal checkpoint weights (refit can compare those)."""
+    a, b = gate.get_input(param), up.get_input(param)
+    if a is None or b is None:
+        return a is None and b is None
+    net = gate.network
+    g, u = _weight_name(a), _weight_name(b)
+    return torch.equal(net.weights[g], net.weights[u]) and _is_checkpoint_weight(net, g) and \
+        _is_checkpoint_weight(net, u)
 
 
 def _fp8_fusable(gate: FLayerInfo, up: FLayerInfo) -> bool:
@@ -640,7 +611,7 @@ class FuseAttentionFp8Linear(Fusion):
 # The linear layers a norm or activation fuses into, and their parameters (every input but x).
 _FUSABLE_LINEAR_PARAMS = {"linear": ("weight", "bias"),
                           "fp8_linear": ("qweight", "weight_scale", "input_scale", "bias"),
-                          "weight_only_linear": ("qweight", "scales", "zeros", "bias")}
+                          "weight_only_linear": ("qweight", "scales", "zeros", "bias", "perm")}
 # A weight-only linear's attrs, which its fused forms carry.
 _WEIGHT_ONLY_ATTRS = ("weight_format", "group_size", "tiled", "gated")
 
@@ -779,12 +750,13 @@ class FuseGatedLinear(Fusion):
         act, linear = found["activation"], found["linear"]
         attrs = {k: v for k, v in linear.raw_inputs.items() if k in ("weight_format", "group_size", "tiled")}
         y = F.weight_only_linear(linear.get_input("x"), linear.get_input("qweight"), linear.get_input("scales"),
-                                 linear.get_input("zeros"), linear.get_input("bias"), **attrs, gated=True)
+                                 linear.get_input("zeros"), linear.get_input("bias"), linear.get_input("perm"),
+                                 **attrs, gated=True)
         act.replace_output_uses_with(act.network, [y])
 
 
 # The default order: later passes match what earlier ones make.
-PASSES = {"share_input_gathers": ShareInputGathers, "fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
+PASSES = {"fuse_add_rms_norm": FuseAddRmsNorm, "fuse_gate_up": FuseGateUp,
           "fuse_rope_attention": FuseRopeAttention, "fuse_attention_fp8_linear": FuseAttentionFp8Linear,
           "fuse_gated_linear": FuseGatedLinear, "fuse_norm_linear": FuseNormLinear,
           "fuse_act_linear": FuseActLinear, "fuse_fp8_gated_mlp": FuseFp8GatedMlp}

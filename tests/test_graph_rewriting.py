@@ -130,9 +130,9 @@ def test_no_fusion_for_different_inputs_or_broadcast_add():
         bias = F.constant(torch.randn(H), name="b")
         net.mark_output(F.rms_norm(x + bias, None, eps=1e-6), "n")
     report = optimize(net)
-    assert report["rewrites"] == {"share_input_gathers": 0, "fuse_add_rms_norm": 0, "fuse_gate_up": 0,
-                                  "fuse_rope_attention": 0, "fuse_attention_fp8_linear": 0, "fuse_norm_linear": 0,
-                                  "fuse_act_linear": 0, "fuse_fp8_gated_mlp": 0, "fuse_gated_linear": 0}
+    assert report["rewrites"] == {"fuse_add_rms_norm": 0, "fuse_gate_up": 0, "fuse_rope_attention": 0,
+                                  "fuse_attention_fp8_linear": 0, "fuse_norm_linear": 0, "fuse_act_linear": 0,
+                                  "fuse_fp8_gated_mlp": 0, "fuse_gated_linear": 0}
 
 
 def fp8_mlp_network(weight_scales, input_scales, bias=False, up_fp8=True):
@@ -488,29 +488,40 @@ def test_fusion_plan_reports_what_each_pass_replaces(make):
                 assert [before[n] for n in names] == shapes[label]
 
 
-def test_equal_constant_gathers_of_one_input_share_one_and_gate_up_then_fuses():
-    """GPTQ act-order: gate and up gather x by equal permutations; after share_input_gathers
-    they read one gathered x and fuse_gate_up makes them one linear. A different permutation, or
-    another input, keeps its own gather."""
+def test_act_order_gate_and_up_fuse_when_their_input_orders_are_equal():
+    """GPTQ act-order: gate and up are INT4 weight-only linears that gather x by their perms. With
+    equal perms they fuse (one gather, one GEMV, gated, the norm in front), the up's perm recorded
+    as read in place of the gate's; with different perms they stay apart. Results unchanged."""
+    from tensorrt_llm.quantization import quantize_int4
     g = torch.Generator().manual_seed(1)
-    perm, other = torch.randperm(H, generator=g), torch.randperm(H, generator=g)
-    net = Network("gathers")
-    with net_guard(net):
-        x = net.add_input("x", "float32", [-1, H], [("num_tokens", (1, 4, 16))])
-        z = net.add_input("z", "float32", [-1, H], [("num_tokens", (1, 4, 16))])
-        xg = F.index_select(x, 1, F.constant(perm, name="gate.weight_perm"))
-        xu = F.index_select(x, 1, F.constant(perm.clone(), name="fc.weight_perm"))
-        gate = F.linear(xg, F.constant(torch.randn(INTER, H, generator=g), name="gate.weight"))
-        up = F.linear(xu, F.constant(torch.randn(INTER, H, generator=g), name="fc.weight"))
-        net.mark_output(F.silu(gate) * up, "y")
-        net.mark_output(F.index_select(x, 1, F.constant(other, name="o.weight_perm")), "xo")
-        net.mark_output(F.index_select(z, 1, F.constant(perm.clone(), name="z.weight_perm")), "zg")
-    feed = {"x": torch.randn(3, H, generator=g), "z": torch.randn(3, H, generator=g)}
-    before = ReferenceExecutor(net).run(feed)
-    report = optimize(net, passes=["share_input_gathers", "fuse_gate_up"])
-    after = ReferenceExecutor(net).run(feed)
-    assert report["rewrites"] == {"share_input_gathers": 1, "fuse_gate_up": 1}
-    assert ops(net).count("index_select") == 3 and ops(net).count("silu_and_mul") == 1
-    assert net.equal_sources == {"fc.weight_perm": "gate.weight_perm"} and "fc.weight_perm" not in net.weights
-    for name in before:
-        torch.testing.assert_close(after[name], before[name], atol=1e-5, rtol=1e-5)
+    h, inter, group = 64, 32, 32
+
+    def mlp_network(up_perm_equal: bool):
+        perm = torch.randperm(h, generator=torch.Generator().manual_seed(2))
+        up_perm = perm.clone() if up_perm_equal else torch.randperm(h, generator=torch.Generator().manual_seed(3))
+        net = Network("act_order_mlp")
+        with net_guard(net):
+            x = net.add_input("x", "float32", [-1, h], [("num_tokens", (1, 4, 16))])
+            normed = F.rms_norm(x, F.constant(1 + 0.1 * torch.randn(h, generator=g), name="norm.weight"), eps=1e-5)
+            outs = []
+            for name, p in (("gate", perm), ("fc", up_perm)):
+                w = quantize_int4(torch.randn(inter, h, generator=g), group)
+                outs.append(F.weight_only_linear(
+                    normed, F.constant(w.qweight, name=f"{name}.weight"), F.constant(w.scales, name=f"{name}.scale"),
+                    F.constant(w.zeros, name=f"{name}.zero"), None, F.constant(p, name=f"{name}.weight_perm"),
+                    weight_format="int4", group_size=group))
+            net.mark_output(F.silu(outs[0]) * outs[1], "y")
+        return net
+
+    feed = {"x": torch.randn(3, h, generator=g)}
+    for equal in (True, False):
+        net = mlp_network(equal)
+        before = ReferenceExecutor(net).run(feed)
+        report = optimize(net)
+        torch.testing.assert_close(ReferenceExecutor(net).run(feed)["y"], before["y"], atol=1e-5, rtol=1e-5)
+        assert report["rewrites"]["fuse_gate_up"] == int(equal)
+        if equal:
+            assert ops(net) == ["constant"] * 5 + ["rms_norm_weight_only_linear"]  # norm, codes, scales, zeros, perm
+            assert net.equal_sources == {"fc.weight_perm": "gate.weight_perm"} and "fc.weight_perm" not in net.weights
+        else:
+            assert ops(net).count("weight_only_linear") == 2 and not net.equal_sources

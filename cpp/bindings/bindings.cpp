@@ -23,7 +23,7 @@ namespace tensorrt_llm {
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
                           int bits, int64_t groupSize, bool tiled, bool gated, WeightOnlyNorm const* norm,
-                          DType dtype, DType scaleDtype, void* stream);
+                          int64_t const* perm, DType dtype, DType scaleDtype, void* stream);
 void launchWeightOnlyDequantize(void* out, void const* qweight, void const* scales, void const* zeros, int64_t n,
                                 int64_t k, int bits, int64_t groupSize, bool tiled, DType dtype, DType scaleDtype,
                                 void* stream);
@@ -783,6 +783,16 @@ void checkWeightOnlyGemv(Call& c) {
     } else if (c.has("residual")) {
         throw std::invalid_argument("residual belongs to the RMSNorm in front (norm_weight) only");
     }
+    // Act-order: the pipelined INT4 kernel's gather of x. Its values are the caller's to check
+    // (the engine loader does: engine_check.check_constant_indices); a value out of [0, K) reads
+    // out of x's row.
+    if (c.has("perm")) {
+        c.shape("perm", {w.k});
+        if (w.bits != 4 || !pipelinedTakesX(x) || !pipelined) {
+            throw std::invalid_argument("perm takes INT4 weights, " + pipelinedXLimits(x) + ", " + needs + " (got "
+                                        + c.text("weight_format") + ")");
+        }
+    }
 }
 
 void launchWeightOnlyGemvEntry(Call const& c) {
@@ -799,8 +809,8 @@ void launchWeightOnlyGemvEntry(Call const& c) {
         }
         launchWeightOnlyGemv(out.data(), x.data(), q.data(), c["scales"].data(), c.ptr("zeros"), c.ptr("bias"),
                              x.size(0), q.size(0), x.size(1), x.stride(0), out.stride(0), bits, c.integer("group_size"),
-                             c.flag("tiled"), c.flag("gated"), c.has("norm_weight") ? &norm : nullptr, x.dtype,
-                             c["scales"].dtype, c.stream());
+                             c.flag("tiled"), c.flag("gated"), c.has("norm_weight") ? &norm : nullptr,
+                             static_cast<int64_t const*>(c.ptr("perm")), x.dtype, c["scales"].dtype, c.stream());
     }
 }
 
@@ -1087,7 +1097,9 @@ std::vector<Entry> entries() {
          "order (tile_codes); gated (at most 8 rows, N a multiple of 16): out [M, N / 2] = silu(y[:, :N / 2]) * "
          "y[:, N / 2:] of that y rounded to x's dtype, as act_and_mul computes it; norm_weight (INT4, bfloat16 x, "
          "at most 8 rows): x becomes rms_norm(x (+ residual, written to residual_out), norm_weight, eps), as "
-         "out = rsqrt(mean(s^2) + eps) * (s * norm_weight) @ W.T (+ bias).",
+         "out = rsqrt(mean(s^2) + eps) * (s * norm_weight) @ W.T (+ bias); perm (INT4 act-order, int64 [K], "
+         "values in [0, K), at most 8 rows): W's input j is x's input perm[j] (x[:, perm] @ W.T), gathered as x "
+         "is staged.",
          {tensor("out").rank(2).dtypeOf("x").lastDimContiguous().written(),
           tensor("x").rank(2).floats().lastDimContiguous(),
           tensor("qweight").rank(2).dtypes({kInt32}).contiguous(), tensor("scales").floats().contiguous(),
@@ -1095,7 +1107,8 @@ std::vector<Entry> entries() {
           text("weight_format"), integer("group_size"), flag("tiled"), flag("gated"), real("eps"),
           optionalTensor("norm_weight").dtypeOf("x").contiguous(),
           optionalTensor("residual").dtypeOf("x").lastDimContiguous(),
-          optionalTensor("residual_out").dtypeOf("x").contiguous().written(), stream()},
+          optionalTensor("residual_out").dtypeOf("x").contiguous().written(),
+          optionalTensor("perm").rank(1).dtypes({DType::kInt64}).contiguous(), stream()},
          checkWeightOnlyGemv, launchWeightOnlyGemvEntry},
         {"weight_only_dequantize",
          "out [N, K] = the INT8 / INT4 weight of qweight (its bytes as int32 words), scales (and zeros) in out's "

@@ -9,10 +9,11 @@ using namespace weight_only_gemv_detail;
 void launchWeightOnlyGemv(void* out, void const* x, void const* qweight, void const* scales, void const* zeros,
                           void const* bias, int64_t m, int64_t n, int64_t k, int64_t xRowStride, int64_t outRowStride,
                           int bits, int64_t groupSize, bool tiled, bool gated, WeightOnlyNorm const* norm,
-                          DType dtype, DType scaleDtype, void* stream) {
+                          int64_t const* perm, DType dtype, DType scaleDtype, void* stream) {
     if (m == 0 || n == 0) return;
     Params p = gemvParams(out, x, qweight, scales, bias, m, n, k, xRowStride, outRowStride);
     p.zeros = zeros;
+    p.perm = perm;
     p.tiled = tiled;
     p.gated = gated;
     if (norm != nullptr) {

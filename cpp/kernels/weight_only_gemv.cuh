@@ -86,6 +86,10 @@ struct Params {
     // The pipelined INT4 kernel's NORM (bfloat16 x): the RMSNorm in front (kernels.h's WeightOnlyNorm).
     bool normed;
     WeightOnlyNorm norm;
+    // INT4 act-order (GPTQ desc_act), the pipelined INT4 kernel only: stored input j is x's input
+    // perm[j] ([k], int64, each in [0, k): the caller checks), gathered as x is staged (from the
+    // rows in shared memory, stageRawX). nullptr: x in stored order.
+    int64_t const* perm;
 };
 
 } // namespace weight_only_gemv_detail
@@ -836,6 +840,57 @@ template <bool PAIRS>
 constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
 
 
+// Act-order (Params::perm), every thread of the block: x's rows (plus the residual, NORM, rounded
+// as rms_norm.cu rounds the sum; block 0 writes that sum to residualOut) into raw [m][k], in x's
+// own order, with 16-byte loads; each block then gathers from shared memory. Gathering from
+// global memory (every block asking L2 for each 2-byte value) took the 8B engine's gate_up from
+// 29 to 90 us at batch 1.
+template <typename T, bool NORM>
+__device__ __forceinline__ void stageRawX(Params const& p, T* raw) {
+    using P = Pack<T, 8>;
+    int const vecs = static_cast<int>(p.k / 8);
+    bool const residual = NORM && p.norm.residual != nullptr;
+    for (int i = threadIdx.x; i < static_cast<int>(p.m) * vecs; i += blockDim.x) {
+        int const row = i / vecs, vec = i - row * vecs;
+        uint4 a = __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + row * p.xRowStride) + vec);
+        if constexpr (NORM) {
+            if (residual) {
+                uint4 const b = __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.norm.residual) +
+                                                                      row * p.norm.residualRowStride) + vec);
+                P v = *reinterpret_cast<P const*>(&a);
+                P const r = *reinterpret_cast<P const*>(&b);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v.v[e] = fromFloat<T>(toFloat(v.v[e]) + toFloat(r.v[e]));
+                a = *reinterpret_cast<uint4 const*>(&v);
+                if (blockIdx.x == 0) {
+                    reinterpret_cast<uint4*>(static_cast<T*>(p.norm.residualOut) + static_cast<int64_t>(row) * p.k)[vec] = a;
+                }
+            }
+        }
+        reinterpret_cast<uint4*>(raw)[i] = a;
+    }
+    __syncthreads();
+}
+
+// Act-order: the 8 inputs of stored pack `vec` of row `row`, from raw (stageRawX) at their
+// permuted places, and the norm weight's (NORM), as the contiguous loads would give them.
+template <typename T, bool NORM>
+__device__ __forceinline__ void gatherPack(Params const& p, T const* raw, int row, int vec, bool ok, uint4& a,
+                                           uint4& w) {
+    static_assert(sizeof(T) == 2, "the pipelined INT4 kernel stages 16-bit x");
+    Pack<T, 8> x{}, nw{};
+    if (ok) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            int const at = static_cast<int>(__ldg(p.perm + 8 * vec + e));
+            x.v[e] = raw[row * p.k + at];
+            if constexpr (NORM) nw.v[e] = static_cast<T const*>(p.norm.normWeight)[at];
+        }
+    }
+    a = *reinterpret_cast<uint4 const*>(&x);
+    w = *reinterpret_cast<uint4 const*>(&nw);
+}
+
 // INT4 (T float16 / bfloat16): the rows of x that a warp's k-steps read (warp, warp + 8, ...: the
 // same in every tile) as the mma wants them, and those k-steps' sums of x, staged by that warp
 // alone straight from global memory. Each 8-value vector of a row becomes xPair's four pairs ((v0,
@@ -861,14 +916,16 @@ constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
 // rounds each, medians): the norm kernel then the GEMV 2.289 ms, NORM 2.157 ms (65 norms).
 template <typename T, bool NORM = false>
 __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float* xSum, float* sqSum, int kSteps,
-                                             int warp, int lane) {
+                                             int warp, int lane, T* raw) {
     constexpr int U = 2;  // vectors a lane has in flight: a warp's share of a row at K = 4,096 (4: more registers)
     int const m = static_cast<int>(p.m);
     int const vecs = static_cast<int>(p.k / 8);
     int const perStep = m * 16;  // vectors of one k-step over the rows
     int const mine = warp < kSteps ? (kSteps - warp + kMmaWarps - 1) / kMmaWarps : 0;
     int const total = mine * perStep;
-    bool const residual = NORM && p.norm.residual != nullptr;
+    bool const gathered = p.perm != nullptr;  // act-order: x (+ residual) staged in raw, gathered from there
+    if (gathered) stageRawX<T, NORM>(p, raw);
+    bool const residual = NORM && p.norm.residual != nullptr && !gathered;  // gathered: added in raw
     bool const writeSum = residual && blockIdx.x == 0;
     for (int base = 0; base < total; base += 32 * U) {  // whole warps: the shuffles
         uint4 a[U], b[U], w[U];
@@ -880,6 +937,11 @@ __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float*
             row[u] = rest / 16;
             vec[u] = 16 * (warp + kMmaWarps * c) + rest % 16;
             ok[u] = i < total && vec[u] < vecs;
+            if (gathered) {  // act-order: the pack's 8 inputs from their own places
+                gatherPack<T, NORM>(p, raw, row[u], vec[u], ok[u], a[u], w[u]);
+                b[u] = make_uint4(0, 0, 0, 0);
+                continue;
+            }
             a[u] = ok[u] ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + row[u] * p.xRowStride) +
                                   vec[u])
                          : make_uint4(0, 0, 0, 0);
@@ -1125,7 +1187,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     float const inputScale = FP8 ? *p.inputScale : 0.f;
     float const inverseScale = FP8 ? __frcp_rn(inputScale) : 0.f;
     if constexpr (BITS == 4) {
-        pairXForWarp<T, NORM>(p, xShared, xSum, sqSum, kSteps, warp, lane);
+        // act-order's raw rows (stageRawX) after the k-steps' sums
+        T* raw = reinterpret_cast<T*>(xSum + (NORM ? 2 : 1) * kSteps * 8);
+        pairXForWarp<T, NORM>(p, xShared, xSum, sqSum, kSteps, warp, lane, raw);
     } else {
         copyXToShared(p, xShared);
         copyAsyncCommit();
@@ -1274,13 +1338,15 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
     constexpr size_t kSums = NORM ? 2 : 1;           // NORM: sqSum after xSum
     size_t const sumBytes = kPerStep ? kSums * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
-    size_t const smem = ring + xBytes + sumBytes;
+    size_t const rawBytes = q.perm != nullptr ? xBytes : 0;  // act-order's rows in x's order (stageRawX)
+    size_t const smem = ring + xBytes + sumBytes + rawBytes;
     constexpr size_t kMaxSum =
         kPerStep ? kSums * (kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>)) * 8 * sizeof(float) : 0;
-    static_assert(ring + kMaxPipeX + kMaxSum + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
+    constexpr size_t kMaxRaw = BITS == 4 ? kMaxPipeX : 0;
+    static_assert(ring + kMaxPipeX + kMaxSum + kMaxRaw + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(ring + kMaxPipeX + kMaxSum));
+                         static_cast<int>(ring + kMaxPipeX + kMaxSum + kMaxRaw));
     unsigned const blocks = static_cast<unsigned>(
         std::min<int64_t>(tiles, int64_t{residentBlocks(kernel, kMmaWarps * 32, smem)} * multiprocessors()));
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
@@ -1295,7 +1361,9 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         return false;
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
-        if ((!GATED && !NORM && !pipelinedGemvEnabled()) || q.m > 8 || xBytes > kMaxPipeX) return false;
+        if ((!GATED && !NORM && q.perm == nullptr && !pipelinedGemvEnabled()) || q.m > 8 || xBytes > kMaxPipeX) {
+            return false;
+        }
         if (q.n * q.groups > std::numeric_limits<int32_t>::max()) return false;  // the kernel's 32-bit offsets
         // Three blocks an SM (at most 80 registers a thread) where two a SM would leave tiles for a
         // second round: INT4 beyond 2 tiles an SM, INT8 (whose kernel keeps fewer codes in flight
@@ -1374,6 +1442,13 @@ void launchGemvMma(Params p, cudaStream_t stream) {
         if (!launched) {
             throw std::invalid_argument("norm: INT4 with bfloat16 x, at most 8 rows within 64 KB, float32 scales, "
                                         "groups of whole k-steps");
+        }
+        return;
+    }
+    if (p.perm != nullptr && !p.gated) {  // act-order: the pipelined INT4 kernel only (the bindings check it)
+        if (BITS != 4 || FP8 || masked || !launchPipelinedGemv<T, S, BITS, FP8, false>(p, blocks, stream)) {
+            throw std::invalid_argument("perm: INT4, at most 8 rows of x within 64 KB, float32 scales, groups of "
+                                        "whole k-steps");
         }
         return;
     }

@@ -9,7 +9,8 @@ says, with the checkpoint names of quantization/formats.py:
   [out, in / 2]) with `weight_scale` and, for INT4, `weight_zero` (float32: every loader's
   scales are exact in it); it runs as `weight_only_linear`. An INT4 layer with act-order
   (`has_act_order`, GPTQ's desc_act) also has `weight_perm` (int64 [in]): its input is gathered
-  by it (`index_select`) before the product, since stored column j multiplies input perm[j].
+  by it before the product (weight_only_linear's perm), since stored column j multiplies input
+  perm[j].
 - FP8 (W8A8, `FP8` or `FP8_PER_CHANNEL_PER_TOKEN`): `weight` holds the E4M3 codes, `weight_scale`
   is float32 [1] (per tensor) or [out] (per output channel), as the bound tensor is (both
   algorithms take either), and `input_scale` float32 [1] for static activation scales (`FP8`;
@@ -104,9 +105,8 @@ class Linear(Module):
             input_scale = self.input_scale.tensor if self.input_scale is not None else None
             return F.fp8_linear(x, self.weight.tensor, self.weight_scale.tensor, input_scale, bias)
         zeros = self.weight_zero.tensor if self.weight_format == "int4" else None
-        if self.weight_perm is not None:
-            x = F.index_select(x, x.ndim - 1, self.weight_perm.tensor)
-        return F.weight_only_linear(x, self.weight.tensor, self.weight_scale.tensor, zeros, bias,
+        perm = self.weight_perm.tensor if self.weight_perm is not None else None
+        return F.weight_only_linear(x, self.weight.tensor, self.weight_scale.tensor, zeros, bias, perm,
                                     weight_format=self.weight_format, group_size=self.group_size)
 
     def forward(self, x):

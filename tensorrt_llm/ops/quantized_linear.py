@@ -1,12 +1,13 @@
 """Weight-only quantized linear: `weight_only_linear`, x @ W^T (+ bias) with an INT8 or INT4
 weight (tensorrt_llm/quantization/formats.py holds the layouts; W8A16 / W4A16).
 
-    weight_only_linear(x, qweight, scales, zeros, bias, weight_format="int8"|"int4", group_size=G)
+    weight_only_linear(x, qweight, scales, zeros, bias, perm, weight_format="int8"|"int4", group_size=G)
 
 - INT8: qweight int8 [N, K], scales [N] (group_size 0: per output channel) or [N, K / G];
   zeros None.
 - INT4: qweight uint8 [N, K / 2] (two codes a byte, even inputs in the low nibble), scales
-  and zeros [N, K / G] of one float dtype (W = code * scale + zero).
+  and zeros [N, K / G] of one float dtype (W = code * scale + zero); perm (GPTQ act-order)
+  int64 [K] or None: the weight's stored input j is x's input perm[j] (x[..., perm] @ W^T).
 
 x is float32 / float16 / bfloat16 [..., K]; the output has x's dtype and shape [..., N].
 
@@ -133,18 +134,20 @@ def _weight(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.T
 
 @define
 def weight_only_linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor] = None,
-                       bias: Optional[Tensor] = None, *, weight_format: str, group_size: int = 0,
-                       tiled: bool = False, gated: bool = False) -> Tensor:
-    """x @ W^T + bias with W the INT8 / INT4 weight of qweight, scales (and zeros); `tiled`:
+                       bias: Optional[Tensor] = None, perm: Optional[Tensor] = None, *, weight_format: str,
+                       group_size: int = 0, tiled: bool = False, gated: bool = False) -> Tensor:
+    """x @ W^T + bias with W the INT8 / INT4 weight of qweight, scales (and zeros); `perm` (INT4
+    act-order, int64 [in]): W's stored input j is x's input perm[j], x[..., perm] @ W^T; `tiled`:
     qweight's codes in tile order (tile_codes); `gated`: silu_and_mul of that."""
     op = "weight_only_linear"
-    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
-    return add_layer(op, [x, qweight, scales, zeros, bias], [(x.dtype, shape)], **attrs)
+    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated,
+                                      perm)
+    return add_layer(op, [x, qweight, scales, zeros, bias, perm], [(x.dtype, shape)], **attrs)
 
 
 def _check_weight_only(op: str, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor],
                        bias: Optional[Tensor], weight_format: str, group_size: int, tiled: bool,
-                       gated: bool) -> tuple[tuple, dict]:
+                       gated: bool, perm: Optional[Tensor] = None) -> tuple[tuple, dict]:
     """A weight-only linear's arguments checked: (its output shape, its layer's attrs)."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"{op}: weight_format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
@@ -189,6 +192,11 @@ def _check_weight_only(op: str, x: Tensor, qweight: Tensor, scales: Tensor, zero
                          f"of {TILE_ROWS}, rows of a multiple of {TILE_STEP_BYTES} bytes)")
     if not isinstance(gated, bool):
         raise ValueError(f"{op}: gated must be true or false, got {gated!r}")
+    if perm is not None:
+        if weight_format != "int4" or perm.dtype != "int64":
+            raise ValueError(f"{op}: perm (act-order) is an INT4 weight's int64 input order, got {perm.dtype} "
+                             f"with {weight_format}")
+        check_shape(op, perm, (k,), "perm")
     shape = linear_shape(op, x.shape, (n, k), bias, dtype=x.dtype)
     if gated:
         shape = gated_shape(op, shape)
@@ -196,9 +204,15 @@ def _check_weight_only(op: str, x: Tensor, qweight: Tensor, scales: Tensor, zero
                    **({"tiled": True} if tiled else {}), **({"gated": True} if gated else {})}
 
 
+def gather_inputs(x: torch.Tensor, perm: Optional[torch.Tensor]) -> torch.Tensor:
+    """x[..., perm]: an act-order weight's inputs in its stored order (perm None: x)."""
+    return x if perm is None else x.index_select(-1, perm.to(device=x.device, dtype=torch.long))
+
+
 @weight_only_linear.implementation(REFERENCE)
-def weight_only_linear_reference(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0,
-                                 tiled=False, gated=False):
+def weight_only_linear_reference(x, qweight, scales, zeros=None, bias=None, perm=None, *, weight_format,
+                                 group_size=0, tiled=False, gated=False):
+    x = gather_inputs(x, perm)
     if tiled:
         qweight = untile_codes(qweight)
     y = quantized_linear_reference(x, _weight(qweight, scales, zeros, weight_format, group_size), bias)
@@ -279,8 +293,9 @@ def cpu_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.
 
 
 @weight_only_linear.implementation(CPU)
-def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False,
-                           gated=False):
+def weight_only_linear_cpu(x, qweight, scales, zeros=None, bias=None, perm=None, *, weight_format, group_size=0,
+                           tiled=False, gated=False):
+    x = gather_inputs(x, perm)
     if gated:  # silu_and_mul as the unfused graph computes it on the CPU
         return silu_and_mul_cpu(weight_only_linear_cpu(x, qweight, scales, zeros, bias,
                                                              weight_format=weight_format, group_size=group_size,
@@ -346,6 +361,13 @@ def pipelined_groups(scales: torch.Tensor, weight_format: str, group_size: int) 
     return scales.dtype == torch.float32 and (group_size == 0 or group_size >= 512 // bits)
 
 
+def perm_gemv_serves(x2: torch.Tensor, scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
+    """Whether the GEMV gathers an act-order x itself (the bindings' check of perm): INT4,
+    pipelined_takes_x (at least one row) and pipelined_groups."""
+    return (weight_format == "int4" and x2.shape[0] > 0 and pipelined_takes_x(x2)
+            and pipelined_groups(scales, weight_format, group_size))
+
+
 def gated_epilogue_takes(x2: torch.Tensor, n: int) -> bool:
     """What every GEMV's `gated` needs (the bindings' checkGated): pipelined_takes_x and
     out_features a multiple of 16."""
@@ -364,10 +386,11 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
                             perm: Optional[torch.Tensor] = None, tiled: bool = False,
                             gated: bool = False) -> torch.Tensor:
     """x[..., perm] @ W^T (+ bias) with the compiled kernels, for a call `cuda_serves`; perm is
-    INT4's act-order input permutation (formats.py), applied to x by a gather first; tiled:
-    qweight in tile order; gated: silu_and_mul of that (in the GEMV's epilogue where it serves)."""
-    if perm is not None:
-        x = x.index_select(-1, perm.to(device=x.device, dtype=torch.long))
+    INT4's act-order input permutation (formats.py): the pipelined GEMV gathers x as it stages it
+    (perm_gemv_serves), other calls gather x first; tiled: qweight in tile order; gated:
+    silu_and_mul of that (in the GEMV's epilogue where it serves)."""
+    if perm is not None and not perm_gemv_serves(rows(x), scales, weight_format, group_size):
+        x, perm = gather_inputs(x, perm), None
     x2 = rows(x)
     m, k = x2.shape
     n = qweight.shape[0]
@@ -375,16 +398,20 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
     scales = scales.contiguous()
     zeros = None if zeros is None else zeros.contiguous()
     bias = None if bias is None else bias.contiguous()
+    extra = {} if perm is None else {"perm": perm.contiguous()}
     if gated and 0 < m and gated_gemv_serves(x2, n, scales, weight_format, group_size):
         out = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
         launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled, True,
-               0.0)
+               0.0, **extra)
         return out.reshape(*x.shape[:-1], n // 2)
+    if gated and perm is not None:  # the product with the gather in the GEMV, then silu_and_mul
+        return silu_and_mul_cuda(weight_only_matmul_cuda(x, qweight, scales, zeros, bias, weight_format=weight_format,
+                                                         group_size=group_size, perm=perm, tiled=tiled))
     if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         if m:
             launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled,
-                   False, 0.0)
+                   False, 0.0, **extra)
     else:
         # Prompt steps are bound by arithmetic, not by the weight's bytes: a scratch copy of W in
         # x's dtype for cuBLAS's tensor cores costs one more pass over N * K elements.
@@ -396,13 +423,13 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
 
 
 @weight_only_linear.implementation(CUDA)
-def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, *, weight_format, group_size=0, tiled=False,
-                            gated=False):
+def weight_only_linear_cuda(x, qweight, scales, zeros=None, bias=None, perm=None, *, weight_format, group_size=0,
+                            tiled=False, gated=False):
     if not cuda_serves(x, qweight, weight_format):
-        return weight_only_linear_reference(x, qweight, scales, zeros, bias, weight_format=weight_format,
+        return weight_only_linear_reference(x, qweight, scales, zeros, bias, perm, weight_format=weight_format,
                                             group_size=group_size, tiled=tiled, gated=gated)
     return weight_only_matmul_cuda(x, qweight, scales, zeros, bias, weight_format=weight_format,
-                                   group_size=group_size, tiled=tiled, gated=gated)
+                                   group_size=group_size, perm=perm, tiled=tiled, gated=gated)
 
 
 # ---- the RMSNorm in front: rms_norm_weight_only_linear, add_rms_norm_weight_only_linear ---------
@@ -422,93 +449,97 @@ WEIGHT_ONLY_OPS = {"weight_only_linear": 1, "rms_norm_weight_only_linear": 2, "a
 
 @define
 def rms_norm_weight_only_linear(x: Tensor, norm_weight: Tensor, qweight: Tensor, scales: Tensor,
-                                zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None, *, eps: float,
-                                weight_format: str, group_size: int = 0, tiled: bool = False,
-                                gated: bool = False) -> Tensor:
-    """weight_only_linear(rms_norm(x, norm_weight, eps), qweight, scales, zeros, bias, ...)."""
+                                zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                                perm: Optional[Tensor] = None, *, eps: float, weight_format: str, group_size: int = 0,
+                                tiled: bool = False, gated: bool = False) -> Tensor:
+    """weight_only_linear(rms_norm(x, norm_weight, eps), qweight, scales, zeros, bias, perm, ...)."""
     op = "rms_norm_weight_only_linear"
     check_norm_params(op, x, norm_weight)
-    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
-    return add_layer(op, [x, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape)], eps=norm_eps(op, eps),
-                     **attrs)
+    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated,
+                                      perm)
+    return add_layer(op, [x, norm_weight, qweight, scales, zeros, bias, perm], [(x.dtype, shape)],
+                     eps=norm_eps(op, eps), **attrs)
 
 
 @define
 def add_rms_norm_weight_only_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, qweight: Tensor,
-                                    scales: Tensor, zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None, *,
-                                    eps: float, weight_format: str, group_size: int = 0, tiled: bool = False,
+                                    scales: Tensor, zeros: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                                    perm: Optional[Tensor] = None, *, eps: float, weight_format: str,
+                                    group_size: int = 0, tiled: bool = False,
                                     gated: bool = False) -> tuple[Tensor, Tensor]:
-    """(weight_only_linear(rms_norm(x + residual, norm_weight, eps), qweight, ...), x + residual)."""
+    """(weight_only_linear(rms_norm(x + residual, norm_weight, eps), qweight, ..., perm), x + residual)."""
     op = "add_rms_norm_weight_only_linear"
     check_norm_params(op, x, norm_weight)
     check_same_dtype(op, x, residual)
     total = residual_sum_shape(op, x, residual)
-    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated)
-    return add_layer(op, [x, residual, norm_weight, qweight, scales, zeros, bias], [(x.dtype, shape), (x.dtype, total)],
-                     eps=norm_eps(op, eps), **attrs)
+    shape, attrs = _check_weight_only(op, x, qweight, scales, zeros, bias, weight_format, group_size, tiled, gated,
+                                      perm)
+    return add_layer(op, [x, residual, norm_weight, qweight, scales, zeros, bias, perm],
+                     [(x.dtype, shape), (x.dtype, total)], eps=norm_eps(op, eps), **attrs)
 
 
-def _norm_then_linear(norm, linear, x, norm_weight, qweight, scales, zeros, bias, eps, attrs):
+def _norm_then_linear(norm, linear, x, norm_weight, qweight, scales, zeros, bias, perm, eps, attrs):
     """linear(norm(x)): the unfused graph's two implementations, one after the other."""
-    return linear(norm(x, norm_weight, eps=eps), qweight, scales, zeros, bias, **attrs)
+    return linear(norm(x, norm_weight, eps=eps), qweight, scales, zeros, bias, perm, **attrs)
 
 
-def _add_norm_then_linear(add_norm, linear, x, residual, norm_weight, qweight, scales, zeros, bias, eps, attrs):
+def _add_norm_then_linear(add_norm, linear, x, residual, norm_weight, qweight, scales, zeros, bias, perm, eps, attrs):
     """(linear(norm(x + residual)), x + residual): the unfused graph's two implementations."""
     normed, total = add_norm(x, residual, norm_weight, eps=eps)
-    return linear(normed, qweight, scales, zeros, bias, **attrs), total
+    return linear(normed, qweight, scales, zeros, bias, perm, **attrs), total
 
 
 @rms_norm_weight_only_linear.implementation(REFERENCE)
-def rms_norm_weight_only_linear_reference(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
-                                          weight_format, group_size=0, tiled=False, gated=False):
+def rms_norm_weight_only_linear_reference(x, norm_weight, qweight, scales, zeros=None, bias=None, perm=None, *,
+                                          eps, weight_format, group_size=0, tiled=False, gated=False):
     attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
     return _norm_then_linear(rms_norm_reference, weight_only_linear_reference, x, norm_weight, qweight, scales,
-                             zeros, bias, eps, attrs)
+                             zeros, bias, perm, eps, attrs)
 
 
 @rms_norm_weight_only_linear.implementation(CPU)
-def rms_norm_weight_only_linear_cpu(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps, weight_format,
-                                    group_size=0, tiled=False, gated=False):
+def rms_norm_weight_only_linear_cpu(x, norm_weight, qweight, scales, zeros=None, bias=None, perm=None, *, eps,
+                                    weight_format, group_size=0, tiled=False, gated=False):
     attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
     return _norm_then_linear(rms_norm_cpu, weight_only_linear_cpu, x, norm_weight, qweight, scales, zeros, bias,
-                             eps, attrs)
+                             perm, eps, attrs)
 
 
 @rms_norm_weight_only_linear.implementation(CUDA)
-def rms_norm_weight_only_linear_cuda(x, norm_weight, qweight, scales, zeros=None, bias=None, *, eps, weight_format,
-                                     group_size=0, tiled=False, gated=False):
+def rms_norm_weight_only_linear_cuda(x, norm_weight, qweight, scales, zeros=None, bias=None, perm=None, *, eps,
+                                     weight_format, group_size=0, tiled=False, gated=False):
     attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
     if norm_gemv_serves(x, None, norm_weight, qweight, scales, **attrs):
-        return _norm_gemv(x, None, norm_weight, qweight, scales, zeros, bias, eps, **attrs)[0]
+        return _norm_gemv(x, None, norm_weight, qweight, scales, zeros, bias, perm, eps, **attrs)[0]
     return _norm_then_linear(rms_norm_cuda, weight_only_linear_cuda, x, norm_weight, qweight, scales, zeros, bias,
-                             eps, attrs)
+                             perm, eps, attrs)
 
 
 @add_rms_norm_weight_only_linear.implementation(REFERENCE)
-def add_rms_norm_weight_only_linear_reference(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *,
-                                              eps, weight_format, group_size=0, tiled=False, gated=False):
+def add_rms_norm_weight_only_linear_reference(x, residual, norm_weight, qweight, scales, zeros=None, bias=None,
+                                              perm=None, *, eps, weight_format, group_size=0, tiled=False,
+                                              gated=False):
     attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
     return _add_norm_then_linear(fused_add_rms_norm_reference, weight_only_linear_reference, x, residual,
-                                 norm_weight, qweight, scales, zeros, bias, eps, attrs)
+                                 norm_weight, qweight, scales, zeros, bias, perm, eps, attrs)
 
 
 @add_rms_norm_weight_only_linear.implementation(CPU)
-def add_rms_norm_weight_only_linear_cpu(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
-                                        weight_format, group_size=0, tiled=False, gated=False):
+def add_rms_norm_weight_only_linear_cpu(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, perm=None,
+                                        *, eps, weight_format, group_size=0, tiled=False, gated=False):
     attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
     return _add_norm_then_linear(fused_add_rms_norm_cpu, weight_only_linear_cpu, x, residual, norm_weight, qweight,
-                                 scales, zeros, bias, eps, attrs)
+                                 scales, zeros, bias, perm, eps, attrs)
 
 
 @add_rms_norm_weight_only_linear.implementation(CUDA)
-def add_rms_norm_weight_only_linear_cuda(x, residual, norm_weight, qweight, scales, zeros=None, bias=None, *, eps,
-                                         weight_format, group_size=0, tiled=False, gated=False):
+def add_rms_norm_weight_only_linear_cuda(x, residual, norm_weight, qweight, scales, zeros=None, bias=None,
+                                         perm=None, *, eps, weight_format, group_size=0, tiled=False, gated=False):
     attrs = dict(weight_format=weight_format, group_size=group_size, tiled=tiled, gated=gated)
     if norm_gemv_serves(x, residual, norm_weight, qweight, scales, **attrs):
-        return _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, eps, **attrs)
+        return _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, perm, eps, **attrs)
     return _add_norm_then_linear(fused_add_rms_norm_cuda, weight_only_linear_cuda, x, residual, norm_weight, qweight,
-                                 scales, zeros, bias, eps, attrs)
+                                 scales, zeros, bias, perm, eps, attrs)
 
 
 def norm_gemv_serves(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
@@ -526,15 +557,18 @@ def norm_gemv_serves(x: torch.Tensor, residual: Optional[torch.Tensor], norm_wei
             and (residual is None or (residual.shape == x.shape and pipelined_takes_x(rows(residual)))))
 
 
-def _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, eps, *, weight_format, group_size=0,
+def _norm_gemv(x, residual, norm_weight, qweight, scales, zeros, bias, perm, eps, *, weight_format, group_size=0,
                tiled=False, gated=False):
-    """(out, x + residual or None): one launch of the GEMV with the RMSNorm in front (norm_gemv_serves)."""
+    """(out, x + residual or None): one launch of the GEMV with the RMSNorm in front (norm_gemv_serves),
+    gathering an act-order x as it stages it (perm)."""
     x2 = rows(x)
     m, k = x2.shape
     n = qweight.shape[0] // 2 if gated else qweight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     total = None if residual is None else torch.empty(m, k, dtype=x.dtype, device=x.device)
     extra = {} if residual is None else {"residual": rows(residual), "residual_out": total}
+    if perm is not None:
+        extra["perm"] = perm.contiguous()
     launch("weight_only_gemv", out, x2, qweight.view(torch.int32), scales.contiguous(), zeros.contiguous(),
            None if bias is None else bias.contiguous(), weight_format, int(group_size), tiled, gated, float(eps),
            norm_weight=norm_weight, **extra)

@@ -200,12 +200,14 @@ def test_dequantize_kernel_is_exact(gen, needs_kernels, fmt, group, scale_dtype,
 
 
 @gpu
-@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("group,scale_dtype", [(32, torch.float16), (64, torch.float16), (128, torch.float16),
+                                               (128, torch.float32)])
 @pytest.mark.parametrize("m", [1, 5, 40])
-def test_act_order_permutation(gen, needs_kernels, group, m):
-    # GPTQ act-order: stored column j holds input perm[j]; x is gathered first.
-    n, k, dtype = 300, 1024, torch.float16
-    q = _weight(gen, "int4", group, n, k, torch.float16)
+def test_act_order_permutation(gen, needs_kernels, group, scale_dtype, m):
+    # GPTQ act-order: stored column j holds input perm[j]; the pipelined GEMV (float32 scales,
+    # group 128, up to 8 rows) gathers x as it stages it, other calls gather x first.
+    n, k, dtype = 304, 1024, torch.float16
+    q = _weight(gen, "int4", group, n, k, scale_dtype)
     perm = torch.randperm(k, generator=gen)
     qp = Int4Weight(q.qweight, q.scales, q.zeros, group, perm)
     qw, s, z = _on_device(qp)
@@ -213,6 +215,51 @@ def test_act_order_permutation(gen, needs_kernels, group, m):
     got = weight_only_matmul_cuda(x.to(DEVICE), qw, s, z, bias.to(DEVICE), weight_format="int4", group_size=group,
                                   perm=perm.to(DEVICE))
     _check(got, quantized_linear_reference(x, qp, bias), x, qp, bias, dtype, m > GEMV_MAX_ROWS, "act-order")
+
+
+@gpu
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("form", ["plain", "gated", "norm", "add_norm", "add_norm_gated"])
+def test_act_order_gather_in_the_gemv_is_the_gemv_of_the_gathered_x(gen, needs_kernels, form, tiled):
+    """The pipelined INT4 GEMV's perm (act-order): x (and the norm's residual and weight) gathered as
+    they are staged stage the same values as the gathered tensors would, so every output is bit for
+    bit the GEMV of the gathered inputs; the norm's residual sum is written in x's own order."""
+    n, k = 512, 4096
+    perm = torch.randperm(k, generator=gen).to(DEVICE)
+    qweight, scales, zeros = _on_device(_weight(gen, "int4", 128, n, k, torch.float32))
+    if tiled:
+        qweight = tile_codes(qweight)
+    gated, norm, residual = "gated" in form, "norm" in form, form.startswith("add")
+    for m in (1, 3, 8):
+        x = (4 * torch.randn(m, k, generator=gen)).to(torch.bfloat16).to(DEVICE)
+        r = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE) if residual else None
+        nw = (1 + 0.5 * torch.randn(k, generator=gen)).to(torch.bfloat16).to(DEVICE) if norm else None
+        bias = torch.randn(n, generator=gen).to(torch.bfloat16).to(DEVICE) if m == 3 else None
+
+        def run(x, r, nw, **extra):
+            out = torch.empty(m, n // 2 if gated else n, dtype=x.dtype, device=DEVICE)
+            kw = dict(extra, **({"norm_weight": nw} if norm else {}))
+            if residual:
+                kw.update(residual=r, residual_out=torch.empty_like(x))
+            launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, bias, "int4", 128, tiled,
+                   gated, 1e-5, **kw)
+            return out, kw.get("residual_out")
+
+        got, total = run(x, r, nw, perm=perm)
+        want, _ = run(x[:, perm].contiguous(), None if r is None else r[:, perm].contiguous(),
+                      None if nw is None else nw[perm].contiguous())
+        assert torch.equal(got, want), f"{m} rows"
+        if residual:
+            assert torch.equal(total, x + r), "the residual sum in x's own order"
+    # what the kernel does not take is refused, not misread
+    x = torch.randn(9, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    with pytest.raises(ValueError, match="perm takes INT4 weights, at most 8 rows"):
+        launch("weight_only_gemv", torch.empty(9, n, dtype=x.dtype, device=DEVICE), x, qweight.view(torch.int32),
+               scales, zeros, None, "int4", 128, tiled, False, 0.0, perm=perm)
+    q8, s8, _ = _on_device(_weight(gen, "int8", 0, n, k, torch.float32))
+    with pytest.raises(ValueError, match=r"perm takes INT4 weights.*\(got int8\)"):
+        launch("weight_only_gemv", torch.empty(1, n, dtype=x.dtype, device=DEVICE), x[:1], q8.view(torch.int32),
+               s8, None, None, "int8", 0, False, False, 0.0, perm=perm)
 
 
 @gpu

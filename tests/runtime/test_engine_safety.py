@@ -454,6 +454,25 @@ def test_an_act_order_permutation_out_of_range_is_refused_at_load(hf, tmp_path, 
     craft(engine_dir, out_of_range)
     k = config.hidden_size
     span = "-1 .. " + str(k - 1) if bad == -1 else f"0 .. {k}"
-    with pytest.raises(EngineError, match=rf"\(index_select\): its index '{re.escape(name)}' holds indices "
+    with pytest.raises(EngineError, match=rf"\(weight_only_linear\): its index '{re.escape(name)}' holds indices "
                                           rf"{re.escape(span)} into a dimension of size {k}; do not use"):
         Engine.from_dir(engine_dir)
+
+
+def test_an_act_order_permutation_the_graph_computes_is_refused():
+    """The GEMV gathers x by perm without checking each value: only a weight, checked at load, may
+    be one; a perm made by the graph (here an input) is refused."""
+    from tensorrt_llm import functional as F
+    from tensorrt_llm.engine_check import check_constant_indices
+    from tensorrt_llm.network import net_guard
+    from tensorrt_llm.quantization import quantize_int4
+    net = Network("crafted")
+    with net_guard(net):
+        x = net.add_input("x", "bfloat16", [1, 64])
+        perm = net.add_input("perm", "int64", [64])
+        w = quantize_int4(torch.randn(32, 64), 32)
+        net.mark_output(F.weight_only_linear(x, F.constant(w.qweight, name="w"), F.constant(w.scales, name="s"),
+                                             F.constant(w.zeros, name="z"), None, perm, weight_format="int4",
+                                             group_size=32), "y")
+    with pytest.raises(EngineError, match=r"\(weight_only_linear\): its perm is not a weight of the engine"):
+        check_constant_indices(net, "crafted")
