@@ -221,8 +221,7 @@ def main(argv=None):
           + (f" (layers per stage: {', '.join(map(str, mapping.stage_layer_counts(config.num_hidden_layers)))})"
              if mapping.pp_size > 1 else ""))
     if config.quant_config.quantizes_weights:
-        print(f"  quantization: {config.quant_config.quant_algo.value}"
-              + (f", group {config.quant_config.group_size}" if config.quant_config.group_size else ""))
+        print(f"  quantization: {config.quant_config.summary()}")
     if config.quant_config.quantizes_kv_cache:
         print(f"  KV cache: {config.quant_config.kv_cache_quant_algo.value} codes, scales 1.0")
     print(f"  {stats['tensors']} tensors, {stats['elements'] / 1e6:.1f}M elements, "

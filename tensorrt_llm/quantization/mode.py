@@ -318,6 +318,22 @@ class QuantConfig:
             return {spec.quant_algo for spec in self.quantized_layers.values()}
         return {self.quant_algo}
 
+    def summary(self) -> str:
+        """One line for a converter's report: the algorithm, group size and act-order; under
+        MIXED_PRECISION each distinct layer setting with how many entries name it."""
+        def details(group, act_order):
+            return ([f"group {group}"] if group else []) + (["act-order"] if act_order else [])
+        if self.quant_algo != QuantAlgo.MIXED_PRECISION:
+            return ", ".join([self.quant_algo.value, *details(self.group_size, self.has_act_order)])
+        counts: dict[LayerQuant, int] = {}
+        for spec in self.quantized_layers.values():
+            counts[spec] = counts.get(spec, 0) + 1
+        parts = []
+        for spec, n in counts.items():
+            more = details(spec.group_size, spec.has_act_order)
+            parts.append(f"{n} x {spec.quant_algo.value}" + (f" ({', '.join(more)})" if more else ""))
+        return "MIXED_PRECISION: " + ", ".join(parts)
+
     def uses_fp8(self) -> bool:
         return bool(self.layer_algos() & FP8_WEIGHT_ALGOS) or self.kv_cache_quant_algo == QuantAlgo.FP8
 

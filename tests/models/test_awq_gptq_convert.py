@@ -174,6 +174,20 @@ def test_convert_checkpoint_and_the_llm_api_read_an_awq_folder(hf, tmp_path, cap
     assert rank_weights(0)["transformer.layers.0.attention.qkv.weight"].dtype == torch.uint8
 
 
+def test_convert_checkpoint_and_the_llm_api_read_a_gptq_act_order_folder(hf, tmp_path, capsys):
+    folder, _ = _folder(hf, tmp_path / "gptq", "gptq", act_order=True)
+    load_script("examples/llama/convert_checkpoint.py").main(
+        ["--model_dir", str(folder), "--output_dir", str(tmp_path / "ckpt"), "--dtype", "float32"])
+    # 2 layers: qkv, o, gate and up keep their input order; down's is folded into gate's and up's rows
+    assert ("quantization: MIXED_PRECISION: 8 x W4A16_GPTQ (group 32, act-order), 2 x W4A16_GPTQ (group 32)"
+            in capsys.readouterr().out)
+    with safe_open(str(tmp_path / "ckpt" / "rank0.safetensors"), framework="pt") as f:
+        assert f.get_tensor("transformer.layers.1.mlp.fc.weight_perm").dtype == torch.int64
+    config, rank_weights = _source(folder, "hf", "float32", on_gpu=False)
+    assert config.quant_config.layer("transformer.layers.0.attention.qkv").has_act_order
+    assert "transformer.layers.0.attention.dense.weight_perm" in rank_weights(0)
+
+
 def test_malformed_folders_are_refused_with_the_reason(hf, tmp_path):
     folder, _ = _folder(hf, tmp_path / "awq", "awq")
     config = config_from_hf(folder, "float32")

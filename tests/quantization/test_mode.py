@@ -98,6 +98,19 @@ def test_bad_sections_are_refused_in_one_line():
             "quantized_layers['a'].has_act_order is true", "not FP8")
 
 
+def test_the_one_line_summary_a_converter_prints():
+    assert QuantConfig.from_dict({"quant_algo": "W4A16_AWQ", "group_size": 64}).summary() == "W4A16_AWQ, group 64"
+    assert QuantConfig.from_dict({"quant_algo": "W8A16"}).summary() == "W8A16"
+    assert QuantConfig.from_dict({"quant_algo": "W4A16_GPTQ", "has_act_order": True}).summary() == \
+        "W4A16_GPTQ, group 128, act-order"
+    mixed = QuantConfig.from_dict({"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "a": {"quant_algo": "W4A16_GPTQ", "group_size": 32, "has_act_order": True},
+        "b": {"quant_algo": "W4A16_GPTQ", "group_size": 32, "has_act_order": True},
+        "c": {"quant_algo": "W4A16_GPTQ", "group_size": 32}, "d": {"quant_algo": "FP8"}}})
+    assert mixed.summary() == ("MIXED_PRECISION: 2 x W4A16_GPTQ (group 32, act-order), 1 x W4A16_GPTQ (group 32), "
+                               "1 x FP8")
+
+
 def test_act_order_reaches_each_layer():
     config = QuantConfig.from_dict({"quant_algo": "W4A16_GPTQ", "group_size": 64, "has_act_order": True})
     assert config.layer("transformer.layers.0.attention.qkv") == LayerQuant(QuantAlgo.W4A16_GPTQ, 64, True)
