@@ -282,3 +282,38 @@ def test_refuses_a_truncated_checkpoint_naming_it_and_leaves_the_engine_intact(s
                                               f"file has {len(data) - 100}"):
         refit_engine(engine, cut)
     assert digest(engine) == original
+
+
+def test_an_act_order_engine_takes_a_checkpoint_and_refuses_a_bad_input_order(tmp_path):
+    """GPTQ act-order: the engine reads gate's input order for the fused gate_up, so the up's must
+    equal it; an order with a value out of range would be gathered by the GEMV unchecked: refused,
+    the engine untouched."""
+    from tensorrt_llm.models.llama.convert import load_weight_only_from_awq_gptq
+
+    from .models.test_awq_gptq_convert import _folder
+    hf = random_hf_llama(seed=12, **SHAPE)
+    folder, _ = _folder(hf, tmp_path / "gptq", "gptq", act_order=True)
+    config, weights = load_weight_only_from_awq_gptq(folder, config_from_hf(folder, "float32"))
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, config, [weights])
+    engine = build_engine(ckpt, tmp_path / "engine")
+    before = outputs(engine)
+    refit_engine(engine, ckpt)
+    assert all(torch.equal(a, b) for a, b in zip(before[1], outputs(engine)[1]))
+    original = digest(engine)
+    for name, value, problem in (("transformer.layers.1.attention.dense.weight_perm", -1, "holds indices -1 .. "),
+                                 ("transformer.layers.0.mlp.fc.weight_perm", None,
+                                  "transformer.layers.0.mlp.fc.weight_perm differs from "
+                                  "transformer.layers.0.mlp.gate.weight_perm")):
+        bad = dict(weights)
+        perm = bad[name].clone()
+        if value is None:
+            perm[[0, 1]] = perm[[1, 0]]
+        else:
+            perm[3] = value
+        bad[name] = perm
+        other = tmp_path / f"bad_{name.split('.')[-2]}"
+        save_checkpoint(other, config, [bad])
+        with pytest.raises(RefitError, match=problem):
+            refit_engine(engine, other)
+        assert digest(engine) == original
