@@ -540,20 +540,30 @@ _INDEXING_OPS = {"index_select": (1, 0), "gather": (2, 0), **{op: (at + 4, 0) fo
 
 
 def check_constant_indices(network, where: str) -> None:
-    """Refuse an engine whose weights index out of range: every index_select / gather and
-    act-order weight-only linear whose index is a weight must index within the fixed size of
-    the indexed dimension. A CUDA gather past its tensor is not an error but a fault that ends
-    the process, or a silent read."""
+    """Refuse an engine whose weights index out of range (constant_index_problem)."""
+    problem = constant_index_problem(network)
+    if problem is not None:
+        raise EngineError(f"{where}: {problem}; do not use this engine, rebuild it")
+
+
+def constant_index_problem(network) -> Optional[str]:
+    """Every index_select / gather and act-order weight-only linear whose index is a weight must
+    index within the fixed size of the indexed dimension, and a weight-only linear's perm must
+    be a weight (its GEMV gathers by it unchecked): the first layer that does not, said, or None.
+    A CUDA gather past its tensor is not an error but a fault that ends the process, or a silent
+    read."""
     tensors = network._tensors
     for layer in network.layers:
         if layer.op not in _INDEXING_OPS:
             continue
         at, of = _INDEXING_OPS[layer.op]
-        parent = network.producer(layer.inputs[at]) if at < len(layer.inputs) and layer.inputs[at] else None
+        name = layer.inputs[at] if at < len(layer.inputs) else None
+        if name is None:
+            continue
+        parent = network.producer(name)
         if parent is None or parent.op != "constant":
-            if layer.op in WEIGHT_ONLY_OPS and at < len(layer.inputs) and layer.inputs[at]:  # the GEMV's own gather
-                raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}): its perm is not a weight of "
-                                  f"the engine; do not use this engine, rebuild it")
+            if layer.op in WEIGHT_ONLY_OPS:
+                return f"layer {_show(layer.name)} ({layer.op}): its perm is not a weight of the engine"
             continue
         index = network.weights[parent.attrs["weight"]]
         size = tensors[layer.inputs[of]].shape[layer.attrs.get("dim", -1)]
@@ -563,8 +573,8 @@ def check_constant_indices(network, where: str) -> None:
             problem = f"holds indices {int(index.min())} .. {int(index.max())} into a dimension of size {size}"
         else:
             continue
-        raise EngineError(f"{where}: layer {_show(layer.name)} ({layer.op}): its index {_show(parent.attrs['weight'])} "
-                          f"{problem}; do not use this engine, rebuild it")
+        return f"layer {_show(layer.name)} ({layer.op}): its index {_show(parent.attrs['weight'])} {problem}"
+    return None
 
 
 def _spec_matches(made, recorded) -> bool:

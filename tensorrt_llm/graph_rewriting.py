@@ -424,9 +424,9 @@ class FuseGateUp(Fusion):
             params = [lin.get_input(p) for lin in (gate, up) for p in names]
             if not all(_is_constant(t) for t in params if t is not None):
                 continue
-            if gate_layer.op == "fp8_linear" and not _fp8_fusable(gate, up):
+            if not all(_same_checkpoint_values(gate, up, p) for p in _GATE_UP_SHARED.get(gate_layer.op, ())):
                 continue
-            if gate_layer.op == "weight_only_linear" and not _same_checkpoint_values(gate, up, "perm"):
+            if gate_layer.op == "fp8_linear" and not _fp8_fusable(gate, up):
                 continue
             if not (_only_reader(act.get_input("x"), act_layer) and _only_reader(act_t, layer)
                     and _only_reader(up_t, layer)):
@@ -473,7 +473,8 @@ def _is_checkpoint_weight(net: Network, name: str) -> bool:
 
 
 def _same_checkpoint_values(gate: FLayerInfo, up: FLayerInfo, param: str) -> bool:
-    """Both linears' `param` absent, or equal checkpoint weights (refit can compare those)."""
+    """Both linears' `param` (one of _GATE_UP_SHARED, which the fused linear reads once) absent,
+    or equal checkpoint weights (refit can compare those)."""
     a, b = gate.get_input(param), up.get_input(param)
     if a is None or b is None:
         return a is None and b is None
@@ -484,16 +485,10 @@ def _same_checkpoint_values(gate: FLayerInfo, up: FLayerInfo, param: str) -> boo
 
 
 def _fp8_fusable(gate: FLayerInfo, up: FLayerInfo) -> bool:
-    """Two fp8_linear calls on one x that one fp8_linear computes exactly: the same input
-    scale (x is quantized once) and weight scales of one kind, both per tensor or both per
-    channel. Values read once for both must be checkpoint weights, for refit to compare."""
+    """Two fp8_linear calls on one x (their input scales the same: _GATE_UP_SHARED) that one
+    fp8_linear computes exactly: weight scales of one kind, both per tensor or both per channel.
+    Values read once for both must be checkpoint weights, for refit to compare."""
     net = gate.network
-    in_g, in_u = gate.get_input("input_scale"), up.get_input("input_scale")
-    if in_g is not None:
-        g, u = _weight_name(in_g), _weight_name(in_u)
-        if not (torch.equal(net.weights[g], net.weights[u]) and _is_checkpoint_weight(net, g)
-                and _is_checkpoint_weight(net, u)):
-            return False
     ws_g, ws_u = gate.get_input("weight_scale"), up.get_input("weight_scale")
     if (tuple(ws_g.shape) == (1,)) != (tuple(ws_u.shape) == (1,)):
         return False

@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 
 from .builder import Engine, read_engine_config
-from .engine_check import check_constant_indices
+from .engine_check import constant_index_problem
 from .errors import EngineError, TrtLlmError
 from .graph_rewriting import tiled_code_weights
 from .models.modeling_utils import CONFIG_NAME, PretrainedConfig, check_safetensors_file, rank_weights_name
@@ -127,10 +127,9 @@ def _swap_weights(engine: Engine, path: Path) -> int:
                               f"{list(value.shape)} but the engine holds {weights[name].dtype} "
                               f"{list(weights[name].shape)}: the engine is inconsistent; rebuild it")
         weights[name] = tile_codes(value) if name in tiled else value
-    try:  # an act-order permutation out of range: refused now, as a load of the result would
-        check_constant_indices(engine.network, str(path))
-    except EngineError as e:
-        raise RefitError(str(e).replace("do not use this engine, rebuild it", "the checkpoint is not valid")) from None
+    problem = constant_index_problem(engine.network)  # an act-order perm out of range: as a load would refuse it
+    if problem is not None:
+        raise RefitError(f"{path}: {problem}; the checkpoint cannot be refitted into this engine")
     return len(refit["sources"])
 
 

@@ -404,9 +404,6 @@ def weight_only_matmul_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torc
         launch("weight_only_gemv", out, x2, words, scales, zeros, bias, weight_format, int(group_size), tiled, True,
                0.0, **extra)
         return out.reshape(*x.shape[:-1], n // 2)
-    if gated and perm is not None:  # the product with the gather in the GEMV, then silu_and_mul
-        return silu_and_mul_cuda(weight_only_matmul_cuda(x, qweight, scales, zeros, bias, weight_format=weight_format,
-                                                         group_size=group_size, perm=perm, tiled=tiled))
     if m <= GEMV_MAX_ROWS and k <= GEMV_MAX_K:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         if m:
