@@ -827,6 +827,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // instructions a k-step, INT4 bfloat16, 3 blocks an SM). H100, batch 1, one machine, before ->
 // after: INT4 g128 qkv 9.05 -> 8.57 us, o 6.63 -> 6.12, gate_up 29.6 -> 28.6, down 20.2 -> 16.9,
 // lm_head 125.7 -> 122.0; the INT4 engine's step 2.798 -> 2.501 ms; INT8 unchanged.
+// Since 2026-11-30 the next tile's codes are an addition away (sameAdvance), a copy past k goes
+// out with its own address (src-size 0), and INT4's x rows are padded to whole k-steps: 167 -> 157
+// instructions a k-step on the common path (INT4 gated + norm, bfloat16; cuobjdump). H200, the INT4
+// g128 8B engine's batch-1 graph, one engine captured both ways, eight rounds each, medians:
+// 2.1006 -> 2.0652 ms (same logits, bit for bit). What remains most is L1's: rows g and g + 8's
+// scale and zero (4 loads, each across 8 rows' cache lines: 32 wavefronts a k-step, more than the
+// codes' 16). Timing-only probes on that engine: every lane reading one row's scales 1.958 ms;
+// one 16-byte load a k-step from a layout of (scale, zero) per tile, group and row pair 1.976 ms.
 // PAIRS (INT8 layers of few tiles): the warp takes two k-steps at a time, their loads, unpacking
 // and mma chains independent until acc (which adds them in order: the same bits), from a ring of
 // 8 slots with 6 k-steps in flight.
@@ -916,7 +924,7 @@ __device__ __forceinline__ void gatherPack(Params const& p, T const* raw, int ro
 // rounds each, medians): the norm kernel then the GEMV 2.289 ms, NORM 2.157 ms (65 norms).
 template <typename T, bool NORM = false>
 __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float* xSum, float* sqSum, int kSteps,
-                                             int warp, int lane, T* raw) {
+                                             int warp, int lane, T* raw, int xStride) {
     constexpr int U = 2;  // vectors a lane has in flight: a warp's share of a row at K = 4,096 (4: more registers)
     int const m = static_cast<int>(p.m);
     int const vecs = static_cast<int>(p.k / 8);
@@ -983,8 +991,8 @@ __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float*
                 s += __shfl_xor_sync(0xffffffffu, s, o);
                 if constexpr (NORM) sq += __shfl_xor_sync(0xffffffffu, sq, o);
             }
-            if (ok[u]) {
-                reinterpret_cast<uint4*>(xShared + static_cast<int64_t>(row[u]) * p.k)[vec[u]] =
+            if (base + 32 * u + lane < total) {  // zeros past k (ok false): the k-steps read no predicate
+                reinterpret_cast<uint4*>(xShared + row[u] * xStride)[vec[u]] =
                     make_uint4(__byte_perm(a[u].x, a[u].z, 0x5410u), __byte_perm(a[u].x, a[u].z, 0x7632u),
                                __byte_perm(a[u].y, a[u].w, 0x5410u), __byte_perm(a[u].y, a[u].w, 0x7632u));
             }
@@ -1102,6 +1110,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     constexpr int XW = 16 / BITS;  // uint4 of x per pack per row of x
     int const numPacks = static_cast<int>(p.k / kCodes<BITS>);
     int const kSteps = (numPacks + 3) / 4;
+    // x's row stride in shared memory: INT4 rows padded with zeros to whole k-steps (pairXForWarp)
+    int const xStride = BITS == 4 ? kSteps * 4 * kCodes<BITS> : static_cast<int>(p.k);
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     // The warp's k-steps of a tile (warp, warp + 8, ...), the block's tiles, and so its items.
     int const perTile = warp < kSteps ? (kSteps - warp + kMmaWarps - 1) / kMmaWarps : 0;
@@ -1116,7 +1126,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     // The lane's place in the warp's slot 0, as cp.async's shared-memory address.
     uint32_t const ringLane = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
     T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES));  // [p.m][k]
-    float* xSum = reinterpret_cast<float*>(xShared + p.m * p.k);     // INT4: [kSteps][8]; HALF_X: xScale
+    float* xSum = reinterpret_cast<float*>(xShared + p.m * xStride);  // INT4: [kSteps][8]; HALF_X: xScale
     float* sqSum = xSum + kSteps * 8;                                 // NORM: [kSteps][8]
     float inv = -1.f;                                                 // NORM: this thread's row's, once known
     __shared__ float red[kMmaWarps][8][kMmaRows];
@@ -1146,18 +1156,34 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     int const advance = 4 * kMmaWarps * (p.tiled ? 16 : 1);  // the warp's next k-step of a tile
     uint4 const* issueA = p.qweight + packIndex(p, rowOf(0, g), issuePack, numPacks);  // rows g, g + 8
     uint4 const* issueB = p.qweight + packIndex(p, rowOf(0, g + 8), issuePack, numPacks);
+    // The next tile's first codes by an addition where the step from tile to tile is the same for
+    // every tile: tile order (n a multiple of 16; GATED with an even grid, whose tiles advance by
+    // whole stored tiles), row order with no row clamped (GATED, or n of whole tiles). Elsewhere
+    // rowOf and packIndex again (64-bit arithmetic, ~60 instructions a warp and tile).
+    bool const sameAdvance = p.tiled ? !GATED || gridDim.x % 2 == 0 : GATED || p.n % kMmaRows == 0;
+    int64_t const tileAdvanceA = packIndex(p, rowOf(1, g), 4 * warp + t, numPacks) - packIndex(p, rowOf(0, g), 4 * warp + t, numPacks);
+    int64_t const tileAdvanceB =
+        packIndex(p, rowOf(1, g + 8), 4 * warp + t, numPacks) - packIndex(p, rowOf(0, g + 8), 4 * warp + t, numPacks);
+    uint4 const* tileA = issueA;
+    uint4 const* tileB = issueB;
     auto issue = [&]() {
         if (issued < static_cast<unsigned>(items)) {
             bool const inK = issuePack < numPacks;
             uint32_t const slot = ringLane + (issued % STAGES) * (64 * sizeof(uint4));
-            copyAsync16Or0(slot, inK ? issueA : p.qweight, inK);
-            copyAsync16Or0(slot + 32 * sizeof(uint4), inK ? issueB : p.qweight, inK);
+            // past k: src-size 0 reads nothing, so the address need not be valid
+            copyAsync16Or0(slot, issueA, inK);
+            copyAsync16Or0(slot + 32 * sizeof(uint4), issueB, inK);
             if (++issueC == perTile) {
                 issueC = 0;
                 ++issueTile;
                 issuePack = 4 * warp + t;
-                issueA = p.qweight + packIndex(p, rowOf(issueTile, g), issuePack, numPacks);
-                issueB = p.qweight + packIndex(p, rowOf(issueTile, g + 8), issuePack, numPacks);
+                if (sameAdvance) {
+                    issueA = tileA += tileAdvanceA;
+                    issueB = tileB += tileAdvanceB;
+                } else {
+                    issueA = p.qweight + packIndex(p, rowOf(issueTile, g), issuePack, numPacks);
+                    issueB = p.qweight + packIndex(p, rowOf(issueTile, g + 8), issuePack, numPacks);
+                }
             } else {
                 issueA += advance;
                 issueB += advance;
@@ -1189,7 +1215,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     if constexpr (BITS == 4) {
         // act-order's raw rows (stageRawX) after the k-steps' sums
         T* raw = reinterpret_cast<T*>(xSum + (NORM ? 2 : 1) * kSteps * 8);
-        pairXForWarp<T, NORM>(p, xShared, xSum, sqSum, kSteps, warp, lane, raw);
+        pairXForWarp<T, NORM>(p, xShared, xSum, sqSum, kSteps, warp, lane, raw, xStride);
     } else {
         copyXToShared(p, xShared);
         copyAsyncCommit();
@@ -1204,8 +1230,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         __syncthreads();
     }
     // The lane's x: row g (zeros past p.m), from its pack of each k-step.
+    // INT4's rows are padded to whole k-steps, so only the lanes past p.m skip their loads. Those
+    // lanes reading row 0 instead (no predicate at all) cost more than they saved: shared memory's
+    // wavefronts, 8 lanes' x where 1 lane's was read (INT4 gate_up 23.5 -> 27.3 us at batch 1).
     bool const xOk = g < p.m;
-    uint4 const* xLane = reinterpret_cast<uint4 const*>(xShared + (xOk ? g : 0) * p.k) + t * XW;
+    uint4 const* xLane = reinterpret_cast<uint4 const*>(xShared + (xOk ? g : 0) * xStride) + t * XW;
 
     unsigned used = 0;
     for (int tile = 0; tile < tiles; ++tile) {
@@ -1226,7 +1255,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             wb = slot[32];
             bool const inK = 4 * step + t < numPacks;
 #pragma unroll
-            for (int j = 0; j < XW; ++j) xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < XW; ++j) {
+                if constexpr (BITS == 4) {
+                    xs[0][j] = xOk ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
+                } else {
+                    xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
+                }
+            }
         };
         // k-step `step`'s sum, added to acc.
         auto accumulate = [&](uint4 const& wa, uint4 const& wb, uint4 const (&xs)[1][XW], int step) {
@@ -1333,20 +1368,25 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     }
     auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
-    size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
+    // INT4: x's rows padded with zeros to whole k-steps (the kernel's xStride)
+    int64_t const xRow = BITS == 4 ? kSteps * 4 * kCodes<BITS> : q.k;
+    size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(xRow) * sizeof(T);
     constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
     constexpr size_t kSums = NORM ? 2 : 1;           // NORM: sqSum after xSum
     size_t const sumBytes = kPerStep ? kSums * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
-    size_t const rawBytes = q.perm != nullptr ? xBytes : 0;  // act-order's rows in x's order (stageRawX)
+    // act-order's rows in x's order (stageRawX)
+    size_t const rawBytes = q.perm != nullptr ? static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T) : 0;
     size_t const smem = ring + xBytes + sumBytes + rawBytes;
     constexpr size_t kMaxSum =
         kPerStep ? kSums * (kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>)) * 8 * sizeof(float) : 0;
     constexpr size_t kMaxRaw = BITS == 4 ? kMaxPipeX : 0;
-    static_assert(ring + kMaxPipeX + kMaxSum + kMaxRaw + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
+    // INT4's padding: under a k-step (128 values) a row, 8 rows
+    constexpr size_t kMaxX = kMaxPipeX + (BITS == 4 ? 8 * 4 * kCodes<BITS> * sizeof(T) : 0);
+    static_assert(ring + kMaxX + kMaxSum + kMaxRaw + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(ring + kMaxPipeX + kMaxSum + kMaxRaw));
+                         static_cast<int>(ring + kMaxX + kMaxSum + kMaxRaw));
     unsigned const blocks = static_cast<unsigned>(
         std::min<int64_t>(tiles, int64_t{residentBlocks(kernel, kMmaWarps * 32, smem)} * multiprocessors()));
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
