@@ -1,5 +1,6 @@
-"""One engine loaded under several settings of the switches a runner reads when it loads, their
-batch-1 (or --batch) decode graphs replayed in turns in one process.
+"""One engine loaded under several settings of the switches a runner reads when it loads (or a
+kernel reads when it is launched), their batch-1 (or --batch) decode graphs replayed in turns in
+one process.
 
     python benchmarks/ab_load_switches.py --model llama-8b --quant int4_wo --quantize_lm_head \
         --switch TRTLLM_TILE_CODES=1 --switch TRTLLM_TILE_CODES=0
@@ -7,13 +8,14 @@ batch-1 (or --batch) decode graphs replayed in turns in one process.
 Between processes, and more between machines, the same graph's replay differs by up to ~0.08 ms
 a step on the 8B shape (benchmarks/README.md): more than most changes of one kernel are worth.
 Here the engine is built once, saved, and loaded once per --switch (NAME=VALUE[,NAME=VALUE...]:
-the environment while that runner loads; the first is the baseline), each runner's decode graph
-is captured by a short generate and set to the same step (every row at the full length), then
+the environment while that runner loads and captures its decode graph; the first is the
+baseline), each runner's decode graph is captured by a short generate and set to the same step
+(every row at the full length), then
 every round replays each runner's graph --replays times in turn. Printed: per setting the median
 over --rounds of the milliseconds per replay, its ratio to the baseline, each round's figure,
 and whether its logits equal the baseline's bit for bit. Every runner holds its own copy of the
-weights. Switches read at each launch, or cached at the first (TRTLLM_GEMV_PIPELINE), cannot be
-compared this way.
+weights. A switch a process reads once and keeps (TRTLLM_GEMV_PIPELINE) cannot be compared
+this way.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -45,12 +48,13 @@ def parse_switch(text: str) -> dict[str, str]:
     return settings
 
 
-def load_with(settings: dict[str, str], engine_dir: str, device, **pool) -> ModelRunner:
-    """A runner of the engine loaded with `settings` in the environment (restored afterwards)."""
+@contextmanager
+def environment(settings: dict[str, str]):
+    """`settings` in the environment for the block, restored afterwards."""
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:
-        return ModelRunner.from_dir(engine_dir, device=device, **pool)
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
@@ -96,11 +100,15 @@ def main(argv=None) -> dict:
         build(model, bc).save(tmp)
         del model
         torch.cuda.empty_cache()
-        runners = [load_with(settings, tmp, dev, **pool) for settings in args.switch]
+        runners = []
+        for settings in args.switch:
+            with environment(settings):
+                runner = ModelRunner.from_dir(tmp, device=dev, **pool)
+                runner.generate(prompts, max_new_tokens=steps)  # captures the decode graph
+            runners.append(runner)
     n = args.batch
     graphs, logits = [], []
     for runner in runners:
-        runner.generate(prompts, max_new_tokens=steps)  # captures the decode graph
         decode_graphs = runner.executor.runner.decode_graphs
         # The same step for every runner: each row at the full length on blocks of its own.
         out = decode_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
