@@ -1161,9 +1161,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     // whole stored tiles), row order with no row clamped (GATED, or n of whole tiles). Elsewhere
     // rowOf and packIndex again (64-bit arithmetic, ~60 instructions a warp and tile).
     bool const sameAdvance = p.tiled ? !GATED || gridDim.x % 2 == 0 : GATED || p.n % kMmaRows == 0;
-    int64_t const tileAdvanceA = packIndex(p, rowOf(1, g), 4 * warp + t, numPacks) - packIndex(p, rowOf(0, g), 4 * warp + t, numPacks);
+    int64_t const tileAdvanceA =
+        packIndex(p, rowOf(1, g), issuePack, numPacks) - packIndex(p, rowOf(0, g), issuePack, numPacks);
     int64_t const tileAdvanceB =
-        packIndex(p, rowOf(1, g + 8), 4 * warp + t, numPacks) - packIndex(p, rowOf(0, g + 8), 4 * warp + t, numPacks);
+        packIndex(p, rowOf(1, g + 8), issuePack, numPacks) - packIndex(p, rowOf(0, g + 8), issuePack, numPacks);
     uint4 const* tileA = issueA;
     uint4 const* tileB = issueB;
     auto issue = [&]() {
@@ -1253,15 +1254,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             uint4 const* slot = ring + lane + (item % STAGES) * 64;
             wa = slot[0];
             wb = slot[32];
-            bool const inK = 4 * step + t < numPacks;
+            // INT4's rows are padded to whole k-steps; INT8's past k read zeros
+            bool const inK = BITS == 4 || 4 * step + t < numPacks;
 #pragma unroll
-            for (int j = 0; j < XW; ++j) {
-                if constexpr (BITS == 4) {
-                    xs[0][j] = xOk ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
-                } else {
-                    xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
-                }
-            }
+            for (int j = 0; j < XW; ++j) xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
         };
         // k-step `step`'s sum, added to acc.
         auto accumulate = [&](uint4 const& wa, uint4 const& wb, uint4 const (&xs)[1][XW], int step) {
