@@ -36,9 +36,9 @@ nearest onto integer zero points with float16 scales, AutoAWQ's storage; AWQ's a
 scale search is not run (it changes the values, not the format or the speed). With
 --quantize_lm_head its head is an AWQ layer too (AutoAWQ keeps it float). int4_gptq_act_order
 is the same for an AutoGPTQ folder with act-order (desc_act): each input's groups in a seeded
-random order, so its engine gathers the inputs of qkv, o, gate_up (and the head) first and has
-no norm in front of those GEMVs (down's permutation is folded into gate_up's rows). FP8 needs a GPU of
-compute capability 8.9 or newer (the CPU runs its reference):
+random order, so its engine's qkv, o, gate_up (and the head) gather their inputs, up to 8 rows
+in the GEMV itself, the norm in front still fused (down's permutation is folded into gate_up's
+rows). FP8 needs a GPU of compute capability 8.9 or newer (the CPU runs its reference):
 
     python benchmarks/bench_generation.py --model llama-8b --dtype bf16 --quant none,fp8 \
         --batch_sizes 1,8,32,64 --input_len 128 --output_len 128 --no_hf
