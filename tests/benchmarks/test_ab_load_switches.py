@@ -36,7 +36,7 @@ def test_without_a_gpu_it_says_so():
 def test_tile_and_row_order_replay_in_turns_with_equal_logits(tmp_path):
     out = tmp_path / "ab.json"
     proc = run("ab_load_switches.py", "--model", "smollm2-135m", "--dtype", "bf16", "--quant", "int4_wo",
-               "--input_len", "32", "--rounds", "2", "--replays", "4", "--switch", "TRTLLM_TILE_CODES=1",
+               "--group_size", "64", "--input_len", "32", "--rounds", "2", "--replays", "4", "--switch", "TRTLLM_TILE_CODES=1",
                "--switch", "TRTLLM_TILE_CODES=0", "--json", str(out), timeout=600)
     assert proc.stdout.count("logits equal: True") == 2, proc.stdout
     import json
