@@ -181,16 +181,21 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
     steps_before, decode_before, wait_before = stats.steps, stats.decode_only_steps, stats.gpu_wait_s
     sync(device)
     t0 = time.perf_counter()
-    out_tokens, i = 0, 0
+    out_tokens, i, batches = 0, 0, []
+    # The ranks of a multi-rank engine must form the same batches: rank 0's clock (as run_executor).
+    agree = distributed.world_size() > 1 and not np.all(arrival == 0)
     while i < len(workload):
         now = time.perf_counter() - t0
         if arrival[i] > now:
             time.sleep(arrival[i] - now)
             now = arrival[i]
+        if agree:
+            now = distributed.broadcast_object(now)
         j = i + 1
         while j < len(workload) and j - i < batch and arrival[j] <= now:
             j += 1
         chunk = workload[i:j]
+        batches.append(len(chunk))
         runner.generate([ids for ids, _ in chunk], max_new_tokens=max(o for _, o in chunk), top_k=1)
         out_tokens += sum(o for _, o in chunk)  # tokens past a request's own length are waste
         i = j
@@ -199,7 +204,7 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
     return {"batch": batch, "elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed,
             "steps": stats.steps - steps_before, "decode_only_steps": stats.decode_only_steps - decode_before,
             "gpu_wait_s": stats.gpu_wait_s - wait_before,
-            "graphs_captured": captured_graphs(runner) - graphs_before}
+            "graphs_captured": captured_graphs(runner) - graphs_before, "batches": batches}
 
 
 def decode_graphs(runner):

@@ -125,3 +125,61 @@ def test_bench_throughput_tp2_with_poisson_arrivals(tmp_path):
         "--request_rate", "200", "--static_batch_sizes", "4", "--json", str(out))
     result = json.loads(out.read_text())
     assert result["inflight"]["output_tokens"] == 8 * 4 and result["static"][0]["batch"] == 4
+
+
+# Two gloo ranks run bench_throughput's static generate on requests that arrive over time, rank 1
+# coming back from each batch half a second after rank 0 (a delay injected around the real
+# runner's generate). Each rank writes the batches it formed.
+LAGGING_STATIC = '''
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+from bench_generation import random_rank_engine
+from bench_throughput import run_static
+from launch_ranks import run_ranks
+import tensorrt_llm.distributed as distributed
+from tensorrt_llm.builder import BuildConfig
+from tensorrt_llm.mapping import Mapping
+from tensorrt_llm.runtime import ModelRunner
+
+
+def rank(out):
+    info = distributed.launch_info()
+    device = torch.device("cpu")
+    mapping = Mapping(world_size=2, rank=info.rank, tp_size=2, pp_size=1)
+    distributed.init(mapping, device, info)
+    bc = BuildConfig(max_batch_size=8, max_input_len=8, max_seq_len=24, max_num_tokens=64, tokens_per_block=8)
+    runner = ModelRunner(random_rank_engine("llama-tiny", "float32", device, mapping, bc)[0], device)
+    generate = runner.generate
+
+    def lagging(*args, **kwargs):
+        tokens = generate(*args, **kwargs)
+        if info.rank == 1:
+            time.sleep(0.5)
+        return tokens
+
+    runner.generate = lagging
+    workload = [([5 + i, 6, 7, 8], 3) for i in range(8)]
+    result = run_static(runner, workload, 8, device, np.arange(8) * 0.06)
+    Path(out, f"rank{info.rank}.json").write_text(json.dumps(result["batches"]))
+
+
+if __name__ == "__main__":
+    run_ranks(2, rank, sys.argv[2])
+'''
+
+
+def test_static_generate_ranks_form_the_same_batches_when_one_lags(tmp_path):
+    # Each rank reading its own clock, the lagging rank saw more requests arrived and formed
+    # other batches than rank 0: a collective of another size (gloo aborts) or a hang.
+    script = tmp_path / "lagging_static.py"
+    script.write_text(LAGGING_STATIC)
+    env = dict(os.environ, TRTLLM_DIST_TIMEOUT="30", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks"), str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    batches = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert batches[0] == batches[1] and sum(batches[0]) == 8 and len(batches[0]) > 1, batches
