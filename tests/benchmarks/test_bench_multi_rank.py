@@ -163,6 +163,7 @@ def rank(out):
     workload = [([5 + i, 6, 7, 8], 3) for i in range(8)]
     result = run_static(runner, workload, 8, device, np.arange(8) * 0.06)
     Path(out, f"rank{info.rank}.json").write_text(json.dumps(result["batches"]))
+    distributed.barrier()  # as bench_throughput's rank_main: no rank leaves while another works
 
 
 if __name__ == "__main__":
