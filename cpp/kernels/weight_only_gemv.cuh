@@ -848,11 +848,6 @@ template <bool PAIRS>
 constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
 
 
-// Act-order (Params::perm), every thread of the block: x's rows (plus the residual, NORM, rounded
-// as rms_norm.cu rounds the sum; block 0 writes that sum to residualOut) into raw [m][k], in x's
-// own order, with 16-byte loads; each block then gathers from shared memory. Gathering from
-// global memory (every block asking L2 for each 2-byte value) took the 8B engine's gate_up from
-// 29 to 90 us at batch 1.
 // NORM: 8 bfloat16 values of x plus the residual's (as packs), as rms_norm.cu rounds the sum: a sum
 // of two bfloat16 values is exact in float32 (or, exponents more than 15 apart, rounds to the
 // larger either way), so the packed add, rounding once, gives its bits.
@@ -872,6 +867,11 @@ __device__ __forceinline__ void storeResidualSum(Params const& p, int row, int v
     }
 }
 
+// Act-order (Params::perm), every thread of the block: x's rows (plus the residual, NORM, rounded
+// as rms_norm.cu rounds the sum; block 0 writes that sum to residualOut) into raw [m][k], in x's
+// own order, with 16-byte loads; each block then gathers from shared memory. Gathering from
+// global memory (every block asking L2 for each 2-byte value) took the 8B engine's gate_up from
+// 29 to 90 us at batch 1.
 template <typename T, bool NORM>
 __device__ __forceinline__ void stageRawX(Params const& p, T* raw) {
     int const vecs = static_cast<int>(p.k / 8);
