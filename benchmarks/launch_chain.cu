@@ -11,8 +11,9 @@
 //   4 programmatic launch, no allowance (the next kernel launches as blocks end);
 //   5 no boundary: one persistent kernel takes the 256 steps in turn, each block loading its step's
 //     weights, then waiting at a grid barrier (a counter every block adds one to after each step)
-//     for the step before it; skipped where the blocks do not all fit at once. What a kernel that
-//     holds a whole decoder layer would pay at each of its phases.
+//     for the step before it (one cooperative launch a chain, no graph); skipped where the blocks
+//     do not all fit at once. What a kernel that holds a whole decoder layer would pay at each of
+//     its phases.
 //
 //   nvcc -O3 -arch=sm_90 -o launch_chain benchmarks/launch_chain.cu
 //   ./launch_chain <16-byte weight loads a thread, 0-8> <dynamic shared memory a block, KB>
@@ -154,39 +155,58 @@ int main(int argc, char** argv) {
                         names[mode], kBlocks);
             continue;
         }
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        if (mode == 2 || mode == 5) CHECK(cudaMemsetAsync(counters, 0, (kKernels + 1) * sizeof(unsigned), stream));
-        if (mode == 5) {
-            persistentChain<<<kBlocks, kThreads, smem, stream>>>(x[0], x[1], w, perKernel, loads, counters);
-            CHECK(cudaGetLastError());
+        // Modes 0-4: the chain captured as a graph. Mode 5: the counter's reset and one cooperative
+        // launch (all blocks resident at once, or an error rather than a hang), outside any graph.
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        if (mode != 5) {
+            CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+            if (mode == 2) CHECK(cudaMemsetAsync(counters, 0, (kKernels + 1) * sizeof(unsigned), stream));
+            for (int i = 0; i < kKernels; ++i) {
+                Step p{x[i % 2], x[(i + 1) % 2], w + perKernel * i, loads, counters + i, counters + i + 1,
+                       i == 0 ? 0u : unsigned{kBlocks}, mode};
+                cudaLaunchAttribute attribute{};
+                attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                attribute.val.programmaticStreamSerializationAllowed = 1;
+                cudaLaunchConfig_t config{};
+                config.gridDim = kBlocks;
+                config.blockDim = kThreads;
+                config.dynamicSmemBytes = smem;
+                config.stream = stream;
+                config.attrs = &attribute;
+                config.numAttrs = mode == 0 ? 0 : 1;
+                CHECK(cudaLaunchKernelEx(&config, step, p));
+            }
+            CHECK(cudaStreamEndCapture(stream, &graph));
+            CHECK(cudaGraphInstantiate(&exec, graph, 0));
         }
-        for (int i = 0; mode != 5 && i < kKernels; ++i) {
-            Step p{x[i % 2], x[(i + 1) % 2], w + perKernel * i, loads, counters + i, counters + i + 1,
-                   i == 0 ? 0u : unsigned{kBlocks}, mode};
-            cudaLaunchAttribute attribute{};
-            attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attribute.val.programmaticStreamSerializationAllowed = 1;
+        auto chain = [&] {
+            if (mode != 5) {
+                CHECK(cudaGraphLaunch(exec, stream));
+                return;
+            }
+            CHECK(cudaMemsetAsync(counters, 0, sizeof(unsigned), stream));
+            cudaLaunchAttribute cooperative{};
+            cooperative.id = cudaLaunchAttributeCooperative;
+            cooperative.val.cooperative = 1;
             cudaLaunchConfig_t config{};
             config.gridDim = kBlocks;
             config.blockDim = kThreads;
             config.dynamicSmemBytes = smem;
             config.stream = stream;
-            config.attrs = &attribute;
-            config.numAttrs = mode == 0 ? 0 : 1;
-            CHECK(cudaLaunchKernelEx(&config, step, p));
-        }
-        CHECK(cudaStreamEndCapture(stream, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < 5; ++i) CHECK(cudaGraphLaunch(exec, stream));
+            config.attrs = &cooperative;
+            config.numAttrs = 1;
+            CHECK(cudaLaunchKernelEx(&config, persistentChain, x[0], x[1], static_cast<float4 const*>(w), perKernel,
+                                     loads, counters));
+        };
+        for (int i = 0; i < 5; ++i) chain();
         cudaEvent_t start, end;
         CHECK(cudaEventCreate(&start));
         CHECK(cudaEventCreate(&end));
         float best = 1e30f;
         for (int r = 0; r < 5; ++r) {
             CHECK(cudaEventRecord(start, stream));
-            for (int i = 0; i < 20; ++i) CHECK(cudaGraphLaunch(exec, stream));
+            for (int i = 0; i < 20; ++i) chain();
             CHECK(cudaEventRecord(end, stream));
             CHECK(cudaEventSynchronize(end));
             float ms;
@@ -196,8 +216,10 @@ int main(int argc, char** argv) {
         std::printf("weights %5zu KB a kernel, shared memory %3d KB a block, %-18s %6.2f us a kernel\n",
                     size_t{kBlocks} * kThreads * loads * 16 / 1024, smem / 1024, names[mode],
                     best * 1e3f / 20 / kKernels);
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
+        if (exec != nullptr) {
+            CHECK(cudaGraphExecDestroy(exec));
+            CHECK(cudaGraphDestroy(graph));
+        }
     }
     return 0;
 }
