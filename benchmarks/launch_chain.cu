@@ -122,6 +122,18 @@ __global__ void __launch_bounds__(kThreads) persistentChain(float* x0, float* x1
     }
 }
 
+// A launch of the chain's grid with `count` attributes.
+cudaLaunchConfig_t chainConfig(int smem, cudaStream_t stream, cudaLaunchAttribute* attrs, unsigned count) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = kBlocks;
+    config.blockDim = kThreads;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attrs;
+    config.numAttrs = count;
+    return config;
+}
+
 int main(int argc, char** argv) {
     int const loads = argc > 1 ? std::atoi(argv[1]) : 8;
     int const smem = (argc > 2 ? std::atoi(argv[2]) : 0) * 1024;
@@ -168,13 +180,7 @@ int main(int argc, char** argv) {
                 cudaLaunchAttribute attribute{};
                 attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
                 attribute.val.programmaticStreamSerializationAllowed = 1;
-                cudaLaunchConfig_t config{};
-                config.gridDim = kBlocks;
-                config.blockDim = kThreads;
-                config.dynamicSmemBytes = smem;
-                config.stream = stream;
-                config.attrs = &attribute;
-                config.numAttrs = mode == 0 ? 0 : 1;
+                cudaLaunchConfig_t const config = chainConfig(smem, stream, &attribute, mode == 0 ? 0 : 1);
                 CHECK(cudaLaunchKernelEx(&config, step, p));
             }
             CHECK(cudaStreamEndCapture(stream, &graph));
@@ -189,13 +195,7 @@ int main(int argc, char** argv) {
             cudaLaunchAttribute cooperative{};
             cooperative.id = cudaLaunchAttributeCooperative;
             cooperative.val.cooperative = 1;
-            cudaLaunchConfig_t config{};
-            config.gridDim = kBlocks;
-            config.blockDim = kThreads;
-            config.dynamicSmemBytes = smem;
-            config.stream = stream;
-            config.attrs = &cooperative;
-            config.numAttrs = 1;
+            cudaLaunchConfig_t const config = chainConfig(smem, stream, &cooperative, 1);
             CHECK(cudaLaunchKernelEx(&config, persistentChain, x[0], x[1], static_cast<float4 const*>(w), perKernel,
                                      loads, counters));
         };
