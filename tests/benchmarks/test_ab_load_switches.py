@@ -1,6 +1,7 @@
 """ab_load_switches.py as a user runs it: what it cannot do is refused in one line (CPU); on a GPU,
 an INT4 engine loaded with its codes in tile order and in row order replays both graphs in turns,
 the same logits bit for bit."""
+import json
 import subprocess
 import sys
 
@@ -36,10 +37,9 @@ def test_without_a_gpu_it_says_so():
 def test_tile_and_row_order_replay_in_turns_with_equal_logits(tmp_path):
     out = tmp_path / "ab.json"
     proc = run("ab_load_switches.py", "--model", "smollm2-135m", "--dtype", "bf16", "--quant", "int4_wo",
-               "--group_size", "64", "--input_len", "32", "--rounds", "2", "--replays", "4", "--switch", "TRTLLM_TILE_CODES=1",
-               "--switch", "TRTLLM_TILE_CODES=0", "--json", str(out), timeout=600)
+               "--group_size", "64", "--input_len", "32", "--rounds", "2", "--replays", "4",
+               "--switch", "TRTLLM_TILE_CODES=1", "--switch", "TRTLLM_TILE_CODES=0", "--json", str(out), timeout=600)
     assert proc.stdout.count("logits equal: True") == 2, proc.stdout
-    import json
     results = json.loads(out.read_text())["results"]
     assert [r["switch"] for r in results] == [{"TRTLLM_TILE_CODES": "1"}, {"TRTLLM_TILE_CODES": "0"}]
     assert results[0]["ratio"] == 1.0 and all(len(r["rounds_ms"]) == 2 for r in results)

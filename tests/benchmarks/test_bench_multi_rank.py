@@ -13,11 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "llama-tiny", "--dtype", "float32", "--device", "cpu"]
 
 
-def run(script: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TRTLLM_DIST_TIMEOUT="60", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+def rank_env(dist_timeout: str = "60") -> dict:
+    """This environment for a script that starts its own rank processes: no launcher's variables,
+    a collective timeout, one thread a rank, no hub."""
+    env = dict(os.environ, TRTLLM_DIST_TIMEOUT=dist_timeout, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=env,
+    return env
+
+
+def run(script: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=rank_env(),
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
@@ -176,11 +182,8 @@ def test_static_generate_ranks_form_the_same_batches_when_one_lags(tmp_path):
     # other batches than rank 0: a collective of another size (gloo aborts) or a hang.
     script = tmp_path / "lagging_static.py"
     script.write_text(LAGGING_STATIC)
-    env = dict(os.environ, TRTLLM_DIST_TIMEOUT="30", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
     proc = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks"), str(tmp_path)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=180)
+                          env=rank_env("30"), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     batches = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert batches[0] == batches[1] and sum(batches[0]) == 8 and len(batches[0]) > 1, batches
