@@ -270,6 +270,21 @@ int residentBlocks(Kernel kernel, int threads, size_t smem) {
     return std::max(1, blocks);
 }
 
+// Dynamic shared memory of at least `smem` bytes with which at most `blocks` blocks of `kernel`
+// fit on a multiprocessor (what its registers allow may be more). A kernel's blocks fill each
+// multiprocessor as far as they fit, so a grid of one round that registers would let pack densely
+// runs on fewer multiprocessors and leaves no room for the next kernel's blocks (which, under
+// programmatic launch, start their own loads beside it).
+template <typename Kernel>
+size_t sharedBytesForBlocksPerSm(Kernel kernel, size_t smem, int blocks) {
+    cudaFuncAttributes attributes{};
+    cudaFuncGetAttributes(&attributes, kernel);
+    size_t const perSm = static_cast<size_t>(deviceAttribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+    size_t const fixed = attributes.sharedSizeBytes + static_cast<size_t>(deviceAttribute(cudaDevAttrReservedSharedMemoryPerBlock));
+    size_t const share = perSm / static_cast<size_t>(blocks + 1) + 1;  // a block's whole share that keeps out one more
+    return std::max(smem, share > fixed ? (share - fixed + 127) / 128 * 128 : size_t{0});
+}
+
 // Blocks of `threads` threads for a GEMV whose warps own whole output rows, taking the `rows`
 // (> 0) in turn: at most as many warps as fit on the GPU at once (the kernel's occupancy with
 // `smem` bytes of dynamic shared memory), and of those the fewest that keep the most-loaded

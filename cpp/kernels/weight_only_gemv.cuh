@@ -1362,14 +1362,14 @@ bool pipelinedGemvEnabled() {
     return enabled;
 }
 
-// The pipelined kernel with at least MINB blocks an SM, on a grid of the blocks that fit at once
-// (at most one a tile).
+// The pipelined kernel compiled for at least MINB blocks an SM, on a grid of the blocks that fit at
+// once (at most one a tile); blocksPerSm > 0: no more than that many an SM (by shared memory).
 template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false, bool GATED = false,
           bool NORM = false>
-void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
+void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream, int blocksPerSm = 0) {
     if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
-            return launchPipelined<T, BITS, FP8, MINB, PAIRS, true, GATED>(q, tiles, stream);
+            return launchPipelined<T, BITS, FP8, MINB, PAIRS, true, GATED>(q, tiles, stream, blocksPerSm);
         }
     }
     auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM>;
@@ -1383,7 +1383,8 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     size_t const sumBytes = kPerStep ? kSums * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
     // act-order's rows in x's order (stageRawX)
     size_t const rawBytes = q.perm != nullptr ? static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T) : 0;
-    size_t const smem = ring + xBytes + sumBytes + rawBytes;
+    size_t smem = ring + xBytes + sumBytes + rawBytes;
+    if (blocksPerSm > 0) smem = sharedBytesForBlocksPerSm(kernel, smem, blocksPerSm);
     constexpr size_t kMaxSum =
         kPerStep ? kSums * (kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>)) * 8 * sizeof(float) : 0;
     constexpr size_t kMaxRaw = BITS == 4 ? kMaxPipeX : 0;
@@ -1392,7 +1393,7 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream) {
     static_assert(ring + kMaxX + kMaxSum + kMaxRaw + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(ring + kMaxX + kMaxSum + kMaxRaw));
+                         static_cast<int>(std::max(ring + kMaxX + kMaxSum + kMaxRaw, smem)));
     unsigned const blocks = static_cast<unsigned>(
         std::min<int64_t>(tiles, int64_t{residentBlocks(kernel, kMmaWarps * 32, smem)} * multiprocessors()));
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
@@ -1418,6 +1419,16 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // o and down (256 tiles, one round either way) 6.61 -> 7.78 and 20.41 -> 23.78; INT8 gate_up
         // 43.06 -> 41.68, lm_head 206.7 -> 205.9, qkv 9.31 -> 11.08. Deeper rings (6 or 8 slots) and
         // four blocks an SM (64 registers) were no faster anywhere.
+        // Why o and down lost (inferred, not traced): a kernel's blocks fill each SM as far as they
+        // fit, as the previous kernel's blocks leave it, so 256 blocks that fit three an SM run on
+        // about 86 SMs. INT4's
+        // layers of one round now take the 80-register kernel held to two blocks an SM by its shared
+        // memory: the third block's room then holds one block of the next kernel (gate_up after o,
+        // qkv after down), which under programmatic launch starts loading its weights before o or
+        // down ends (94 registers a thread had left no room). H200, the INT4 g128 8B engine's batch-1
+        // graph, one engine captured each way (ab_load_switches.py), 8 rounds each, medians, ms, two
+        // calls: two blocks of 94 registers 2.0439 / 2.0452, of 80 held to two 2.0284 / 2.0327 (the
+        // same logits); three of 80 (the packing above) 2.1988.
         int64_t const twoRounds = int64_t{BITS == 4 ? 2 : 8} * multiprocessors();
         // INT8 layers of at most two tiles an SM (the 8B shape's o and down) take k-steps in pairs
         // with 6 in flight (PAIRS). H200, batch 1, us, one k-step at a time -> pairs: INT8 down 23.07
@@ -1432,7 +1443,7 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
                 launchPipelined<T, BITS, FP8, 2, false, false, GATED>(q, tiles, stream);
             }
         } else {
-            launchPipelined<T, BITS, FP8, 2, false, false, GATED, NORM>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM>(q, tiles, stream, 2);
         }
         return true;
     }
