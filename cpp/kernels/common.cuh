@@ -280,7 +280,8 @@ size_t sharedBytesForBlocksPerSm(Kernel kernel, size_t smem, int blocks) {
     cudaFuncAttributes attributes{};
     cudaFuncGetAttributes(&attributes, kernel);
     size_t const perSm = static_cast<size_t>(deviceAttribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
-    size_t const fixed = attributes.sharedSizeBytes + static_cast<size_t>(deviceAttribute(cudaDevAttrReservedSharedMemoryPerBlock));
+    size_t const reserved = static_cast<size_t>(deviceAttribute(cudaDevAttrReservedSharedMemoryPerBlock));
+    size_t const fixed = attributes.sharedSizeBytes + reserved;
     size_t const share = perSm / static_cast<size_t>(blocks + 1) + 1;  // a block's whole share that keeps out one more
     return std::max(smem, share > fixed ? (share - fixed + 127) / 128 * 128 : size_t{0});
 }

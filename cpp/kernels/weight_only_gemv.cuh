@@ -1421,14 +1421,14 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // four blocks an SM (64 registers) were no faster anywhere.
         // Why o and down lost (inferred, not traced): a kernel's blocks fill each SM as far as they
         // fit, as the previous kernel's blocks leave it, so 256 blocks that fit three an SM run on
-        // about 86 SMs. INT4's
-        // layers of one round now take the 80-register kernel held to two blocks an SM by its shared
-        // memory: the third block's room then holds one block of the next kernel (gate_up after o,
-        // qkv after down), which under programmatic launch starts loading its weights before o or
-        // down ends (94 registers a thread had left no room). H200, the INT4 g128 8B engine's batch-1
-        // graph, one engine captured each way (ab_load_switches.py), 8 rounds each, medians, ms, two
-        // calls: two blocks of 94 registers 2.0439 / 2.0452, of 80 held to two 2.0284 / 2.0327 (the
-        // same logits); three of 80 (the packing above) 2.1988.
+        // about 86 SMs. INT4's layers of one round now take the 80-register kernel held to two
+        // blocks an SM by its shared memory: the third block's room then holds one block of the
+        // next kernel (gate_up after o, qkv after down), which under programmatic launch starts
+        // loading its weights before o or down ends; the 94-register kernel's two blocks filled
+        // the registers. H200, the INT4 g128 8B engine's batch-1 graph, one engine captured each
+        // way (ab_load_switches.py), 8 rounds each, medians, ms, two calls: two blocks of 94
+        // registers 2.0439 / 2.0452, of 80 held to two 2.0284 / 2.0327 (the same logits); three of
+        // 80 (the packing above) 2.1988.
         int64_t const twoRounds = int64_t{BITS == 4 ? 2 : 8} * multiprocessors();
         // INT8 layers of at most two tiles an SM (the 8B shape's o and down) take k-steps in pairs
         // with 6 in flight (PAIRS). H200, batch 1, us, one k-step at a time -> pairs: INT8 down 23.07
