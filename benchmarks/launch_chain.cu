@@ -22,14 +22,7 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e = (x);                                                                     \
-        if (e != cudaSuccess) {                                                                  \
-            std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
+#include "cuda_bench.cuh"
 
 constexpr int kK = 4096;       // x's length
 constexpr int kThreads = 256;
@@ -122,18 +115,6 @@ __global__ void __launch_bounds__(kThreads) persistentChain(float* x0, float* x1
     }
 }
 
-// A launch of the chain's grid with `count` attributes.
-cudaLaunchConfig_t chainConfig(int smem, cudaStream_t stream, cudaLaunchAttribute* attrs, unsigned count) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = kBlocks;
-    config.blockDim = kThreads;
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = attrs;
-    config.numAttrs = count;
-    return config;
-}
-
 int main(int argc, char** argv) {
     int const loads = argc > 1 ? std::atoi(argv[1]) : 8;
     int const smem = (argc > 2 ? std::atoi(argv[2]) : 0) * 1024;
@@ -180,7 +161,8 @@ int main(int argc, char** argv) {
                 cudaLaunchAttribute attribute{};
                 attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
                 attribute.val.programmaticStreamSerializationAllowed = 1;
-                cudaLaunchConfig_t const config = chainConfig(smem, stream, &attribute, mode == 0 ? 0 : 1);
+                cudaLaunchConfig_t const config =
+                    launchConfig(kBlocks, kThreads, smem, stream, &attribute, mode == 0 ? 0 : 1);
                 CHECK(cudaLaunchKernelEx(&config, step, p));
             }
             CHECK(cudaStreamEndCapture(stream, &graph));
@@ -195,24 +177,12 @@ int main(int argc, char** argv) {
             cudaLaunchAttribute cooperative{};
             cooperative.id = cudaLaunchAttributeCooperative;
             cooperative.val.cooperative = 1;
-            cudaLaunchConfig_t const config = chainConfig(smem, stream, &cooperative, 1);
+            cudaLaunchConfig_t const config = launchConfig(kBlocks, kThreads, smem, stream, &cooperative, 1);
             CHECK(cudaLaunchKernelEx(&config, persistentChain, x[0], x[1], static_cast<float4 const*>(w), perKernel,
                                      loads, counters));
         };
         for (int i = 0; i < 5; ++i) chain();
-        cudaEvent_t start, end;
-        CHECK(cudaEventCreate(&start));
-        CHECK(cudaEventCreate(&end));
-        float best = 1e30f;
-        for (int r = 0; r < 5; ++r) {
-            CHECK(cudaEventRecord(start, stream));
-            for (int i = 0; i < 20; ++i) chain();
-            CHECK(cudaEventRecord(end, stream));
-            CHECK(cudaEventSynchronize(end));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, start, end));
-            best = ms < best ? ms : best;
-        }
+        float const best = bestOfFive(stream, 20, chain);
         std::printf("weights %5zu KB a kernel, shared memory %3d KB a block, %-18s %6.2f us a kernel\n",
                     size_t{kBlocks} * kThreads * loads * 16 / 1024, smem / 1024, names[mode],
                     best * 1e3f / 20 / kKernels);

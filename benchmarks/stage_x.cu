@@ -22,14 +22,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CHECK(x)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e = (x);                                                                     \
-        if (e != cudaSuccess) {                                                                  \
-            std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
+#include "cuda_bench.cuh"
 
 constexpr int kThreads = 256;
 constexpr int kKernels = 64;
@@ -153,13 +146,7 @@ int main(int argc, char** argv) {
             attributes[1].val.clusterDim.x = ways[w] > 1 ? ways[w] : 1;
             attributes[1].val.clusterDim.y = 1;
             attributes[1].val.clusterDim.z = 1;
-            cudaLaunchConfig_t config{};
-            config.gridDim = blocks;
-            config.blockDim = kThreads;
-            config.dynamicSmemBytes = smem;
-            config.stream = stream;
-            config.attrs = attributes;
-            config.numAttrs = 2;
+            cudaLaunchConfig_t const config = launchConfig(blocks, kThreads, smem, stream, attributes, 2);
             CHECK(cudaLaunchKernelEx(&config, step, static_cast<__nv_bfloat16 const*>(x[i % 2]), x[(i + 1) % 2], k,
                                      ways[w]));
         }
@@ -173,19 +160,7 @@ int main(int argc, char** argv) {
             std::printf("k %5d, %3d blocks, %-24s: x not carried through the chain\n", k, blocks, names[w]);
             return 1;
         }
-        cudaEvent_t start, end;
-        CHECK(cudaEventCreate(&start));
-        CHECK(cudaEventCreate(&end));
-        float best = 1e30f;
-        for (int r = 0; r < 5; ++r) {
-            CHECK(cudaEventRecord(start, stream));
-            for (int i = 0; i < 10; ++i) CHECK(cudaGraphLaunch(exec, stream));
-            CHECK(cudaEventRecord(end, stream));
-            CHECK(cudaEventSynchronize(end));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, start, end));
-            best = ms < best ? ms : best;
-        }
+        float const best = bestOfFive(stream, 10, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
         std::printf("k %5d, %3d blocks, shared memory %3d KB a block, %-24s %6.2f us a kernel\n", k, blocks, smemKb,
                     names[w], best * 1e3f / 10 / kKernels);
         CHECK(cudaGraphExecDestroy(exec));
