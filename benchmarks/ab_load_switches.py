@@ -11,11 +11,10 @@ Here the engine is built once, saved, and loaded once per --switch (NAME=VALUE[,
 the environment while that runner loads and captures its decode graph; the first is the
 baseline), each runner's decode graph is captured by a short generate and set to the same step
 (every row at the full length), then every round replays each runner's graph --replays times in
-turn. Printed: per setting the median
-over --rounds of the milliseconds per replay, its ratio to the baseline, each round's figure,
-and whether its logits equal the baseline's bit for bit. Every runner holds its own copy of the
-weights. A switch a process reads once and keeps (TRTLLM_GEMV_PIPELINE) cannot be compared
-this way.
+turn. Printed: per setting the median over --rounds of the milliseconds per replay, its ratio to
+the baseline, each round's figure, and whether its logits equal the baseline's bit for bit.
+Every runner holds its own copy of the weights. A switch a process reads once and keeps
+(TRTLLM_GEMV_PIPELINE) cannot be compared this way.
 """
 from __future__ import annotations
 

@@ -88,6 +88,15 @@ def arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
     return np.cumsum(rng.exponential(1.0 / rate, n))
 
 
+def agreed_time(arrival):
+    """What makes a time every rank's: in a multi-rank engine with requests arriving over time,
+    rank 0's (broadcast), so that the ranks admit the same requests at the same step and form the
+    same batches; otherwise each time as it is."""
+    if distributed.world_size() > 1 and not np.all(arrival == 0):
+        return distributed.broadcast_object
+    return lambda now: now
+
+
 def run_executor(runner, workload, arrival, device, profile: bool = False) -> dict:
     """Submit each request at its arrival time, step until all are done. Per-request token
     arrival times are taken on the host when the tokens reach it. `profile`: print where the
@@ -115,12 +124,9 @@ def run_executor(runner, workload, arrival, device, profile: bool = False) -> di
     t0 = time.perf_counter()
     submitted, last = 0, 0.0
     steps = []  # per step() call: (seconds, prompt tokens launched, requests running before)
-    # The ranks of a multi-rank engine admit the same requests at the same step: rank 0's clock.
-    agree = distributed.world_size() > 1 and not np.all(arrival == 0)
+    agree = agreed_time(arrival)
     while submitted < len(reqs) or ex.has_work:
-        now = time.perf_counter() - t0
-        if agree:
-            now = distributed.broadcast_object(now)
+        now = agree(time.perf_counter() - t0)
         while submitted < len(reqs) and arrival[submitted] <= now:
             ex.add_request(reqs[submitted])
             submitted += 1
@@ -182,15 +188,13 @@ def run_static(runner, workload, batch: int, device, arrival=None) -> dict:
     sync(device)
     t0 = time.perf_counter()
     out_tokens, i, batches = 0, 0, []
-    # The ranks of a multi-rank engine must form the same batches: rank 0's clock (as run_executor).
-    agree = distributed.world_size() > 1 and not np.all(arrival == 0)
+    agree = agreed_time(arrival)
     while i < len(workload):
         now = time.perf_counter() - t0
         if arrival[i] > now:
             time.sleep(arrival[i] - now)
             now = arrival[i]
-        if agree:
-            now = distributed.broadcast_object(now)
+        now = agree(now)
         j = i + 1
         while j < len(workload) and j - i < batch and arrival[j] <= now:
             j += 1

@@ -17,7 +17,8 @@
 //
 //   nvcc -O3 -arch=sm_90 -o launch_chain benchmarks/launch_chain.cu
 //   ./launch_chain <16-byte weight loads a thread, 0-8> <dynamic shared memory a block, KB>
-// Figures: benchmarks/README.md, "Where a kernel boundary's time goes".
+// Figures: benchmarks/README.md, "Where a kernel boundary's time goes" (modes 0-4) and "A grid
+// barrier against a kernel boundary" (mode 5).
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
