@@ -14,6 +14,8 @@
 //   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o stage_x benchmarks/stage_x.cu
 //   ./stage_x <k: a multiple of 64, at most 16,384> <blocks: a multiple of 4> <shared memory a block, KB>
 // e.g. ./stage_x 4096 396 70 (qkv, gate_up: three blocks an SM) and ./stage_x 14336 256 100 (down).
+// Figures, and what the same ways cost inside the GEMV: benchmarks/README.md, "Where a one-round
+// GEMV's blocks land; what staging x costs the INT4 step".
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
