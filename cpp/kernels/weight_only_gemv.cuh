@@ -917,7 +917,7 @@ __device__ __forceinline__ void gatherPack(Params const& p, T const* raw, int ro
 // the sum of row r's 128 inputs of the k-step (rows p.m .. 7: zero), one float32 sum in a fixed
 // order (each vector's, then over the k-step's 16 lanes). No warp reads another's, so no block
 // barrier, nor a cp.async wait (which also waited for the block's first codes), stands between the
-// previous kernel's end and a warp's first k-step; a lane loads up to 2 vectors before it uses any.
+// previous kernel's end and a warp's first k-step; a lane loads up to U vectors before it uses any.
 // H200, batch 1, each layer alone, us, x copied and paired by the whole block -> by each warp (two
 // rounds): INT4 g128 qkv 7.48 / 7.45 -> 6.91 / 6.93, o 5.77 / 5.77 -> 5.23 / 5.26, gate_up 23.84 /
 // 23.79 -> 22.93 / 23.12, down 14.32 / 14.39 -> 13.80 / 13.82, lm_head 99.2 / 99.6 -> 97.8 / 97.0;
