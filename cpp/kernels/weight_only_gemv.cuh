@@ -938,7 +938,7 @@ __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float*
                                              int warp, int lane, T* raw, int xStride) {
     // Vectors a lane has in flight: 2 (a warp's share of a row at K = 4,096) where the norm's
     // residual and weight take registers too (4: more registers); 4 where there is none: no more
-    // registers than 2, and down (K = 14,336) waits on four passes instead of seven. H200, the INT4
+    // registers than 2, and down (K = 14,336) waits on two passes instead of four. H200, the INT4
     // g128 8B engine's batch-1 graph, one engine captured each way (ab_load_switches.py), two
     // turns, ms: 2 -> 4 vectors 2.0411 / 2.0391 -> 2.0299 / 2.0270 (the same logits); 8 (80
     // registers, a spill) 2.0855 / 2.0860.
