@@ -5,8 +5,8 @@
 // it), then block b copies the values i = b, b + blocks, ... of x from shared memory into the next
 // kernel's x, so that every kernel depends on every block of the one before. Per way, microseconds
 // a kernel (best of 5 replays of 10 graphs), after a check that the chain carried x unchanged:
-//   0 each warp loads its eighth of x with plain 16-byte loads, two a lane in flight (the INT4
-//     pipelined GEMV's staging, one pass after another);
+//   0 each warp loads its eighth of x with plain 16-byte loads, two a lane in flight, one pass
+//     after another (the INT4 pipelined GEMV's staging in its norm kernels; the others take four);
 //   1 one bulk copy (TMA) of x a block, completed on an mbarrier;
 //   2, 4 clusters of 2 or 4 blocks: each block copies its share of x to every block of its cluster
 //     at once (multicast), so L2 gives out x once a cluster.
