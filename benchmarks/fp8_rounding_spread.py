@@ -144,6 +144,10 @@ def main(argv=None) -> int:
     p.add_argument("--algorithm", choices=["rtn", "gptq"], default="rtn", help="how the weights are rounded")
     p.add_argument("--exclude_modules", default="",
                    help="comma-separated linear names or fnmatch patterns kept float, besides lm_head")
+    p.add_argument("--data_file", type=Path, default=None,
+                   help="JSON lines with an 'article' text each, whose perplexity is measured (default: "
+                        "eval_ppl.py's articles; examples/data/calibration_prose.jsonl asks whether a rounding "
+                        "that is lucky on the articles is lucky on the calibration texts too)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
@@ -168,8 +172,10 @@ def main(argv=None) -> int:
     exclusion = fp8_config(float_config, exclude_modules=exclude).quant_config
     share = {"model": float_share(params, exclusion),
              "llama_3.1_8b_shape": float_share(linear_params(llama_8b_config()), exclusion)}
-    prompts = article_token_ids(load_tokenizer(args.model_dir))
-    results = {"model": args.model_dir, "tokens": sum(len(x) - 1 for x in prompts), "exclude_modules": exclude,
+    prompts = article_token_ids(load_tokenizer(args.model_dir),
+                                **({"path": args.data_file} if args.data_file else {}))
+    results = {"model": args.model_dir, "data_file": str(args.data_file or "the articles"),
+               "tokens": sum(len(x) - 1 for x in prompts), "exclude_modules": exclude,
                "float_share_of_decoder_linear_weights": share, "modes": {}}
     print(f"exclude_modules {exclude}: {100 * share['model']:.1f}% of the decoder's linear weights float "
           f"({100 * share['llama_3.1_8b_shape']:.1f}% in Llama-3.1-8B's shape)", flush=True)
