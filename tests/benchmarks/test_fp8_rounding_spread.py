@@ -1,6 +1,7 @@
 """benchmarks/fp8_rounding_spread.py on a tiny random LLaMA (a Hugging Face folder with a word
 tokenizer), on the CPU: --exclude_modules keeps those linears float in the checkpoint and the
-built engine, the JSON records the exclusion and its float share, and bad options are one line."""
+built engine, the JSON records the exclusion and its float share, --data_file's texts are the ones
+measured, and bad options are one line."""
 import json
 
 import pytest
@@ -86,3 +87,17 @@ def test_bad_exclusions_are_one_line(hf_dir, capsys):
     with pytest.raises(SystemExit):
         module.main(["--model_dir", str(hf_dir), "--algorithm", "gptq", "--exclude_modules", "lm_head"])
     assert "not supported with --algorithm gptq" in capsys.readouterr().err
+
+
+def test_data_file_is_the_text_measured(hf_dir, tmp_path):
+    from tensorrt_llm.tokenizer_utils import load_tokenizer
+    texts = ["w5 w6 w7 w8 w9 w10", "w11 w12 w13"]
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"article": t}) + "\n" for t in texts))
+    out = tmp_path / "spread.json"
+    assert spread().main(["--model_dir", str(hf_dir), "--modes", "pc_dyn", "--roundings", "1", "--threads", "1",
+                          "--data_file", str(data), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    tokenizer = load_tokenizer(hf_dir)
+    assert result["data_file"] == str(data)
+    assert result["tokens"] == sum(len(tokenizer(t)["input_ids"]) - 1 for t in texts)
