@@ -44,6 +44,6 @@ def test_one_line_per_mode(launch_chain, loads, smem_kb, persistent_fits):
     for line, mode in zip(lines, MODES):
         assert f"shared memory {smem_kb:3d} KB a block, {mode:<18}" in line
         if mode != "one kernel" or persistent_fits:
-            assert line.endswith("us a kernel") and float(line.split()[-3]) > 0
+            assert line.endswith("us a kernel") and float(line.split()[-4]) > 0
         else:
             assert line.endswith("skipped: 256 blocks do not fit at once")
