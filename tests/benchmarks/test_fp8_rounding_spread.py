@@ -87,6 +87,9 @@ def test_bad_exclusions_are_one_line(hf_dir, capsys):
     with pytest.raises(SystemExit):
         module.main(["--model_dir", str(hf_dir), "--algorithm", "gptq", "--exclude_modules", "lm_head"])
     assert "not supported with --algorithm gptq" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        module.main(["--model_dir", str(hf_dir), "--data_file", str(hf_dir / "absent.jsonl")])
+    assert f"--data_file {hf_dir / 'absent.jsonl'} is not a file" in capsys.readouterr().err
 
 
 def test_data_file_is_the_text_measured(hf_dir, tmp_path):
