@@ -1069,7 +1069,12 @@ void launchFourWarps(DecodeAttentionParams const& p, cudaStream_t stream) {
 // / 24.16 -> 16.22 / 9.10 -> 7.30 / 6.60 -> 5.08 (8 x 1 tile: 7.36 / 12.40 / 16.65 / 8.17 / 5.59;
 // 16 x 1: 7.48 / 12.79 / 14.77 / 8.14 / 5.52); at b32 L2080 (256 pairs) 8 warps were slower,
 // 99.7 -> 103.4, so more pairs keep four (eight: up to a quarter of the multiprocessors, b1-b4
-// of the 8B shape, measured above).
+// of the 8B shape, measured above). In the engine, where the step's first tiles are loaded before
+// the wait (earlyCacheLoads), one tile a warp is the faster: H200, the INT4 g128 8B engine's batch-1
+// graph (one engine captured both ways, ab_load_switches.py, medians of 8 rounds, ms), 8 x 2 -> 8 x
+// 1 tiles at 129 positions 2.0383 -> 2.0159, 176 2.0403 -> 2.0292, 1,024 2.2950 -> 2.2762, 2,048
+// 2.3691 -> 2.3445 (12 x 1: 2.0481, 2.2878, 2.3537; 16 x 1, at 128 registers: 2.0644; 4 x 2:
+// 2.0769). So half-precision caches take 8 x 1; 1-byte codes (no early loads) keep 8 x 2.
 // 1-byte codes between those two (b32 L2080: 256 pairs, two blocks of four warps per SM) load
 // the next two tiles while they compute these (PIPE, 208 registers): 8 KB of codes a warp
 // round is too little in flight to cover memory with eight warps an SM. H100, b32 L2080, FP8
@@ -1094,7 +1099,11 @@ void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
                 if (manyWaves) {
                     launchMma<T, C, D, 1, 2, 8>(p, stream);
                 } else if (fewPairs) {
-                    launchMma<T, C, D, 8, 2, 1>(p, stream);
+                    if constexpr (kIsKvCode<C>) {
+                        launchMma<T, C, D, 8, 2, 1>(p, stream);
+                    } else {
+                        launchMma<T, C, D, 8, 1, 1>(p, stream);
+                    }
                 } else {
                     launchFourWarps<T, C, D>(p, stream);
                 }
