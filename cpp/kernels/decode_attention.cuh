@@ -1074,7 +1074,8 @@ void launchFourWarps(DecodeAttentionParams const& p, cudaStream_t stream) {
 // graph (one engine captured both ways, ab_load_switches.py, medians of 8 rounds, ms), 8 x 2 -> 8 x
 // 1 tiles at 129 positions 2.0383 -> 2.0159, 176 2.0403 -> 2.0292, 1,024 2.2950 -> 2.2762, 2,048
 // 2.3691 -> 2.3445 (12 x 1 at the last three: 2.0481, 2.2878, 2.3537; at 129, 16 x 1, held to 128
-// registers: 2.0644, and 4 x 2: 2.0769). So half-precision caches take 8 x 1, with or without the
+// registers: 2.0644, and 4 x 2: 2.0769; at 176 and 1,024, 6 x 1 1.015x and 1.047x 8 x 1's, 4 x 1
+// 1.030x and 1.116x). So half-precision caches take 8 x 1, with or without the
 // early loads (not measured without them): the two launches stay one kernel, the same bits. 1-byte
 // codes, which have no early loads, keep 8 x 2.
 // 1-byte codes between those two (b32 L2080: 256 pairs, two blocks of four warps per SM) load
