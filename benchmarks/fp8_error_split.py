@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "examples" / "quantization"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from eval_ppl import ARTICLES, article_token_ids  # noqa: E402
+from eval_ppl import ARTICLES, article_token_ids, perplexity_of  # noqa: E402
 from fp8_rounding_spread import default_model  # noqa: E402
 from quantize import transformers_model  # noqa: E402  examples/quantization/quantize.py
 
@@ -64,10 +63,8 @@ def round_weight(w: torch.Tensor, mode: str) -> torch.Tensor:
         scale = fp8_weight_scale(w, per_channel=mode == "pc")
         scale = scale[:, None] if mode == "pc" else scale
         return fp8_codes(w, scale).float() * scale
-    n = block_size(mode, "b")
+    n = block_size(mode, "b")  # tiling w (Fp8Rounding.check)
     rows, cols = w.shape
-    if rows % n or cols % n:
-        raise ValueError(f"weight blocks of {n} do not tile a {rows} x {cols} weight")
     blocks = w.reshape(rows // n, n, cols // n, n).permute(0, 2, 1, 3).reshape(-1, n * n)
     scale = fp8_weight_scale(blocks, per_channel=True)[:, None]
     back = fp8_codes(blocks, scale).float() * scale
@@ -81,9 +78,7 @@ def round_activation(x: torch.Tensor, mode: str) -> torch.Tensor:
     if mode == "tok":
         codes, scale = quantize_fp8_activation(x)
         return (codes.float() * scale).to(x.dtype)
-    n = block_size(mode, "g")
-    if x.shape[-1] % n:
-        raise ValueError(f"activation groups of {n} do not tile {x.shape[-1]} inputs")
+    n = block_size(mode, "g")  # tiling x's inputs (Fp8Rounding.check)
     grouped = x.reshape(*x.shape[:-1], x.shape[-1] // n, n)
     codes, scale = quantize_fp8_activation(grouped)
     return (codes.float() * scale).reshape(x.shape).to(x.dtype)
@@ -118,13 +113,8 @@ class Fp8Rounding:
 
 @torch.no_grad()
 def perplexity(model, prompts: list[list[int]]) -> float:
-    total, tokens = 0.0, 0
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        logits = model(ids).logits[0, :-1].float()
-        total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
-        tokens += len(prompt) - 1
-    return math.exp(total / tokens)
+    """eval_ppl's perplexity over the prompts, of the transformers model's forward."""
+    return perplexity_of(lambda prompt: model(torch.tensor([prompt])).logits[0], prompts)
 
 
 def main(argv=None) -> int:

@@ -66,9 +66,17 @@ def article_token_ids(tokenizer, count: int | None = None, max_tokens: int | Non
 def perplexity(runner, prompts) -> float:
     """exp of the mean next-token cross entropy over the prompts (teacher forcing: one
     context pass each, its logits)."""
+    return perplexity_of(
+        lambda prompt: runner.generate([prompt], max_new_tokens=1, return_context_logits=True)["context_logits"][0],
+        prompts)
+
+
+def perplexity_of(context_logits, prompts) -> float:
+    """perplexity() with the logits of each prompt's positions [len, vocab] from `context_logits(prompt)`
+    (an engine's context pass, or another model's forward)."""
     total, tokens = 0.0, 0
     for prompt in prompts:
-        logits = runner.generate([prompt], max_new_tokens=1, return_context_logits=True)["context_logits"][0]
+        logits = context_logits(prompt)
         target = torch.as_tensor(prompt[1:], dtype=torch.long)
         total += float(torch.nn.functional.cross_entropy(logits[:-1].float().cpu(), target, reduction="sum"))
         tokens += len(target)
