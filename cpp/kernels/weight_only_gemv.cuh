@@ -103,6 +103,18 @@ constexpr int kWarps = kThreads / 32;
 
 template <int BITS>
 constexpr int kCodes = 128 / BITS;  // codes per 16-byte pack
+
+// A 16-byte shared-memory load (addr: a shared-memory address) where `pred`; elsewhere the
+// registers keep whatever they held, with no instruction to zero them. For lanes whose values
+// reach only the mma's columns of no row of x, which no tile's end stores or reads.
+__device__ __forceinline__ uint4 loadSharedWhere(bool pred, uint32_t addr) {
+    uint4 v;
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(addr), "r"(static_cast<int>(pred)));
+    return v;
+}
 // 16-byte weight packs a lane has in flight: 128 codes (4 INT4 or 8 INT8 packs); half as many
 // for tiles of 8 rows, whose accumulators take the registers (and which reuse each pack 8 times).
 template <int BITS, int MT>
@@ -804,10 +816,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ONE_WAVE ? 3 : 2) weightOnlyGe
 // flight while it computes one. The first slots are filled before waitForPreviousKernel (codes
 // are no kernel's output); x's rows are copied to shared memory once per block (INT4: the parts
 // each warp reads, by that warp: pairXForWarp); the grid is the
-// blocks that fit at once, each looping over tiles of 16 features. Scales and zeros are read
-// where they are used, from L1: a tile ahead, the block asks for its next tile's scale lines
-// (per channel: read once per tile). In the ring they cost more than they saved: 16 rows' scale
-// and zero are 32 cache lines a k-step, and INT4 gate_up took 52 us, bound by L1 (80% busy).
+// blocks that fit at once, each looping over tiles of 16 features. INT8's scales are read where
+// they are used, from L1: a tile ahead, the block asks for its next tile's scale lines (per
+// channel: read once per tile). In the ring they cost more than they saved: 16 rows' scale and
+// zero are 32 cache lines a k-step, and INT4 gate_up took 52 us, bound by L1 (80% busy). INT4's
+// (STAGED, since 2026-12-01): a tile ahead, the whole block copies the next tile's 16 scale and
+// 16 zero rows into shared memory (16-byte cp.async, each row's lines whole, joining a k-step's
+// group of copies), and a k-step reads them there, one wavefront a load where each L1 load had
+// touched 8 rows' lines. The INT4 g128 8B engine's batch-1 graph on an H200, one engine captured
+// both ways (ab_load_switches.py), 8 rounds of 64 replays, medians: 2.0182 -> 1.9648 ms, the
+// same logits. Where the buffers do not fit beside the rest (act-order at K near 32,768), L1 as
+// before.
 // INT8: per lane, the same products as the kernel above (mmaStep), in the same order. INT4: the
 // codes enter the mma as offset + code (biasedCodePair4: no subtraction), x's rows are staged in
 // the mma's pair order (pairXForWarp: no permutes per k-step) with each k-step's sum of x, and
@@ -846,6 +865,16 @@ __host__ __device__ constexpr size_t pipeRingBytes(int stages) { return size_t{k
 // PAIRS (see the kernel): 8 slots, 6 k-steps in flight.
 template <bool PAIRS>
 constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
+// STAGED (INT4): a tile's scales and zeros, [2][16][stagedStride(groups)] floats, two such buffers
+// (this tile's and the next's). The row stride is 4 mod 32 floats: the 8 rows g of a load fall on
+// 8 distinct banks (their 4 lanes t read one word), and rows stay 16-byte aligned for cp.async.
+__host__ __device__ constexpr int stagedStride(int groups) {
+    int const s = (groups + 3) / 4 * 4;
+    return s + ((4 - s) % 32 + 32) % 32;
+}
+__host__ __device__ constexpr size_t stagedScaleBytes(int groups) {
+    return size_t{2} * 2 * kMmaRows * static_cast<size_t>(stagedStride(groups)) * sizeof(float);
+}
 
 
 // NORM: 8 bfloat16 values of x plus the residual's (as packs), as rms_norm.cu rounds the sum: a sum
@@ -914,7 +943,8 @@ __device__ __forceinline__ void gatherPack(Params const& p, T const* raw, int ro
 // same in every tile) as the mma wants them, and those k-steps' sums of x, staged by that warp
 // alone straight from global memory. Each 8-value vector of a row becomes xPair's four pairs ((v0,
 // v4), (v1, v5), (v2, v6), (v3, v7)), so a k-step reads its B operands as words; xSum[step][r] is
-// the sum of row r's 128 inputs of the k-step (rows p.m .. 7: zero), one float32 sum in a fixed
+// the sum of row r's 128 inputs of the k-step (rows p.m .. 7: left as they are: they reach only the
+// mma's columns of no row, which no tile's end stores or reads), one float32 sum in a fixed
 // order (each vector's, then over the k-step's 16 lanes). No warp reads another's, so no block
 // barrier, nor a cp.async wait (which also waited for the block's first codes), stands between the
 // previous kernel's end and a warp's first k-step; a lane loads up to U vectors before it uses any.
@@ -951,13 +981,28 @@ __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float*
     bool const gathered = p.perm != nullptr;  // act-order: x (+ residual) staged in raw, gathered from there
     if (gathered) stageRawX<T, NORM>(p, raw);
     bool const residual = NORM && p.norm.residual != nullptr && !gathered;  // gathered: added in raw
+    // Item i = base + 32 u + lane is vector rest = i % perStep of the warp's k-step c = i / perStep,
+    // both kept by additions (i grows by 32 an item; perStep = 16 m, m <= 8): a division an item,
+    // and 64-bit row offsets (launchPipelinedGemv keeps them below 2^31), had taken about 50 of the
+    // ~330 instructions each warp spends here before its first k-step (see the kernel).
+    int cNext = m == 1 ? lane >> 4 : 0;
+    int restNext = lane - cNext * perStep;
+    int const cStep = m == 1 ? 2 : m == 2 ? 1 : 0, restStep = 32 - cStep * perStep;
+    int const xStride32 = static_cast<int>(p.xRowStride);
+    int const rStride32 = NORM ? static_cast<int>(p.norm.residualRowStride) : 0;
     for (int base = 0; base < total; base += 32 * U) {  // whole warps: the shuffles
         uint4 a[U], b[U], w[U];
         int row[U], vec[U];
         bool ok[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            int const i = base + 32 * u + lane, c = i / perStep, rest = i - c * perStep;
+            int const i = base + 32 * u + lane, c = cNext, rest = restNext;
+            cNext += cStep;
+            restNext += restStep;
+            if (restNext >= perStep) {
+                restNext -= perStep;
+                ++cNext;
+            }
             row[u] = rest / 16;
             vec[u] = 16 * (warp + kMmaWarps * c) + rest % 16;
             ok[u] = i < total && vec[u] < vecs;
@@ -966,14 +1011,14 @@ __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float*
                 b[u] = make_uint4(0, 0, 0, 0);
                 continue;
             }
-            a[u] = ok[u] ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + row[u] * p.xRowStride) +
-                                  vec[u])
+            int const xOff = row[u] * xStride32;
+            a[u] = ok[u] ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.x) + xOff) + vec[u])
                          : make_uint4(0, 0, 0, 0);
             if constexpr (NORM) {
-                b[u] = ok[u] && residual ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.norm.residual) +
-                                                                                 row[u] * p.norm.residualRowStride) +
-                                                  vec[u])
-                                         : make_uint4(0, 0, 0, 0);
+                int const rOff = row[u] * rStride32;
+                b[u] = ok[u] && residual
+                           ? __ldcg(reinterpret_cast<uint4 const*>(static_cast<T const*>(p.norm.residual) + rOff) + vec[u])
+                           : make_uint4(0, 0, 0, 0);
                 w[u] = ok[u] ? __ldg(reinterpret_cast<uint4 const*>(p.norm.normWeight) + vec[u]) : make_uint4(0, 0, 0, 0);
             }
         }
@@ -1016,12 +1061,6 @@ __device__ __forceinline__ void pairXForWarp(Params const& p, T* xShared, float*
                 xSum[(vec[u] / 16) * 8 + row[u]] = s;
                 if constexpr (NORM) sqSum[(vec[u] / 16) * 8 + row[u]] = sq;
             }
-        }
-    }
-    for (int e = lane; e < mine * 8; e += 32) {  // rows p.m .. 7 of the warp's k-steps
-        if (e % 8 >= m) {
-            xSum[(warp + kMmaWarps * (e / 8)) * 8 + e % 8] = 0.f;
-            if constexpr (NORM) sqSum[(warp + kMmaWarps * (e / 8)) * 8 + e % 8] = 0.f;
         }
     }
     __syncwarp();
@@ -1117,9 +1156,10 @@ __device__ __forceinline__ void fp8XForMma(Params const& p, T* xShared, float in
 }
 
 template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false, bool GATED = false,
-          bool NORM = false>
+          bool NORM = false, bool STAGED = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
+    static_assert(!STAGED || (BITS == 4 && !PAIRS), "STAGED: INT4's group scales and zeros");
     static_assert(!NORM || (BITS == 4 && std::is_same_v<T, __nv_bfloat16>), "NORM: INT4, bfloat16 x");
     constexpr int STAGES = kPipeSlots<PAIRS>;
     constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
@@ -1141,7 +1181,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     uint4 const* ring = reinterpret_cast<uint4 const*>(pipeShared) + warp * STAGES * 64;
     // The lane's place in the warp's slot 0, as cp.async's shared-memory address.
     uint32_t const ringLane = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
-    T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES));  // [p.m][k]
+    // STAGED: the tiles' scales and zeros (stagedScaleBytes) after the ring, then x
+    int const sStride = stagedStride(p.groups);
+    float* staged = reinterpret_cast<float*>(pipeShared + pipeRingBytes(STAGES));
+    T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES) + (STAGED ? stagedScaleBytes(p.groups) : 0));
     float* xSum = reinterpret_cast<float*>(xShared + p.m * xStride);  // INT4: [kSteps][8]; HALF_X: xScale
     float* sqSum = xSum + kSteps * 8;                                 // NORM: [kSteps][8]
     float inv = -1.f;                                                 // NORM: this thread's row's, once known
@@ -1212,7 +1255,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     };
     // The scale (and zero) lines of a tile's 16 rows, towards L1.
     auto prefetchScales = [&](int tile) {
-        if (FP8 || tile >= tiles) return;  // FP8: one weight scale an output, at the tile's end
+        if (FP8 || STAGED || tile >= tiles) return;  // FP8: one weight scale an output, at the tile's end
         int const lines = (p.groups * static_cast<int>(sizeof(float)) + 127) / 128;
         int const perArray = kMmaRows * lines;
         for (int e = threadIdx.x; e < perArray * (BITS == 4 ? 2 : 1); e += kMmaWarps * 32) {
@@ -1221,9 +1264,39 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
         }
     };
+    // STAGED: tile `tile`'s scale and zero rows into its buffer, by the whole block: thread i copies
+    // pieces i % 8, + 8, ... of row i / 8 of the 32 (16 scale rows, then 16 zero rows), 16 bytes a
+    // piece where rows are whole 16-byte pieces, else 4; the caller commits.
+    static_assert(kMmaWarps * 32 == 8 * 2 * kMmaRows, "8 threads a staged row");
+    auto stageScales = [&](int tile) {
+        if (!STAGED || tile >= tiles) return;
+        int const which = threadIdx.x / (8 * kMmaRows), r = threadIdx.x / 8 % kMmaRows;
+        bool const wide = p.groups % 4 == 0;
+        int const pieces = wide ? p.groups >> 2 : p.groups;
+        float const* src = (which ? zeros : scales) + rowOf(tile, r) * p.groups;
+        float* dst = staged + (tile & 1) * 2 * kMmaRows * sStride + (which * kMmaRows + r) * sStride;
+        for (int c = threadIdx.x % 8; c < pieces; c += 8) {
+            if (wide) {
+                copyAsync16(dst + 4 * c, src + 4 * c);
+            } else {
+                uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + c));
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src + c) : "memory");
+            }
+        }
+    };
+    if constexpr (STAGED) {
+        // Tile 0's scales before the wait (no kernel's output), in a group of their own ahead of the
+        // codes', landed and shared before the wait: the previous kernel's time hides them.
+        stageScales(0);
+        copyAsyncCommit();
+    }
 #pragma unroll
     for (int i = 0; i < AHEAD; ++i) issue();
     prefetchScales(0);
+    if constexpr (STAGED) {
+        copyAsyncWait<AHEAD>();
+        __syncthreads();
+    }
     waitForPreviousKernel();
     allowNextKernel();  // see launchKernel: after the wait
 
@@ -1252,10 +1325,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     // wavefronts, 8 lanes' x where 1 lane's was read (INT4 gate_up 23.5 -> 27.3 us at batch 1).
     bool const xOk = g < p.m;
     uint4 const* xLane = reinterpret_cast<uint4 const*>(xShared + (xOk ? g : 0) * xStride) + t * XW;
+    uint32_t const xLaneShared = static_cast<uint32_t>(__cvta_generic_to_shared(xLane));  // STAGED's x loads
 
     unsigned used = 0;
     for (int tile = 0; tile < tiles; ++tile) {
         prefetchScales(tile + 1);
+        // STAGED: the next tile's scales join this tile's first k-step's group of copies, landed by
+        // its k-step AHEAD (or, for warps of fewer k-steps a tile, by the wait at the tile's end).
+        stageScales(tile + 1);
+        float const* sRowA = staged + (tile & 1) * 2 * kMmaRows * sStride + g * sStride;  // STAGED: row g's scales
         // Where rows g and g + 8 start in scales and zeros, as 32-bit element offsets (launchPipelinedGemv
         // keeps n x groups below 2^31): the k-steps' loads add their group to them. From 64-bit row
         // pointers the compiler recomputed two 64-bit products every k-step, out of registers.
@@ -1272,8 +1350,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             wb = slot[32];
             // INT4's rows are padded to whole k-steps; INT8's past k read zeros
             bool const inK = BITS == 4 || 4 * step + t < numPacks;
+            if constexpr (STAGED) {
+                // The lanes past p.m keep what their registers held (loadSharedWhere): the 8
+                // instructions a k-step that zeroed them cost 2.9% of the INT4 8B engine's batch-1
+                // step (H200, one engine captured both ways: 1.8652 -> 1.8104 ms, the same logits).
+                // Not in the L1 fallback, whose gated instance then spilled.
+                uint32_t const at = xLaneShared + 4 * XW * step * static_cast<uint32_t>(sizeof(uint4));
 #pragma unroll
-            for (int j = 0; j < XW; ++j) xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
+                for (int j = 0; j < XW; ++j) xs[0][j] = loadSharedWhere(xOk, at + j * sizeof(uint4));
+            } else {
+#pragma unroll
+                for (int j = 0; j < XW; ++j) xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
+            }
         };
         // k-step `step`'s sum, added to acc.
         auto accumulate = [&](uint4 const& wa, uint4 const& wb, uint4 const (&xs)[1][XW], int step) {
@@ -1283,7 +1371,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             }
             int const group = (4 * step) >> p.groupShift;
             int const ia = offA + group, ib = offB + group;  // the k-step's scale (and zero) of rows g, g + 8
-            if (!perChannel) {
+            if (STAGED) {
+                sa = sRowA[group];
+                sb = sRowA[8 * sStride + group];
+            } else if (!perChannel) {
                 sa = __ldg(scales + ia);
                 sb = __ldg(scales + ib);
             }
@@ -1291,8 +1382,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
                 // Codes as offset + code, with no subtraction (see biasedCodePair4):
                 //     sum_k x_k (c_k s + z) = s sum_k x_k (c_k + O) + (z - O s) sum_k x_k.
                 constexpr float O = MmaTraits<T>::kOffset4;
-                float const ca = __ldg(zeros + ia) - O * sa;
-                float const cb = __ldg(zeros + ib) - O * sb;
+                float const ca = (STAGED ? sRowA[kMmaRows * sStride + group] : __ldg(zeros + ia)) - O * sa;
+                float const cb = (STAGED ? sRowA[(kMmaRows + 8) * sStride + group] : __ldg(zeros + ib)) - O * sb;
                 float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
@@ -1354,7 +1445,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         } else {
             storeTile<T, FP8, 1, NORM>(p, red, acc, firstRow + tile * tileStride, inputScale, sqSum, kSteps, &inv);
         }
-        __syncthreads();  // red is read before the next tile writes it
+        if (STAGED && perTile <= AHEAD) {  // the next tile's scales (see stageScales above) landed
+            copyAsyncCommit();
+            copyAsyncWait<0>();
+        }
+        __syncthreads();  // red is read before the next tile writes it; STAGED: the next tile's scales are in
     }
 }
 
@@ -1368,28 +1463,37 @@ bool pipelinedGemvEnabled() {
     return enabled;
 }
 
+// The pipelined kernel's dynamic shared memory for q: the ring, STAGED's scale buffers, x, the
+// k-steps' sums, act-order's raw rows (the kernel's carving, in that order).
+template <typename T, int BITS, bool PAIRS, bool HALF_X, bool NORM, bool STAGED>
+size_t pipeSharedBytes(Params const& q) {
+    int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
+    // INT4: x's rows padded with zeros to whole k-steps (the kernel's xStride)
+    int64_t const xRow = BITS == 4 ? kSteps * 4 * kCodes<BITS> : q.k;
+    size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(xRow) * sizeof(T);
+    constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
+    size_t const sumBytes = kPerStep ? (NORM ? 2 : 1) * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
+    // act-order's rows in x's order (stageRawX)
+    size_t const rawBytes = q.perm != nullptr ? static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T) : 0;
+    size_t const stagedBytes = STAGED ? stagedScaleBytes(q.groups) : 0;
+    return pipeRingBytes(kPipeSlots<PAIRS>) + stagedBytes + xBytes + sumBytes + rawBytes;
+}
+
 // The pipelined kernel compiled for at least MINB blocks an SM, on a grid of the blocks that fit at
 // once (at most one a tile); blocksPerSm > 0: no more than that many an SM (by shared memory).
 template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false, bool GATED = false,
-          bool NORM = false>
+          bool NORM = false, bool STAGED = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream, int blocksPerSm = 0) {
     if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
             return launchPipelined<T, BITS, FP8, MINB, PAIRS, true, GATED>(q, tiles, stream, blocksPerSm);
         }
     }
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM>;
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM, STAGED>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
-    int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
-    // INT4: x's rows padded with zeros to whole k-steps (the kernel's xStride)
-    int64_t const xRow = BITS == 4 ? kSteps * 4 * kCodes<BITS> : q.k;
-    size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(xRow) * sizeof(T);
     constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
     constexpr size_t kSums = NORM ? 2 : 1;           // NORM: sqSum after xSum
-    size_t const sumBytes = kPerStep ? kSums * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
-    // act-order's rows in x's order (stageRawX)
-    size_t const rawBytes = q.perm != nullptr ? static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T) : 0;
-    size_t smem = ring + xBytes + sumBytes + rawBytes;
+    size_t smem = pipeSharedBytes<T, BITS, PAIRS, HALF_X, NORM, STAGED>(q);
     if (blocksPerSm > 0) smem = sharedBytesForBlocksPerSm(kernel, smem, blocksPerSm);
     constexpr size_t kMaxSum =
         kPerStep ? kSums * (kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>)) * 8 * sizeof(float) : 0;
@@ -1398,6 +1502,7 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream, int b
     constexpr size_t kMaxX = kMaxPipeX + (BITS == 4 ? 8 * 4 * kCodes<BITS> * sizeof(T) : 0);
     static_assert(ring + kMaxX + kMaxSum + kMaxRaw + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
+    // STAGED: launchPipelinedGemv has checked that smem fits
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(std::max(ring + kMaxX + kMaxSum + kMaxRaw, smem)));
     unsigned const blocks = static_cast<unsigned>(
@@ -1417,7 +1522,11 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         if ((!GATED && !NORM && q.perm == nullptr && !pipelinedGemvEnabled()) || q.m > 8 || xBytes > kMaxPipeX) {
             return false;
         }
-        if (q.n * q.groups > std::numeric_limits<int32_t>::max()) return false;  // the kernel's 32-bit offsets
+        // the kernel's 32-bit offsets: scales and zeros, INT4's rows of x (and NORM's residual)
+        int64_t const rowsSpan = q.m * std::max(q.xRowStride, NORM ? q.norm.residualRowStride : int64_t{0});
+        if (q.n * q.groups > std::numeric_limits<int32_t>::max() || rowsSpan > std::numeric_limits<int32_t>::max()) {
+            return false;
+        }
         // Three blocks an SM (at most 80 registers a thread) where two a SM would leave tiles for a
         // second round: INT4 beyond 2 tiles an SM, INT8 (whose kernel keeps fewer codes in flight
         // within 80 registers) beyond 8. H100, batch 1, codes in tile order, 2 -> 3 blocks an SM,
@@ -1440,6 +1549,15 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // with 6 in flight (PAIRS). H200, batch 1, us, one k-step at a time -> pairs: INT8 down 23.07
         // -> 19.25, o 8.03 -> 7.77; but INT4 o 5.73 -> 5.87 and down unchanged (14.2), and INT8 qkv
         // (384 tiles, where the larger ring leaves two blocks an SM instead of three) 8.64 -> 11.85.
+        if constexpr (BITS == 4 && !FP8) {
+            // STAGED where its buffers fit beside the rest (with the static `red`) in a block's 227 KB
+            if (pipeSharedBytes<T, 4, false, false, NORM, true>(q) + sizeof(float) * kMmaWarps * 8 * kMmaRows <=
+                227 * 1024) {
+                launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM, true>(q, tiles, stream,
+                                                                                 tiles > twoRounds ? 0 : 2);
+                return true;
+            }
+        }
         if (tiles > twoRounds) {
             launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM>(q, tiles, stream);
         } else if constexpr (BITS == 8) {

@@ -218,6 +218,23 @@ def test_act_order_permutation(gen, needs_kernels, group, scale_dtype, m):
 
 
 @gpu
+@pytest.mark.parametrize("act_order", [False, True])
+def test_int4_gemv_at_the_longest_rows_it_stages(gen, needs_kernels, act_order):
+    # K = 32,768 at one row: x fills the pipelined kernel's 64 KB. Its scales and zeros (256 groups a
+    # row) are staged in shared memory a tile ahead; with act-order's copy of x beside them they do
+    # not fit, and the kernel reads them from L1 instead: both must give the reference's sums.
+    n, k, dtype = 48, 32768, torch.bfloat16
+    q = _weight(gen, "int4", 128, n, k, torch.float32)
+    perm = torch.randperm(k, generator=gen) if act_order else None
+    q = Int4Weight(q.qweight, q.scales, q.zeros, 128, perm)
+    qw, s, z = _on_device(q)
+    x, bias = _inputs(gen, 1, n, k, dtype)
+    got = weight_only_matmul_cuda(x.to(DEVICE), qw, s, z, bias.to(DEVICE), weight_format="int4", group_size=128,
+                                  perm=None if perm is None else perm.to(DEVICE))
+    _check(got, quantized_linear_reference(x, q, bias), x, q, bias, dtype, False, f"act_order={act_order}")
+
+
+@gpu
 @pytest.mark.parametrize("tiled", [False, True])
 @pytest.mark.parametrize("form", ["plain", "gated", "norm", "add_norm", "add_norm_gated"])
 def test_act_order_gather_in_the_gemv_is_the_gemv_of_the_gathered_x(gen, needs_kernels, form, tiled):
