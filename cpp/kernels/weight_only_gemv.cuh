@@ -946,8 +946,8 @@ __device__ __forceinline__ void gatherPack(Params const& p, T const* raw, int ro
 // the sum of row r's 128 inputs of the k-step (rows p.m .. 7: left as they are: they reach only the
 // mma's columns of no row, which no tile's end stores or reads), one float32 sum in a fixed
 // order (each vector's, then over the k-step's 16 lanes). No warp reads another's, so no block
-// barrier, nor a cp.async wait (which also waited for the block's first codes), stands between the
-// previous kernel's end and a warp's first k-step; a lane loads up to U vectors before it uses any.
+// barrier waits for x, nor a cp.async wait for the block's first codes (STAGED's one barrier after
+// the staging is for tile 0's scales); a lane loads up to U vectors before it uses any.
 // H200, batch 1, each layer alone, us, x copied and paired by the whole block -> by each warp (two
 // rounds): INT4 g128 qkv 7.48 / 7.45 -> 6.91 / 6.93, o 5.77 / 5.77 -> 5.23 / 5.26, gate_up 23.84 /
 // 23.79 -> 22.93 / 23.12, down 14.32 / 14.39 -> 13.80 / 13.82, lm_head 99.2 / 99.6 -> 97.8 / 97.0;
@@ -1286,17 +1286,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     };
     if constexpr (STAGED) {
         // Tile 0's scales before the wait (no kernel's output), in a group of their own ahead of the
-        // codes', landed and shared before the wait: the previous kernel's time hides them.
+        // codes' (waited for after x's staging, below).
         stageScales(0);
         copyAsyncCommit();
     }
 #pragma unroll
     for (int i = 0; i < AHEAD; ++i) issue();
     prefetchScales(0);
-    if constexpr (STAGED) {
-        copyAsyncWait<AHEAD>();
-        __syncthreads();
-    }
     waitForPreviousKernel();
     allowNextKernel();  // see launchKernel: after the wait
 
@@ -1306,6 +1302,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         // act-order's raw rows (stageRawX) after the k-steps' sums
         T* raw = reinterpret_cast<T*>(xSum + (NORM ? 2 : 1) * kSteps * 8);
         pairXForWarp<T, NORM>(p, xShared, xSum, sqSum, kSteps, warp, lane, raw, xStride);
+        if constexpr (STAGED) {
+            // Tile 0's scales landed (their group is older than the AHEAD codes' ones) and every
+            // thread's copies shared. Here rather than before the wait, where a block that
+            // becomes resident only as the previous kernel's blocks leave (most of gate_up's,
+            // qkv's and down's) would wait for their DRAM latency and then for x's staging in
+            // turn: H200, the INT4 g128 8B engine's batch-1 graph, one engine captured both ways,
+            // 1.8096 -> 1.7973 ms, the same logits.
+            copyAsyncWait<AHEAD>();
+            __syncthreads();
+        }
     } else {
         copyXToShared(p, xShared);
         copyAsyncCommit();
