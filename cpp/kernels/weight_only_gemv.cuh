@@ -1556,9 +1556,12 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // -> 19.25, o 8.03 -> 7.77; but INT4 o 5.73 -> 5.87 and down unchanged (14.2), and INT8 qkv
         // (384 tiles, where the larger ring leaves two blocks an SM instead of three) 8.64 -> 11.85.
         if constexpr (BITS == 4 && !FP8) {
-            // STAGED where its buffers fit beside the rest (with the static `red`) in a block's 227 KB
-            if (pipeSharedBytes<T, 4, false, false, NORM, true>(q) + sizeof(float) * kMmaWarps * 8 * kMmaRows <=
-                227 * 1024) {
+            // STAGED where its buffers fit beside the rest (with the static `red`) in a block's 227 KB,
+            // and where scales and zeros start on 16-byte boundaries (its copies of whole rows)
+            auto const address = [](void const* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
+            bool const aligned = ((address(q.scales) | address(q.zeros)) & 15u) == 0;
+            size_t const staged = pipeSharedBytes<T, 4, false, false, NORM, true>(q);
+            if (aligned && staged + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024) {
                 launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM, true>(q, tiles, stream,
                                                                                  tiles > twoRounds ? 0 : 2);
                 return true;

@@ -235,6 +235,28 @@ def test_int4_gemv_at_the_longest_rows_it_stages(gen, needs_kernels, act_order):
 
 
 @gpu
+def test_int4_gemv_with_scales_off_16_byte_boundaries(gen, needs_kernels):
+    # The kernel copies whole 16-byte pieces of scale and zero rows into shared memory; contiguous
+    # views that start 4 bytes past a boundary take its L1 reads instead, with the same sums.
+    n, k, group, dtype = 256, 4096, 128, torch.bfloat16
+    q = _weight(gen, "int4", group, n, k, torch.float32)
+    qw, s, z = _on_device(q)
+
+    def shifted(t):
+        out = torch.empty(t.numel() + 1, dtype=t.dtype, device=DEVICE)[1:].view(t.shape)
+        return out.copy_(t)
+
+    s_off, z_off = shifted(s), shifted(z)
+    assert s_off.data_ptr() % 16 != 0 and s_off.is_contiguous()
+    for m in (1, 3):
+        x, bias = _inputs(gen, m, n, k, dtype)
+        x = x.to(DEVICE)
+        want = _gemv(x, qw, s, z, bias.to(DEVICE), "int4", group)
+        got = _gemv(x, qw, s_off, z_off, bias.to(DEVICE), "int4", group)
+        assert torch.equal(got, want), f"{m} rows"
+
+
+@gpu
 @pytest.mark.parametrize("tiled", [False, True])
 @pytest.mark.parametrize("form", ["plain", "gated", "norm", "add_norm", "add_norm_gated"])
 def test_act_order_gather_in_the_gemv_is_the_gemv_of_the_gathered_x(gen, needs_kernels, form, tiled):
