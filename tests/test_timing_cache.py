@@ -109,7 +109,8 @@ def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monk
 
     def slow(*args, **kwargs):
         calls.append(1)
-        time.sleep(0.002)
+        # 20 ms: far above the reference's time on a busy 2-core machine (2 ms once lost to it)
+        time.sleep(0.02)
         return references()[op](*args, **kwargs)
 
     def with_slow(device):
