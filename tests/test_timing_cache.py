@@ -103,7 +103,7 @@ def test_cpu_build_with_a_cache_times_the_ops_with_two_cpu_implementations_and_k
 
 
 def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monkeypatch, tmp_path):
-    """silu_and_mul_linear has one CPU implementation (the reference); give it a slow second one."""
+    """Give silu_and_mul_linear's CPU implementations (its host kernel and the reference) a slow third one."""
     calls = []
     op = "silu_and_mul_linear"
 
@@ -125,10 +125,11 @@ def test_choice_between_two_cpu_implementations_is_timed_cached_and_run(hf, monk
     k = first.config["build_summary"]["kernel_choice"]
     timed = layers_of(first, op)
     assert len(timed) == 2 and {layer.name for layer in timed} <= set(k["layers"])
-    assert all(layer.attrs["implementation"] == "reference" for layer in timed)
+    # the faster of the real two (which one varies with the machine's load), never the slow one
+    assert all(layer.attrs["implementation"] in ("cpu", "reference") for layer in timed)
     assert len([key for key in cache.entries if json.loads(key)[0] == op]) == 1  # one shape for every down projection
-    assert all(k["layers"][layer.name]["timings_us"]["slow"] > k["layers"][layer.name]["timings_us"]["reference"]
-               for layer in timed)
+    assert all(k["layers"][layer.name]["timings_us"]["slow"]
+               > k["layers"][layer.name]["timings_us"][layer.attrs["implementation"]] for layer in timed)
 
     cache.save(tmp_path / "timing.json")
     calls.clear()
