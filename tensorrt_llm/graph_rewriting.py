@@ -828,3 +828,52 @@ def tile_weight_only_codes(network: Network) -> int:
         layer.attrs["tiled"] = True
         count += 1
     return count
+
+
+def _sole_constant(network: Network, tensor_name: Optional[str], reader: Layer) -> Optional[str]:
+    """The weight behind `tensor_name` when a constant makes it and `reader` alone reads it."""
+    if tensor_name is None:
+        return None
+    parent = network.producer(tensor_name)
+    if parent is None or parent.op != "constant" or network.consumers(tensor_name) != [reader]:
+        return None
+    return parent.attrs["weight"]
+
+
+def exact_in_float16(t: torch.Tensor) -> bool:
+    """Whether every value of a float32 tensor is a float16 value (finite)."""
+    narrow = t.to(torch.float16)
+    return bool(torch.isfinite(narrow).all()) and torch.equal(narrow.to(t.dtype), t)
+
+
+def int4_scale_weights(network: Network) -> list[tuple[str, str]]:
+    """(scales, zeros) weight names of each INT4 weight-only linear whose scales and zeros are
+    constants it alone reads."""
+    pairs = []
+    for layer in network.layers:
+        if layer.op not in WEIGHT_ONLY_OPS or layer.attrs.get("weight_format") != "int4":
+            continue
+        at = WEIGHT_ONLY_OPS[layer.op]
+        pair = tuple(_sole_constant(network, layer.inputs[at + i], layer) for i in (1, 2))
+        if None not in pair:
+            pairs.append(pair)
+    return pairs
+
+
+def narrow_weight_only_scales(network: Network) -> set[str]:
+    """Hold each INT4 weight-only linear's float32 scales and zeros as float16 where every one of
+    them is a float16 value (the quantizer's and GGUF Q4_1's are; checkpoints store them as
+    float32): the same numbers in half the bytes, which every GPU kernel of the op reads (at group
+    128 the scales and zeros are an eighth of an INT4 layer's bytes). In place, as
+    tile_weight_only_codes: a runner calls it on a network it loaded onto a GPU. Scales or zeros
+    read by another layer, or with any value off float16, stay as they are. Returns the names of
+    the weights narrowed."""
+    names = set()
+    for pair in int4_scale_weights(network):
+        tensors = [network.weights[name] for name in pair]
+        if any(t.dtype != torch.float32 for t in tensors) or not all(exact_in_float16(t) for t in tensors):
+            continue
+        for name, t in zip(pair, tensors):
+            network.set_weight(name, t.to(torch.float16))
+            names.add(name)
+    return names
