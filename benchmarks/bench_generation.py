@@ -478,11 +478,6 @@ def agreement(ours: list[list[int]], ref: list[list[int]]) -> dict:
             "common_prefix_tokens": prefix}
 
 
-def network_weight_bytes(network) -> dict[str, int]:
-    """Each weight's bytes, by name."""
-    return {name: w.numel() * w.element_size() for name, w in network.weights.items() if w is not None}
-
-
 def time_call(fn, device, repeats) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -681,8 +676,10 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
             engine, params = random_rank_engine(args.model, dtype_name, device, mapping, bc)
             sync(device)
             result["build_seconds"] = time.perf_counter() - t
-        weight_bytes = sum(network_weight_bytes(engine.network).values())
-        untied = "lm_head.weight" in engine.network.weights
+        engine_weights_bytes = {name: w.numel() * w.element_size() for name, w in engine.network.weights.items()
+                                if w is not None}
+        weight_bytes = sum(engine_weights_bytes.values())
+        untied = "lm_head.weight" in engine_weights_bytes
         # Every rank's bytes and parameters: a step's floor is its slowest rank per stage,
         # the stages one after another.
         per_rank = [distributed.broadcast_object((weight_bytes, params), src=r) for r in range(mapping.world_size)]
@@ -693,7 +690,6 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
         t = time.perf_counter()
         runner = ModelRunner(engine, device)
         del engine
-        engine_weights_bytes = network_weight_bytes(runner.engine.network)  # as loaded (see below)
         sync(device)
         result["load_seconds"] = time.perf_counter() - t
         result["pp_partition"] = runner.mapping.stage_layer_counts(runner.config["num_hidden_layers"])
@@ -721,7 +717,11 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
             t = time.perf_counter()
             engine = build(model, bc)
             result["build_seconds"] = time.perf_counter() - t
-        untied = "lm_head.weight" in engine.network.weights
+        engine_weights_bytes = {name: w.numel() * w.element_size() for name, w in engine.network.weights.items()
+                                if w is not None}
+        weight_bytes = sum(engine_weights_bytes.values())
+        stage_bytes = [weight_bytes]
+        untied = "lm_head.weight" in engine_weights_bytes
         params = sum(p.numel() for _, p in model.named_parameters())
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
@@ -737,10 +737,6 @@ def run_one(args, quant, prompts=None, tokens=None, kv="none"):
                 runner = ModelRunner.from_dir(tmp, device=device, **replay)
                 sync(device)
                 result["load_seconds"] = time.perf_counter() - t
-        # The floor is the bytes the loaded engine reads: a GPU load may hold INT4 scales in fewer
-        # bytes than the file (graph_rewriting.narrow_weight_only_scales).
-        engine_weights_bytes = network_weight_bytes(runner.engine.network)
-        stage_bytes = [sum(engine_weights_bytes.values())]
         result.update(engine_bytes=engine_bytes, params=params,
                       peak_rss_build_bytes=rss_build.peak,
                       load_rss_increase_bytes=rss_load.peak - base,

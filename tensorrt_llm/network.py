@@ -451,16 +451,6 @@ class Network:
             name = f"{base}_{i}"
         return name
 
-    def set_weight(self, name: str, value: torch.Tensor) -> None:
-        """Replace weight `name` by `value` of its shape in another dtype (a load-time layout
-        change): the constants that make it declare the new dtype."""
-        if name not in self.weights or tuple(self.weights[name].shape) != tuple(value.shape):
-            raise ValueError(f"set_weight: {name!r} is not a weight of shape {tuple(value.shape)}")
-        self.weights[name] = value
-        for layer in self.layers:
-            if layer.op == "constant" and layer.attrs.get("weight") == name:
-                self._tensors[layer.outputs[0]].dtype = str(value.dtype).removeprefix("torch.")
-
     def rename_tensor(self, old: str, new: str) -> None:
         """Rename a tensor everywhere, output and debug-output lists included."""
         if old == new:

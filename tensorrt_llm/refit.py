@@ -26,7 +26,7 @@ from safetensors import safe_open
 from .builder import Engine, read_engine_config
 from .engine_check import constant_index_problem
 from .errors import EngineError, TrtLlmError
-from .graph_rewriting import exact_in_float16, int4_scale_weights, tiled_code_weights
+from .graph_rewriting import tiled_code_weights
 from .models.modeling_utils import CONFIG_NAME, PretrainedConfig, check_safetensors_file, rank_weights_name
 from .ops.quantized_linear import tile_codes
 from .quantization.formats import FP8_DTYPE
@@ -116,21 +116,12 @@ def _swap_weights(engine: Engine, path: Path) -> int:
                          f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
     weights = engine.network.weights
     tiled = tiled_code_weights(engine.network)  # an engine saved after a GPU load: codes in tile order
-    # ... and INT4 scales narrowed to float16 (narrow_weight_only_scales): the checkpoint's must be
-    # float16 values too
-    narrowed = {name for pair in int4_scale_weights(engine.network) for name in pair
-                if weights[name].dtype == torch.float16}
 
     def source(s):
         return tensors[s] if isinstance(s, str) else tensors[s[0]].expand(s[1])  # [name, rows]: [1] repeated
 
     for name, sources in refit["sources"].items():
         value = source(sources[0]) if len(sources) == 1 else torch.cat([source(s) for s in sources])
-        if name in narrowed and value.dtype == torch.float32:
-            if not exact_in_float16(value):
-                raise RefitError(f"{path}: {name} has values that are not float16 values, and the engine holds "
-                                 f"it as float16 (saved after a GPU load); refit the engine as built instead")
-            value = value.to(torch.float16)
         if value.dtype != weights[name].dtype or value.shape != weights[name].shape:
             raise EngineError(f"the engine's refit map builds {name} as {value.dtype} "
                               f"{list(value.shape)} but the engine holds {weights[name].dtype} "

@@ -13,7 +13,7 @@ import torch
 
 from tensorrt_llm.builder import BuildConfig, Engine, build
 from tensorrt_llm.errors import CheckpointError, EngineError
-from tensorrt_llm.graph_rewriting import narrow_weight_only_scales, tile_weight_only_codes, tiled_code_weights
+from tensorrt_llm.graph_rewriting import tile_weight_only_codes, tiled_code_weights
 from tensorrt_llm.models.calibrate import calibrate_input_amax
 from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
@@ -184,51 +184,6 @@ def test_an_engine_saved_with_codes_in_tile_order_takes_a_checkpoint(tmp_path):
     for name, w in built.network.weights.items():
         assert torch.equal(refitted.network.weights[name], tile_codes(w) if name in tiled else w), name
     assert torch.equal(outputs(tmp_path / "engine")[0], outputs(engine_b)[0])
-
-
-DENSE_SCALE = "transformer.layers.0.attention.dense.weight_scale"
-
-
-def int4_checkpoint(hf, path, off_float16=False):
-    """An INT4 (group 32) checkpoint: scales and zeros float32 holding float16 values; off_float16:
-    one linear's scales nudged off them."""
-    config = config_from_hf(hf.config, dtype="float32")
-    config = weight_only_config(config, "int4", group_size=32)
-    weights = quantize_checkpoint(LLaMAForCausalLM, config, load_weights_from_hf(hf, config))
-    if off_float16:
-        weights[DENSE_SCALE] = weights[DENSE_SCALE] * (1 + 2.0 ** -20)
-    save_checkpoint(path, config, [weights])
-    return path
-
-
-def test_an_engine_saved_with_float16_int4_scales_takes_a_checkpoint(tmp_path):
-    # A runner on a GPU holds INT4 scales and zeros that are float16 values as float16
-    # (graph_rewriting.narrow_weight_only_scales); an engine saved after that keeps them so, and
-    # refit narrows the new ones, or refuses those that are not float16 values.
-    ckpt_a, ckpt_b = (int4_checkpoint(random_hf_llama(seed=seed, **SHAPE), tmp_path / name)
-                      for seed, name in ((10, "ckpt_a"), (11, "ckpt_b")))
-    ckpt_off = int4_checkpoint(random_hf_llama(seed=11, **SHAPE), tmp_path / "ckpt_off", off_float16=True)
-    engine_b = build_engine(ckpt_b, tmp_path / "engine_b")
-    loaded = Engine.from_dir(build_engine(ckpt_a, tmp_path / "engine_a"))
-    narrowed = narrow_weight_only_scales(loaded.network)
-    assert DENSE_SCALE in narrowed and len(narrowed) >= 8  # scales and zeros of every INT4 linear
-    assert all(loaded.network.weights[name].dtype == torch.float16 for name in narrowed)
-    assert all(loaded.network.get_tensor(layer.outputs[0]).dtype == "float16" for layer in loaded.network.layers
-               if layer.op == "constant" and layer.attrs["weight"] in narrowed)
-    loaded.save(tmp_path / "engine")
-    refit_engine(tmp_path / "engine", ckpt_b)
-    refitted, built = Engine.from_dir(tmp_path / "engine"), Engine.from_dir(engine_b)
-    for name, w in built.network.weights.items():
-        assert torch.equal(refitted.network.weights[name], w.half() if name in narrowed else w), name
-    assert torch.equal(outputs(tmp_path / "engine")[0], outputs(engine_b)[0])
-    original = digest(tmp_path / "engine")
-    with pytest.raises(RefitError, match=f"{DENSE_SCALE} has values that are not float16 values"):
-        refit_engine(tmp_path / "engine", ckpt_off)
-    assert digest(tmp_path / "engine") == original
-    # narrowing itself leaves that linear's scales and zeros in float32, and narrows the others
-    off = Engine.from_dir(build_engine(ckpt_off, tmp_path / "engine_off"))
-    assert narrow_weight_only_scales(off.network) == narrowed - {DENSE_SCALE, DENSE_SCALE.replace("scale", "zero")}
-    assert off.network.weights[DENSE_SCALE].dtype == torch.float32
 
 
 def test_cli_writes_to_another_folder_and_keeps_the_original(setup, tmp_path):

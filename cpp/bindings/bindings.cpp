@@ -758,13 +758,9 @@ void checkWeightOnlyGemv(Call& c) {
     c.shape("out", {x.size(0), gated ? w.n / 2 : w.n});
     c.shape("bias", {w.n});
     c.fitsInt("rows", x.size(0));
-    // The pipelined kernel's scales (float32; INT4's also float16) and groups: whole k-steps of 4 packs
-    // (or one scale a row).
-    DType const scaleDtype = c["scales"].dtype;
-    bool const pipelined = (scaleDtype == kFloat32 || (w.bits == 4 && scaleDtype == DType::kFloat16))
-                           && (w.groupSize == 0 || w.groupSize >= 512 / w.bits);
-    std::string const needs = std::string(w.bits == 4 ? "float32 or float16" : "float32") + " scales and groups of at least "
-                              + std::to_string(512 / w.bits) + " inputs";
+    // The pipelined kernel's groups: whole k-steps of 4 packs (or one scale a row).
+    bool const pipelined = c["scales"].dtype == kFloat32 && (w.groupSize == 0 || w.groupSize >= 512 / w.bits);
+    std::string const needs = "float32 scales and groups of at least " + std::to_string(512 / w.bits) + " inputs";
     if (gated) checkGated(x, w.n, pipelined, needs);
     // The RMSNorm in front (kernels.h's WeightOnlyNorm): the pipelined INT4 kernel's, bfloat16 x as
     // pipelinedTakesX.

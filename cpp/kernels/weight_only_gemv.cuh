@@ -865,23 +865,15 @@ __host__ __device__ constexpr size_t pipeRingBytes(int stages) { return size_t{k
 // PAIRS (see the kernel): 8 slots, 6 k-steps in flight.
 template <bool PAIRS>
 constexpr int kPipeSlots = PAIRS ? 8 : kPipeStages;
-// STAGED (INT4): a tile's scales and zeros, [2][16][stagedStride<S>(groups)] values of S (float32 or
-// float16), two such buffers (this tile's and the next's). The row stride is 16 mod 128 bytes: the
-// 8 rows g of a load fall on 8 distinct banks (their 4 lanes t read one value), and rows stay
-// 16-byte aligned for cp.async.
-template <typename S>
+// STAGED (INT4): a tile's scales and zeros, [2][16][stagedStride(groups)] floats, two such buffers
+// (this tile's and the next's). The row stride is 4 mod 32 floats: the 8 rows g of a load fall on
+// 8 distinct banks (their 4 lanes t read one word), and rows stay 16-byte aligned for cp.async.
 __host__ __device__ constexpr int stagedStride(int groups) {
-    int const bytes = (groups * static_cast<int>(sizeof(S)) + 15) / 16 * 16;
-    return (bytes + ((16 - bytes) % 128 + 128) % 128) / static_cast<int>(sizeof(S));
+    int const s = (groups + 3) / 4 * 4;
+    return s + ((4 - s) % 32 + 32) % 32;
 }
-template <typename S>
 __host__ __device__ constexpr size_t stagedScaleBytes(int groups) {
-    return size_t{2} * 2 * kMmaRows * static_cast<size_t>(stagedStride<S>(groups)) * sizeof(S);
-}
-// A scale (or zero) of S as float32, through the read-only cache.
-template <typename S>
-__device__ __forceinline__ float loadScale(S const* at) {
-    return toFloat(__ldg(at));
+    return size_t{2} * 2 * kMmaRows * static_cast<size_t>(stagedStride(groups)) * sizeof(float);
 }
 
 
@@ -1164,11 +1156,9 @@ __device__ __forceinline__ void fp8XForMma(Params const& p, T* xShared, float in
 }
 
 template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false, bool GATED = false,
-          bool NORM = false, bool STAGED = false, typename S = float>
+          bool NORM = false, bool STAGED = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
-    static_assert(std::is_same_v<S, float> || (std::is_same_v<S, __half> && BITS == 4 && !FP8),
-                  "float16 scales: INT4's");
     static_assert(!STAGED || (BITS == 4 && !PAIRS), "STAGED: INT4's group scales and zeros");
     static_assert(!NORM || (BITS == 4 && std::is_same_v<T, __nv_bfloat16>), "NORM: INT4, bfloat16 x");
     constexpr int STAGES = kPipeSlots<PAIRS>;
@@ -1192,15 +1182,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     // The lane's place in the warp's slot 0, as cp.async's shared-memory address.
     uint32_t const ringLane = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
     // STAGED: the tiles' scales and zeros (stagedScaleBytes) after the ring, then x
-    int const sStride = stagedStride<S>(p.groups);
-    S* staged = reinterpret_cast<S*>(pipeShared + pipeRingBytes(STAGES));
-    T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES) + (STAGED ? stagedScaleBytes<S>(p.groups) : 0));
+    int const sStride = stagedStride(p.groups);
+    float* staged = reinterpret_cast<float*>(pipeShared + pipeRingBytes(STAGES));
+    T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES) + (STAGED ? stagedScaleBytes(p.groups) : 0));
     float* xSum = reinterpret_cast<float*>(xShared + p.m * xStride);  // INT4: [kSteps][8]; HALF_X: xScale
     float* sqSum = xSum + kSteps * 8;                                 // NORM: [kSteps][8]
     float inv = -1.f;                                                 // NORM: this thread's row's, once known
     __shared__ float red[kMmaWarps][8][kMmaRows];
-    S const* scales = static_cast<S const*>(p.scales);
-    S const* zeros = static_cast<S const*>(p.zeros);
+    float const* scales = static_cast<float const*>(p.scales);
+    float const* zeros = static_cast<float const*>(p.zeros);
 
     // Rows past p.n read row p.n - 1 (their sums are never stored), so that no load needs a
     // predicate of its row. The block's tile `tile` row `r` (0 .. 15); GATED (n a multiple of 16):
@@ -1266,34 +1256,31 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     // The scale (and zero) lines of a tile's 16 rows, towards L1.
     auto prefetchScales = [&](int tile) {
         if (FP8 || STAGED || tile >= tiles) return;  // FP8: one weight scale an output, at the tile's end
-        int const lines = (p.groups * static_cast<int>(sizeof(S)) + 127) / 128;
+        int const lines = (p.groups * static_cast<int>(sizeof(float)) + 127) / 128;
         int const perArray = kMmaRows * lines;
         for (int e = threadIdx.x; e < perArray * (BITS == 4 ? 2 : 1); e += kMmaWarps * 32) {
             int const which = e / perArray, rest = e - which * perArray;
-            S const* line = (which ? zeros : scales) + rowOf(tile, rest / lines) * p.groups +
-                            (rest % lines) * static_cast<int>(128 / sizeof(S));
+            float const* line = (which ? zeros : scales) + rowOf(tile, rest / lines) * p.groups + (rest % lines) * 32;
             asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
         }
     };
     // STAGED: tile `tile`'s scale and zero rows into its buffer, by the whole block: thread i copies
     // pieces i % 8, + 8, ... of row i / 8 of the 32 (16 scale rows, then 16 zero rows), 16 bytes a
-    // piece where rows are whole 16-byte pieces, else 4 (float16: rows of an even count, which
-    // launchPipelinedGemv checks); the caller commits.
+    // piece where rows are whole 16-byte pieces, else 4; the caller commits.
     static_assert(kMmaWarps * 32 == 8 * 2 * kMmaRows, "8 threads a staged row");
     auto stageScales = [&](int tile) {
         if (!STAGED || tile >= tiles) return;
-        constexpr int kWide = 16 / sizeof(S), kNarrow = 4 / sizeof(S);  // values a piece
         int const which = threadIdx.x / (8 * kMmaRows), r = threadIdx.x / 8 % kMmaRows;
-        bool const wide = p.groups % kWide == 0;
-        int const pieces = wide ? p.groups / kWide : p.groups / kNarrow;
-        S const* src = (which ? zeros : scales) + rowOf(tile, r) * p.groups;
-        S* dst = staged + (tile & 1) * 2 * kMmaRows * sStride + (which * kMmaRows + r) * sStride;
+        bool const wide = p.groups % 4 == 0;
+        int const pieces = wide ? p.groups >> 2 : p.groups;
+        float const* src = (which ? zeros : scales) + rowOf(tile, r) * p.groups;
+        float* dst = staged + (tile & 1) * 2 * kMmaRows * sStride + (which * kMmaRows + r) * sStride;
         for (int c = threadIdx.x % 8; c < pieces; c += 8) {
             if (wide) {
-                copyAsync16(dst + kWide * c, src + kWide * c);
+                copyAsync16(dst + 4 * c, src + 4 * c);
             } else {
-                uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + kNarrow * c));
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src + kNarrow * c) : "memory");
+                uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + c));
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src + c) : "memory");
             }
         }
     };
@@ -1352,7 +1339,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         // STAGED: the next tile's scales join this tile's first k-step's group of copies, landed by
         // its k-step AHEAD (or, for warps of fewer k-steps a tile, by the wait at the tile's end).
         stageScales(tile + 1);
-        S const* sRowA = staged + (tile & 1) * 2 * kMmaRows * sStride + g * sStride;  // STAGED: row g's scales
+        float const* sRowA = staged + (tile & 1) * 2 * kMmaRows * sStride + g * sStride;  // STAGED: row g's scales
         // Where rows g and g + 8 start in scales and zeros, as 32-bit element offsets (launchPipelinedGemv
         // keeps n x groups below 2^31): the k-steps' loads add their group to them. From 64-bit row
         // pointers the compiler recomputed two 64-bit products every k-step, out of registers.
@@ -1360,7 +1347,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         int const offB = static_cast<int>(rowOf(tile, g + 8)) * p.groups;
         // One scale a row: read once per tile (INT4 has groups; FP8 applies its own at the end).
         bool const perChannel = BITS == 8 && !FP8 && p.groups == 1;
-        float sa = perChannel ? loadScale(scales + offA) : 0.f, sb = perChannel ? loadScale(scales + offB) : 0.f;
+        float sa = perChannel ? __ldg(scales + offA) : 0.f, sb = perChannel ? __ldg(scales + offB) : 0.f;
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
         // The codes and x of item `item` (k-step `step` of this tile), into registers.
         auto load = [&](unsigned item, int step, uint4& wa, uint4& wb, uint4 (&xs)[1][XW]) {
@@ -1391,19 +1378,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             int const group = (4 * step) >> p.groupShift;
             int const ia = offA + group, ib = offB + group;  // the k-step's scale (and zero) of rows g, g + 8
             if (STAGED) {
-                sa = toFloat(sRowA[group]);
-                sb = toFloat(sRowA[8 * sStride + group]);
+                sa = sRowA[group];
+                sb = sRowA[8 * sStride + group];
             } else if (!perChannel) {
-                sa = loadScale(scales + ia);
-                sb = loadScale(scales + ib);
+                sa = __ldg(scales + ia);
+                sb = __ldg(scales + ib);
             }
             if constexpr (BITS == 4) {
                 // Codes as offset + code, with no subtraction (see biasedCodePair4):
                 //     sum_k x_k (c_k s + z) = s sum_k x_k (c_k + O) + (z - O s) sum_k x_k.
                 constexpr float O = MmaTraits<T>::kOffset4;
-                float const ca = (STAGED ? toFloat(sRowA[kMmaRows * sStride + group]) : loadScale(zeros + ia)) - O * sa;
-                float const cb =
-                    (STAGED ? toFloat(sRowA[(kMmaRows + 8) * sStride + group]) : loadScale(zeros + ib)) - O * sb;
+                float const ca = (STAGED ? sRowA[kMmaRows * sStride + group] : __ldg(zeros + ia)) - O * sa;
+                float const cb = (STAGED ? sRowA[(kMmaRows + 8) * sStride + group] : __ldg(zeros + ib)) - O * sb;
                 float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
@@ -1485,7 +1471,7 @@ bool pipelinedGemvEnabled() {
 
 // The pipelined kernel's dynamic shared memory for q: the ring, STAGED's scale buffers, x, the
 // k-steps' sums, act-order's raw rows (the kernel's carving, in that order).
-template <typename T, int BITS, bool PAIRS, bool HALF_X, bool NORM, bool STAGED, typename S = float>
+template <typename T, int BITS, bool PAIRS, bool HALF_X, bool NORM, bool STAGED>
 size_t pipeSharedBytes(Params const& q) {
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
     // INT4: x's rows padded with zeros to whole k-steps (the kernel's xStride)
@@ -1495,25 +1481,25 @@ size_t pipeSharedBytes(Params const& q) {
     size_t const sumBytes = kPerStep ? (NORM ? 2 : 1) * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
     // act-order's rows in x's order (stageRawX)
     size_t const rawBytes = q.perm != nullptr ? static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T) : 0;
-    size_t const stagedBytes = STAGED ? stagedScaleBytes<S>(q.groups) : 0;
+    size_t const stagedBytes = STAGED ? stagedScaleBytes(q.groups) : 0;
     return pipeRingBytes(kPipeSlots<PAIRS>) + stagedBytes + xBytes + sumBytes + rawBytes;
 }
 
 // The pipelined kernel compiled for at least MINB blocks an SM, on a grid of the blocks that fit at
 // once (at most one a tile); blocksPerSm > 0: no more than that many an SM (by shared memory).
 template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false, bool GATED = false,
-          bool NORM = false, bool STAGED = false, typename S = float>
+          bool NORM = false, bool STAGED = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream, int blocksPerSm = 0) {
     if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
             return launchPipelined<T, BITS, FP8, MINB, PAIRS, true, GATED>(q, tiles, stream, blocksPerSm);
         }
     }
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM, STAGED, S>;
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM, STAGED>;
     constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
     constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
     constexpr size_t kSums = NORM ? 2 : 1;           // NORM: sqSum after xSum
-    size_t smem = pipeSharedBytes<T, BITS, PAIRS, HALF_X, NORM, STAGED, S>(q);
+    size_t smem = pipeSharedBytes<T, BITS, PAIRS, HALF_X, NORM, STAGED>(q);
     if (blocksPerSm > 0) smem = sharedBytesForBlocksPerSm(kernel, smem, blocksPerSm);
     constexpr size_t kMaxSum =
         kPerStep ? kSums * (kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>)) * 8 * sizeof(float) : 0;
@@ -1530,13 +1516,12 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream, int b
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
 }
 
-// Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales (INT4: or float16),
-// groups of whole k-steps (or per channel), and FP8, up to 8 rows whose x fits kMaxPipeX. False
-// elsewhere. GATED (which no other kernel serves) ignores TRTLLM_GEMV_PIPELINE.
+// Launches the pipelined kernel where it serves: INT8 / INT4 with float32 scales, groups of whole
+// k-steps (or per channel), and FP8, up to 8 rows whose x fits kMaxPipeX. False elsewhere.
+// GATED (which no other kernel serves) ignores TRTLLM_GEMV_PIPELINE.
 template <typename T, typename S, int BITS, bool FP8, bool MASKED, bool GATED = false, bool NORM = false>
 bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
-    constexpr bool kScales = std::is_same_v<S, float> || (std::is_same_v<S, __half> && BITS == 4 && !FP8);
-    if constexpr (!kScales || MASKED) {
+    if constexpr (!std::is_same_v<S, float> || MASKED) {
         return false;
     } else {
         size_t const xBytes = static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T);
@@ -1572,19 +1557,18 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
         // (384 tiles, where the larger ring leaves two blocks an SM instead of three) 8.64 -> 11.85.
         if constexpr (BITS == 4 && !FP8) {
             // STAGED where its buffers fit beside the rest (with the static `red`) in a block's 227 KB,
-            // and where scales and zeros start on 16-byte boundaries (its copies of whole rows; float16:
-            // rows of an even count, its 4-byte pieces)
+            // and where scales and zeros start on 16-byte boundaries (its copies of whole rows)
             auto const address = [](void const* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
-            bool const aligned = ((address(q.scales) | address(q.zeros)) & 15u) == 0 && q.groups % (4 / sizeof(S)) == 0;
-            size_t const staged = pipeSharedBytes<T, 4, false, false, NORM, true, S>(q);
+            bool const aligned = ((address(q.scales) | address(q.zeros)) & 15u) == 0;
+            size_t const staged = pipeSharedBytes<T, 4, false, false, NORM, true>(q);
             if (aligned && staged + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024) {
-                launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM, true, S>(q, tiles, stream,
-                                                                                    tiles > twoRounds ? 0 : 2);
+                launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM, true>(q, tiles, stream,
+                                                                                 tiles > twoRounds ? 0 : 2);
                 return true;
             }
         }
         if (tiles > twoRounds) {
-            launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM, false, S>(q, tiles, stream);
+            launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM>(q, tiles, stream);
         } else if constexpr (BITS == 8) {
             if (tiles <= 2 * static_cast<int64_t>(multiprocessors())) {
                 launchPipelined<T, BITS, FP8, 2, true, false, GATED>(q, tiles, stream);
@@ -1592,7 +1576,7 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
                 launchPipelined<T, BITS, FP8, 2, false, false, GATED>(q, tiles, stream);
             }
         } else {
-            launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM, false, S>(q, tiles, stream, 2);
+            launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM>(q, tiles, stream, 2);
         }
         return true;
     }
@@ -1646,22 +1630,22 @@ void launchGemvMma(Params p, cudaStream_t stream) {
             }
         }
         if (!launched) {
-            throw std::invalid_argument("norm: INT4 with bfloat16 x, at most 8 rows within 64 KB, float32 or float16 "
-                                        "scales, groups of whole k-steps");
+            throw std::invalid_argument("norm: INT4 with bfloat16 x, at most 8 rows within 64 KB, float32 scales, "
+                                        "groups of whole k-steps");
         }
         return;
     }
     if (p.perm != nullptr && !p.gated) {  // act-order: the pipelined INT4 kernel only (the bindings check it)
         if (BITS != 4 || FP8 || masked || !launchPipelinedGemv<T, S, BITS, FP8, false>(p, blocks, stream)) {
-            throw std::invalid_argument("perm: INT4, at most 8 rows of x within 64 KB, float32 or float16 scales, "
-                                        "groups of whole k-steps");
+            throw std::invalid_argument("perm: INT4, at most 8 rows of x within 64 KB, float32 scales, groups of "
+                                        "whole k-steps");
         }
         return;
     }
     if (p.gated) {  // one launch of the pipelined kernel (the bindings check what it serves)
         if (masked || !launchPipelinedGemv<T, S, BITS, FP8, false, true>(p, blocks, stream)) {
-            throw std::invalid_argument("gated: at most 8 rows of x within 64 KB, float32 scales (INT4: or float16), "
-                                        "groups of whole k-steps");
+            throw std::invalid_argument("gated: at most 8 rows of x within 64 KB, float32 scales, groups of whole "
+                                        "k-steps");
         }
         return;
     }

@@ -355,11 +355,10 @@ def pipelined_takes_x(x2: torch.Tensor) -> bool:
 
 
 def pipelined_groups(scales: torch.Tensor, weight_format: str, group_size: int) -> bool:
-    """Whether the pipelined GEMV reads these scales: float32 (INT4: or float16), in groups of whole
-    k-steps (4 packs) or one a row."""
+    """Whether the pipelined GEMV reads these scales: float32, in groups of whole k-steps (4 packs)
+    or one a row."""
     bits = 8 if weight_format == "int8" else 4
-    dtypes = (torch.float32, torch.float16) if bits == 4 else (torch.float32,)
-    return scales.dtype in dtypes and (group_size == 0 or group_size >= 512 // bits)
+    return scales.dtype == torch.float32 and (group_size == 0 or group_size >= 512 // bits)
 
 
 def perm_gemv_serves(x2: torch.Tensor, scales: torch.Tensor, weight_format: str, group_size: int) -> bool:

@@ -12,7 +12,7 @@ import torch
 from .. import distributed
 from ..engine import Engine, check_config_copy, read_engine_config
 from ..errors import ConfigError, RequestError
-from ..graph_rewriting import narrow_weight_only_scales, tile_weight_only_codes
+from ..graph_rewriting import tile_weight_only_codes
 from ..kv_cache_layout import KVCacheLayout
 from ..logger import logger
 from ..mapping import Mapping
@@ -58,12 +58,6 @@ def tile_order_enabled() -> bool:
     return os.environ.get("TRTLLM_TILE_CODES", "1") != "0"
 
 
-def narrow_scales_enabled() -> bool:
-    """Whether runners on a GPU hold INT4 scales that are float16 values as float16: yes unless
-    TRTLLM_NARROW_SCALES=0 (for comparing the two in one build, as TRTLLM_TILE_CODES)."""
-    return os.environ.get("TRTLLM_NARROW_SCALES", "1") != "0"
-
-
 class ModelRunner:
 
     def __init__(self, engine: Engine, device: torch.device,
@@ -94,13 +88,9 @@ class ModelRunner:
         bc = engine.build_config
         self.config = cfg
         self.build_config = bc
-        if torch.device(device).type == "cuda" and cuda_kernels_available():
-            # Weight-only codes in the order the GPU kernels read them fastest, and INT4 scales in
-            # the fewest bytes that hold them (in place).
-            if tile_order_enabled():
-                tile_weight_only_codes(engine.network)
-            if narrow_scales_enabled():
-                narrow_weight_only_scales(engine.network)
+        if torch.device(device).type == "cuda" and cuda_kernels_available() and tile_order_enabled():
+            # Weight-only codes in the order the GPU kernels read them fastest (in place).
+            tile_weight_only_codes(engine.network)
         self.session = Session.from_engine(engine, device)
         if not self.mapping.is_last_pp_rank() and "logits" in engine.network.outputs:
             raise ConfigError(f"rank {engine.rank} is a pipeline stage built to wait for the logits inside its "

@@ -256,56 +256,6 @@ def test_int4_gemv_with_scales_off_16_byte_boundaries(gen, needs_kernels):
         assert torch.equal(got, want), f"{m} rows"
 
 
-# INT4 scales held as float16 (graph_rewriting.narrow_weight_only_scales): groups of whole
-# 16-byte pieces (32: K 4,096; 112: K 14,336), of 4-byte pieces (10), an odd count (3: L1 reads).
-NARROW_SHAPES = [(2048, 4096), (64, 14336), (96, 1280), (48, 384)]
-
-
-@gpu
-@pytest.mark.parametrize("n,k", NARROW_SHAPES)
-@pytest.mark.parametrize("form", ["plain", "gated", "norm", "add_norm_gated", "perm"])
-def test_int4_scales_in_float16_give_the_bits_of_the_same_scales_in_float32(gen, needs_kernels, n, k, form):
-    """Every INT4 GEMV form reads float16 scales and zeros as the float32 numbers they are: the
-    same output bits as those numbers in float32, in row and tile order, also for scale rows that
-    start off 16-byte boundaries."""
-    q = _weight(gen, "int4", 128, n, k, torch.float16)
-    qw, s16, z16 = _on_device(q)
-    s32, z32 = s16.float(), z16.float()
-    gated, norm, residual = "gated" in form, "norm" in form, form.startswith("add")
-    dtypes = [torch.bfloat16] if norm or form == "perm" else [torch.bfloat16, torch.float16]
-    perm = torch.randperm(k, generator=gen).to(DEVICE) if form == "perm" else None
-    shifted16 = torch.empty(2 * s16.numel() + 8, dtype=torch.float16, device=DEVICE)
-    s_off, z_off = (shifted16[1 + i * s16.numel():1 + (i + 1) * s16.numel()].view(s16.shape) for i in (0, 1))
-    s_off.copy_(s16)
-    z_off.copy_(z16)
-    for tiled in (False, True):
-        codes = tile_codes(qw) if tiled else qw
-        for dtype in dtypes:
-            for m in (1, 3, 8):
-                if m * k * 2 > 64 * 1024:
-                    continue
-                x = (4 * torch.randn(m, k, generator=gen)).to(dtype).to(DEVICE)
-                r = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE) if residual else None
-                nw = (1 + 0.5 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE) if norm else None
-                bias = torch.randn(n, generator=gen).to(dtype).to(DEVICE) if m == 3 else None
-
-                def run(scales, zeros):
-                    out = torch.empty(m, n // 2 if gated else n, dtype=dtype, device=DEVICE)
-                    kw = {"norm_weight": nw} if norm else {}
-                    if residual:
-                        kw.update(residual=r, residual_out=torch.empty_like(x))
-                    if perm is not None:
-                        kw["perm"] = perm
-                    launch("weight_only_gemv", out, x, codes.view(torch.int32), scales, zeros, bias, "int4", 128,
-                           tiled, gated, 1e-5, **kw)
-                    return out
-
-                want = run(s32, z32)
-                what = f"{form} {m}x{n}x{k} {dtype} tiled={tiled}"
-                assert torch.equal(run(s16, z16), want), what
-                assert torch.equal(run(s_off, z_off), want), f"{what}, scales off 16-byte boundaries"
-
-
 @gpu
 @pytest.mark.parametrize("tiled", [False, True])
 @pytest.mark.parametrize("form", ["plain", "gated", "norm", "add_norm", "add_norm_gated"])
