@@ -40,7 +40,7 @@ from .admission import Admission
 from .kv_cache_manager import KVCacheManager
 from .pipeline import InFlightLogits
 from .request import ModelLimits, Request, RequestState
-from .sampler import Sampler
+from .sampler import Sampled, Sampler
 from .scheduler import ScheduledStep, Scheduler
 from .step_runner import StepInput, StepRunner
 
@@ -181,9 +181,12 @@ class Executor:
 
     def _launch(self, scheduled: ScheduledStep) -> _Launched:
         rows = self._inputs(scheduled, self._launched)
-        logits, counts = self.runner.run(rows)
+        if all(row.samples and _plain_greedy(row.request) for row in scheduled.rows):
+            logits, counts, tokens = self.runner.run_greedy(rows)  # tokens: the step's argmax, or None
+        else:
+            (logits, counts), tokens = self.runner.run(rows), None
         self._computed(scheduled, rows)
-        launched = self._sample(scheduled.rows, rows, logits, counts)
+        launched = self._sample(scheduled.rows, rows, logits, counts, tokens)
         self._pend(launched.requests)
         return launched
 
@@ -219,9 +222,9 @@ class Executor:
         self.stats.peak_used_blocks = max(self.stats.peak_used_blocks, self.kv_cache.num_used_blocks)
 
     def _sample(self, scheduled_rows, rows: list[StepInput], logits: torch.Tensor,
-                counts: list[int]) -> _Launched:
+                counts: list[int], greedy_tokens: Optional[torch.Tensor] = None) -> _Launched:
         """The step's context logits collected and its sampling rows' tokens drawn (on their
-        way to the host)."""
+        way to the host); `greedy_tokens`: every row's argmax, taken with the step."""
         sampling_rows, sampled = [], []
         offset = 0
         for row, step_input, count in zip(scheduled_rows, rows, counts):
@@ -247,7 +250,10 @@ class Executor:
             for i, r in enumerate(sampled):
                 if r.return_generation_logits:
                     r.generation_logits.append(rows_logits[i].float().clone())
-        out = self.sampler.sample(rows_logits, sampled)
+        if greedy_tokens is not None and len(sampling_rows) == greedy_tokens.shape[0]:
+            out = Sampled(greedy_tokens)
+        else:
+            out = self.sampler.sample(rows_logits, sampled)
         launched = _Launched(sampled, out.tokens)
         pin = self.device.type == "cuda"
         for name in ("tokens", "log_probs", "top_ids", "top_log_probs"):
@@ -383,3 +389,11 @@ class Executor:
         if len(r.context_logits) > 1:
             r.context_logits = [torch.cat(r.context_logits)]
         self.requests.pop(r.request_id, None)
+
+
+def _plain_greedy(r: Request) -> bool:
+    """Whether r's next token is the argmax of its logits as the step leaves them: greedy, with
+    nothing that processes the logits or reads more of them (penalties, min_tokens, bad words,
+    log-probs, generation logits)."""
+    return (r.sampling.is_greedy and not r.needs_token_values and r.sampling.min_length == 0 and not r.bad_words
+            and not r.logprobs and not r.return_generation_logits)

@@ -61,30 +61,52 @@ class StepRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
+    def _pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor a copy to the device reads without waiting for queued work."""
+        return t.pin_memory() if self._pin else t
+
     def run(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int]]:
         """Logits [L, V] and, per row, how many of those rows are its (0, 1, or n for
         "all"), in row order."""
-        output, counts = self._forward(rows)
+        output, counts, _ = self._forward(rows)
         if self.logits_exchange is not None:
             output = self.logits_exchange.start(output, sum(counts), slot=0).wait()
         return output, counts
 
+    def run_greedy(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int], Optional[torch.Tensor]]:
+        """`run` for rows that all sample greedily from unprocessed logits: also each row's
+        argmax (int32 [L], a view valid until the next step) where a CUDA graph of the step took
+        it (decodes only, one pipeline stage), else None (the caller samples)."""
+        if self.logits_exchange is not None:
+            return (*self.run(rows), None)
+        return self._forward(rows, greedy=True)
+
     def launch(self, rows: list[StepInput], slot: int) -> tuple[InFlightLogits, list[int]]:
         """`run` of a pipeline stage that does not wait for the logits: they travel in `slot`
         (one per step in flight)."""
-        output, counts = self._forward(rows)
+        output, counts, _ = self._forward(rows)
         return self.logits_exchange.start(output, sum(counts), slot), counts
 
-    def _forward(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int]]:
+    def _forward(self, rows: list[StepInput], greedy: bool = False):
         """The network's output for `rows` (a non-last pipeline stage's: the hidden states it
-        sent) and the logits counts per row."""
+        sent), the logits counts per row, and (greedy, a decode step replayed on a GPU) each
+        row's argmax, else None."""
         counts = [r.num_tokens if r.logits == "all" else int(r.logits == "last") for r in rows]
         decode_only = all(r.num_tokens == 1 and r.logits == "last" for r in rows)
         input_ids = self._input_ids(rows)
-        tables = self.to_device(self.kv_cache.get_block_table([r.seq_id for r in rows]))
+        host_tables = self.kv_cache.get_block_table([r.seq_id for r in rows])
         if decode_only:
             host_lengths = torch.tensor([r.start + 1 for r in rows], dtype=torch.int32)
-            return self._decode(input_ids, self.to_device(host_lengths), tables, host_lengths), counts
+            graphs = self.decode_graphs
+            if graphs is not None:  # straight from pinned memory into the recordings' inputs
+                lengths, tables = self._pinned(host_lengths), self._pinned(host_tables)
+                if greedy and not graphs.on_cpu:
+                    logits, tokens = graphs.step_greedy(input_ids, lengths, tables)
+                    return logits, counts, tokens
+                return graphs.step(input_ids, lengths, tables), counts, None
+            return self._decode(input_ids, self.to_device(host_lengths), self.to_device(host_tables),
+                                host_lengths), counts, None
+        tables = self.to_device(host_tables)
 
         starts = torch.tensor([r.start for r in rows], dtype=torch.int32)
         new = torch.tensor([r.num_tokens for r in rows], dtype=torch.int32)
@@ -110,7 +132,7 @@ class StepRunner:
         output = self.session.run(feed, check=False)[self._output]
         if sum(counts) == 0:
             output = output[:0]
-        return output, counts
+        return output, counts, None
 
     def _input_ids(self, rows: list[StepInput]) -> torch.Tensor:
         """The packed input tokens on the device; pending ones gathered there."""

@@ -1,0 +1,81 @@
+"""DecodeGraphs on a GPU (random weights, so it runs where the bundled GGUF is not installed):
+the greedy graphs, which take each row's argmax in the graph and leave it where the next step
+reads its input, give the tokens of the steps run without graphs, for requests that join and
+leave the batch at different steps beside requests that sample, penalise and ask for
+log-probs (whose steps take the sampler)."""
+import pytest
+import torch
+
+from tensorrt_llm.builder import BuildConfig, build
+from tensorrt_llm.models.llama.convert import config_from_hf, load_weights_from_hf
+from tensorrt_llm.models.llama.model import LLaMAForCausalLM
+from tensorrt_llm.models.modeling_utils import save_checkpoint
+from tensorrt_llm.runtime import ModelRunner
+from tensorrt_llm.runtime.request import Request
+from tensorrt_llm.runtime.sampling import SamplingConfig
+
+from ..models.llama_utils import random_hf_llama
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("decode_graphs")
+    hf = random_hf_llama(seed=7, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2)  # head size 64: the tensor-core attention
+    config = config_from_hf(hf.config, dtype="bfloat16")
+    save_checkpoint(tmp / "ckpt", config, [load_weights_from_hf(hf, config)])
+    model = LLaMAForCausalLM.from_checkpoint(tmp / "ckpt")
+    build(model, BuildConfig(max_batch_size=8, max_input_len=64, max_seq_len=128, tokens_per_block=16,
+                             max_num_tokens=256)).save(tmp / "engine")
+    return tmp / "engine"
+
+
+def greedy(**kw):
+    return SamplingConfig(top_k=1, **kw)
+
+
+SPECS = {  # name: (step it arrives at, Request fields)
+    "a": (0, dict(prompt_token_ids=list(range(3, 20)), max_new_tokens=24, sampling=greedy())),
+    "b": (0, dict(prompt_token_ids=list(range(40, 45)), max_new_tokens=6, sampling=greedy())),
+    "c": (2, dict(prompt_token_ids=list(range(60, 90)), max_new_tokens=20, sampling=greedy())),
+    "sampled": (5, dict(prompt_token_ids=list(range(7, 15)), max_new_tokens=10,
+                        sampling=SamplingConfig(temperature=0.9, top_k=20, random_seed=11))),
+    "penalty": (9, dict(prompt_token_ids=list(range(100, 110)), max_new_tokens=10,
+                        sampling=greedy(repetition_penalty=1.5))),
+    "logprobs": (14, dict(prompt_token_ids=list(range(120, 126)), max_new_tokens=8, logprobs=True,
+                          sampling=greedy())),
+    "d": (20, dict(prompt_token_ids=list(range(200, 204)), max_new_tokens=30, sampling=greedy())),
+}
+
+
+def run(engine_dir, use_cuda_graph, names):
+    runner = ModelRunner.from_dir(engine_dir, device="cuda", use_cuda_graph=use_cuda_graph)
+    ex = runner.executor
+    requests = {name: Request(**dict(SPECS[name][1])) for name in names}
+    arrivals = {}
+    for name in names:
+        arrivals.setdefault(SPECS[name][0], []).append(requests[name])
+    k = 0
+    while arrivals or ex.has_work:
+        for r in arrivals.pop(k, []):
+            ex.add_request(r)
+        if ex.has_work:
+            ex.step()
+        k += 1
+        assert k < 500
+    graphs = runner.executor.runner.decode_graphs
+    return {name: r.output_token_ids for name, r in requests.items()}, graphs
+
+
+@pytest.mark.parametrize("names", [["a"], ["a", "b", "c", "d"], list(SPECS)], ids=["one", "greedy", "mixed"])
+def test_greedy_graphs_give_the_tokens_of_steps_without_graphs(engine_dir, names):
+    with_graphs, graphs = run(engine_dir, True, names)
+    without, _ = run(engine_dir, False, names)
+    assert with_graphs == without
+    assert all(len(with_graphs[n]) == SPECS[n][1]["max_new_tokens"] for n in names)
+    assert graphs.greedy_graphs, "the greedy steps replayed greedy graphs"
+    if "sampled" in names:
+        assert graphs.graphs, "the steps that sample replayed the plain graphs"
