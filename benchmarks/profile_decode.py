@@ -84,9 +84,12 @@ def main():
     # Long enough that every row decodes at once after a chunked prompt (the graph is captured).
     graphs.generate(prompts, max_new_tokens=args.steps + 1)
     decode_graphs = graphs.executor.runner.decode_graphs
-    if decode_graphs.bucket(args.batch) not in decode_graphs.graphs:
-        sys.exit(f"no decode step of all {args.batch} rows ran (graphs of {sorted(decode_graphs.graphs)})")
-    graph = decode_graphs.graphs[decode_graphs.bucket(args.batch)]
+    # The graph the steps replayed: greedy steps take their argmax in a graph of its own.
+    bucket = decode_graphs.bucket(args.batch)
+    graph = decode_graphs.greedy_graphs.get(bucket) or decode_graphs.graphs.get(bucket)
+    if graph is None:
+        sys.exit(f"no decode step of all {args.batch} rows ran (graphs of "
+                 f"{sorted(decode_graphs.graphs) + sorted(decode_graphs.greedy_graphs)})")
     # A graph replays what its input buffers hold: after the run, its last step, in which the
     # rows that had already finished (their prompts were chunked, so they started decoding
     # earlier) are padding of one token. One step of every row at a full length on blocks of its
