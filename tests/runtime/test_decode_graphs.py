@@ -15,6 +15,7 @@ from tensorrt_llm.runtime.request import Request
 from tensorrt_llm.runtime.sampling import SamplingConfig
 
 from ..models.llama_utils import random_hf_llama
+from .executor_utils import drive
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -58,15 +59,8 @@ def run(engine_dir, use_cuda_graph, names):
     arrivals = {}
     for name in names:
         arrivals.setdefault(SPECS[name][0], []).append(requests[name])
-    k = 0
-    while arrivals or ex.has_work:
-        for r in arrivals.pop(k, []):
-            ex.add_request(r)
-        if ex.has_work:
-            ex.step()
-        k += 1
-        assert k < 500
-    graphs = runner.executor.runner.decode_graphs
+    drive(ex, arrivals)
+    graphs = ex.runner.decode_graphs
     return {name: r.output_token_ids for name, r in requests.items()}, graphs
 
 

