@@ -103,7 +103,10 @@ def main(argv=None) -> dict:
         for settings in args.switch:
             with environment(settings):
                 runner = ModelRunner.from_dir(tmp, device=dev, **pool)
-                runner.generate(prompts, max_new_tokens=steps)  # captures the decode graph
+                runner.generate(prompts, max_new_tokens=steps)  # the first steps' lazy set-up
+                # The plain decode graph replayed below (greedy steps replay a graph of their own):
+                # captured here, where a switch read at a kernel's launch is set.
+                runner.executor.runner.decode_graphs.capture([args.batch])
             runners.append(runner)
     n = args.batch
     graphs, logits = [], []
