@@ -154,11 +154,15 @@ class DecodeGraphs:
         return output
 
     def capture(self, buckets=None) -> None:
-        """Capture the graphs of `buckets` (default: every bucket) now instead of at their
-        first step, so that a timed or latency-bound run does not pay for captures."""
+        """Capture the graphs of `buckets` (default: every bucket; on a GPU the plain and the
+        greedy one of each) now instead of at their first step, so that a timed or
+        latency-bound run does not pay for captures."""
         for b in sorted(buckets or self.buckets, reverse=True):
+            b = self.bucket(b)
             if b not in self.graphs and b not in self.plan_only:
-                self._capture(self.bucket(b))
+                self._capture(b)
+            if not self.on_cpu and b not in self.greedy_graphs:
+                self._capture(b, greedy=True)
 
     def bucket(self, n: int) -> int:
         for b in self.buckets:

@@ -73,3 +73,15 @@ def test_greedy_graphs_give_the_tokens_of_steps_without_graphs(engine_dir, names
     assert graphs.greedy_graphs, "the greedy steps replayed greedy graphs"
     if "sampled" in names:
         assert graphs.graphs, "the steps that sample replayed the plain graphs"
+
+
+def test_graphs_captured_up_front_are_the_ones_the_steps_replay(engine_dir):
+    """DecodeGraphs.capture() captures both graphs of each bucket (plain and greedy): a greedy
+    generate afterwards captures nothing more."""
+    runner = ModelRunner.from_dir(engine_dir, device="cuda")
+    graphs = runner.executor.runner.decode_graphs
+    graphs.capture([1, 2])
+    assert sorted(graphs.graphs) == sorted(graphs.greedy_graphs) == [1, 2]
+    captured = dict(graphs.graphs), dict(graphs.greedy_graphs)
+    runner.generate([list(range(3, 20)), list(range(30, 40))], max_new_tokens=8)
+    assert (graphs.graphs, graphs.greedy_graphs) == captured
