@@ -40,7 +40,7 @@ from .admission import Admission
 from .kv_cache_manager import KVCacheManager
 from .pipeline import InFlightLogits
 from .request import ModelLimits, Request, RequestState
-from .sampler import Sampled, Sampler
+from .sampler import Sampled, Sampler, draws_the_argmax
 from .scheduler import ScheduledStep, Scheduler
 from .step_runner import StepInput, StepRunner
 
@@ -181,7 +181,7 @@ class Executor:
 
     def _launch(self, scheduled: ScheduledStep) -> _Launched:
         rows = self._inputs(scheduled, self._launched)
-        if all(row.samples and _plain_greedy(row.request) for row in scheduled.rows):
+        if all(row.samples and draws_the_argmax(row.request) for row in scheduled.rows):
             logits, counts, tokens = self.runner.run_greedy(rows)  # tokens: the step's argmax, or None
         else:
             (logits, counts), tokens = self.runner.run(rows), None
@@ -389,11 +389,3 @@ class Executor:
         if len(r.context_logits) > 1:
             r.context_logits = [torch.cat(r.context_logits)]
         self.requests.pop(r.request_id, None)
-
-
-def _plain_greedy(r: Request) -> bool:
-    """Whether r's next token is the argmax of its logits as the step leaves them: greedy, with
-    nothing that processes the logits or reads more of them (penalties, min_tokens, bad words,
-    log-probs, generation logits)."""
-    return (r.sampling.is_greedy and not r.needs_token_values and r.sampling.min_length == 0 and not r.bad_words
-            and not r.logprobs and not r.return_generation_logits)

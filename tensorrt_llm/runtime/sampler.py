@@ -114,6 +114,13 @@ class Sampler:
         return words.ban(logits, history["token_ids"], history["sequence_lengths"], rows)
 
 
+def draws_the_argmax(r: Request) -> bool:
+    """Whether `Sampler.sample` gives r the argmax of its logits as they are, and nothing more:
+    greedy, with nothing that processes the logits (penalties, min_tokens, bad words) and no
+    log-probs. Such a row's token may be taken with the step (DecodeGraphs.step_greedy)."""
+    return r.sampling.is_greedy and not _needs_counts(r) and not r.logprobs
+
+
 def _needs_values(requests: list[Request]) -> bool:
     return any(r.needs_token_values for r in requests)
 

@@ -49,6 +49,8 @@ SPECS = {  # name: (step it arrives at, Request fields)
     "logprobs": (14, dict(prompt_token_ids=list(range(120, 126)), max_new_tokens=8, logprobs=True,
                           sampling=greedy())),
     "d": (20, dict(prompt_token_ids=list(range(200, 204)), max_new_tokens=30, sampling=greedy())),
+    "logits": (3, dict(prompt_token_ids=list(range(210, 220)), max_new_tokens=12, sampling=greedy(),
+                       return_generation_logits=True)),
 }
 
 
@@ -61,15 +63,19 @@ def run(engine_dir, use_cuda_graph, names):
         arrivals.setdefault(SPECS[name][0], []).append(requests[name])
     drive(ex, arrivals)
     graphs = ex.runner.decode_graphs
-    return {name: r.output_token_ids for name, r in requests.items()}, graphs
+    return requests, graphs
 
 
-@pytest.mark.parametrize("names", [["a"], ["a", "b", "c", "d"], list(SPECS)], ids=["one", "greedy", "mixed"])
+@pytest.mark.parametrize("names", [["a"], ["a", "b", "c", "d", "logits"], list(SPECS)], ids=["one", "greedy", "mixed"])
 def test_greedy_graphs_give_the_tokens_of_steps_without_graphs(engine_dir, names):
     with_graphs, graphs = run(engine_dir, True, names)
     without, _ = run(engine_dir, False, names)
-    assert with_graphs == without
-    assert all(len(with_graphs[n]) == SPECS[n][1]["max_new_tokens"] for n in names)
+    tokens = {n: r.output_token_ids for n, r in with_graphs.items()}
+    assert tokens == {n: r.output_token_ids for n, r in without.items()}
+    assert all(len(tokens[n]) == SPECS[n][1]["max_new_tokens"] for n in names)
+    if "logits" in names:  # a greedy row's generation logits are those of its step, whichever graph ran it
+        got, want = (torch.stack(r["logits"].generation_logits) for r in (with_graphs, without))
+        torch.testing.assert_close(got, want)
     assert graphs.greedy_graphs, "the greedy steps replayed greedy graphs"
     if "sampled" in names:
         assert graphs.graphs, "the steps that sample replayed the plain graphs"
