@@ -10,6 +10,7 @@ tails, which a batch-1 step of ~300 short kernels pays at every kernel boundary)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -84,34 +85,40 @@ def main():
     # Long enough that every row decodes at once after a chunked prompt (the graph is captured).
     graphs.generate(prompts, max_new_tokens=args.steps + 1)
     decode_graphs = graphs.executor.runner.decode_graphs
-    # The graph the steps replayed: greedy steps take their argmax in a graph of its own.
     bucket = decode_graphs.bucket(args.batch)
-    graph = decode_graphs.greedy_graphs.get(bucket) or decode_graphs.graphs.get(bucket)
-    if graph is None:
-        sys.exit(f"no decode step of all {args.batch} rows ran (graphs of "
-                 f"{sorted(decode_graphs.graphs) + sorted(decode_graphs.greedy_graphs)})")
+    if bucket not in decode_graphs.greedy_graphs:
+        sys.exit(f"no greedy decode step of all {args.batch} rows ran "
+                 f"(greedy graphs of {sorted(decode_graphs.greedy_graphs)})")
+    decode_graphs.capture([bucket])  # the plain graph too, timed below
     # A graph replays what its input buffers hold: after the run, its last step, in which the
     # rows that had already finished (their prompts were chunked, so they started decoding
     # earlier) are padding of one token. One step of every row at a full length on blocks of its
-    # own, so that the replays below attend over the whole batch.
+    # own, so that the replays below attend over the whole batch. The plain graph is timed: the
+    # greedy one (which the steps replay) advances the lengths at every replay.
     n = args.batch
     decode_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
                      torch.full((n,), args.input_len + args.steps, dtype=torch.int32, device=dev),
                      torch.arange(n * blocks_per_seq, dtype=torch.int32, device=dev).view(n, blocks_per_seq))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
+    decode_graphs.replay(bucket)
     start.record()
     for _ in range(100):
-        graph.replay()
+        decode_graphs.replay(bucket)
     end.record()
     torch.cuda.synchronize()
     kv = "" if args.kv_cache_dtype == "none" else f" kv {args.kv_cache_dtype}"
     print(f"{args.model} {args.quant}{kv} batch {args.batch}: graph replay {start.elapsed_time(end) / 100:.3f} ms, "
           f"step with graphs {step_ms(graphs):.3f} ms")
-    graph_kernels = replay_timeline(graph)
-    if graph_kernels:
-        step_timeline(graphs, prompts, graph_kernels, args.steps)
-    del graphs, decode_graphs, graph
+    if replay_timeline(functools.partial(decode_graphs.replay, bucket)):
+        # The greedy graph's kernels, to find its replays in a run: a few replays (the max_seq_len
+        # margin holds the lengths they add).
+        decode_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
+                           torch.full((n,), args.input_len + args.steps, dtype=torch.int32, device=dev),
+                           torch.arange(n * blocks_per_seq, dtype=torch.int32, device=dev).view(n, blocks_per_seq))
+        greedy_kernels = replay_timeline(functools.partial(decode_graphs.replay, bucket, greedy=True),
+                                         replays=3, show=False)
+        step_timeline(graphs, prompts, greedy_kernels, args.steps)
+    del graphs, decode_graphs
     torch.cuda.empty_cache()
     eager = ModelRunner.from_dir(tmp.name, device=dev, use_cuda_graph=False, **pool)
     tmp.cleanup()
@@ -173,19 +180,21 @@ def busy_us(kernels) -> float:
     return covered
 
 
-def replay_timeline(graph, replays: int = 20):
-    """Kernel time against the span of each replay: the GPU's idle time between a graph's
-    kernels (launch latency, the previous kernel's tail) is the span minus the union of the
-    kernels' intervals."""
+def replay_timeline(replay, replays: int = 20, show: bool = True):
+    """Kernel time against the span of each `replay()` of a graph: the GPU's idle time between
+    its kernels (launch latency, the previous kernel's tail) is the span minus the union of the
+    kernels' intervals. Returns the names of one replay's kernels in order."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
-            graph.replay()
+            replay()
         torch.cuda.synchronize()
     kernels = kernel_intervals(prof)
     if not kernels:
         print("the profiler saw no kernels of the replayed graph (CUPTI without graph kernel records)")
         return
     per_replay = len(kernels) // replays
+    if not show:
+        return [name for _, _, name in kernels[per_replay:2 * per_replay]]
     spans, busy, gaps = [], [], []
     for r in range(1, replays):  # the first replay is left out: the profiler's own start-up
         ks = kernels[r * per_replay:(r + 1) * per_replay]

@@ -413,6 +413,7 @@ void checkArgmaxRows(Call& c) {
     int64_t const batch = checkSamplingLogits(c);
     c.shape("out", {batch});
     c.shape("workspace", {argmaxRowsWorkspace(batch, c["logits"].size(1))});
+    if (c.has("advance")) c.shape("advance", {batch});
 }
 
 void launchArgmaxRowsEntry(Call const& c) {
@@ -420,6 +421,7 @@ void launchArgmaxRowsEntry(Call const& c) {
     p.out = static_cast<int32_t*>(c["out"].data());
     setSamplingLogits(p, c["logits"]);
     p.workspace = static_cast<unsigned long long*>(c["workspace"].data());
+    p.advance = static_cast<int32_t*>(const_cast<void*>(c.ptr("advance")));
     if (p.batch == 0) return;
     if constexpr (kCudaKernels) launchArgmaxRows(p, c.stream());
 }
@@ -1062,9 +1064,11 @@ std::vector<Entry> entries() {
          launchHostDecodeAttentionEntry, /*host=*/true},
         {"argmax_rows",
          "out[b] = the index of row b's first largest logit (logits [B, V]; NaN counts as the largest, as in "
-         "torch.argmax): greedy decoding's token. workspace: int64 [B * ceil(V / 4096)], the rows' chunk maxima.",
+         "torch.argmax): greedy decoding's token. workspace: int64 [B * ceil(V / 4096)], the rows' chunk maxima. "
+         "advance (optional, int32 [B]): each entry + 1 by the same launch (a greedy step's sequence lengths).",
          {tensor("out").dtypes({kInt32}).contiguous(), tensor("logits").rank(2).floats().lastDimContiguous(),
-          tensor("workspace").dtypes({DType::kInt64}).contiguous().written(), stream()},
+          tensor("workspace").dtypes({DType::kInt64}).contiguous().written(),
+          optionalTensor("advance").dtypes({kInt32}).contiguous().written(), stream()},
          checkArgmaxRows, launchArgmaxRowsEntry},
         {"decode_attention",
          "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache (q's dtype, or int8 / "

@@ -355,7 +355,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // blocks of kArgmaxThreads each reduce a chunk of kArgmaxChunk logits of a row to its best (key,
 // lowest index) packed in 64 bits as pass 1 above, then one warp a row takes the best of its
 // chunks. One block a row was slower: 19.3 us for a 128,256-logit row on an H100 (one
-// multiprocessor pulling half a megabyte), against 17 for the five launches.
+// multiprocessor pulling half a megabyte), against 17 for the five launches. With `advance`, the
+// second launch also adds one to each row's entry: a greedy decode step replayed from a CUDA
+// graph leaves the next step's sequence lengths in place, with no copy from the host.
 constexpr int kArgmaxThreads = 256;
 
 __device__ __forceinline__ Mass argmaxPacked(float v, int64_t i) {
@@ -395,8 +397,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     }
 }
 
-__global__ void argmaxFinishKernel(int32_t* __restrict__ out, Mass const* __restrict__ best, int64_t rows,
-                                   int chunks) {
+__global__ void argmaxFinishKernel(int32_t* __restrict__ out, int32_t* __restrict__ advance,
+                                   Mass const* __restrict__ best, int64_t rows, int chunks) {
     waitForPreviousKernel();  // see launchKernel
     allowNextKernel();
     int64_t const row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
@@ -405,7 +407,10 @@ __global__ void argmaxFinishKernel(int32_t* __restrict__ out, Mass const* __rest
     Mass b = 0;
     for (int c = lane; c < chunks; c += 32) b = best[row * chunks + c] > b ? best[row * chunks + c] : b;
     b = warpMax(b);
-    if (lane == 0) out[row] = static_cast<int32_t>(indexOf(b));
+    if (lane == 0) {
+        out[row] = static_cast<int32_t>(indexOf(b));
+        if (advance != nullptr) advance[row] += 1;
+    }
 }
 
 } // namespace
@@ -423,7 +428,7 @@ void launchArgmaxRows(ArgmaxRowsParams const& p, void* stream) {
     });
     constexpr int kRowsPerBlock = 8;  // a warp a row
     launchKernel("argmax_rows", argmaxFinishKernel, static_cast<unsigned>((p.batch + kRowsPerBlock - 1) / kRowsPerBlock),
-                 kRowsPerBlock * 32, 0, s, p.out, static_cast<Mass const*>(p.workspace), p.batch,
+                 kRowsPerBlock * 32, 0, s, p.out, p.advance, static_cast<Mass const*>(p.workspace), p.batch,
                  static_cast<int>(chunks));
 }
 

@@ -232,14 +232,22 @@ def top_k_top_p_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 
 # ---- argmax_rows ---------------------------------------------------------------------------------
 
-def _argmax_rows_cuda(logits):
+def _argmax_rows_cuda(logits, out=None, advance=None):
     b, v = logits.shape
-    out = torch.empty(b, dtype=torch.int32, device=logits.device)
+    if out is None:
+        out = torch.empty(b, dtype=torch.int32, device=logits.device)
     if b:
         # One entry per block of the binding's ARGMAX_CHUNK logits of a row (it checks the size).
         workspace = torch.empty(b * -(-v // get_bindings().ARGMAX_CHUNK), dtype=torch.int64, device=logits.device)
-        launch("argmax_rows", out, logits if v == 1 or logits.stride(1) == 1 else logits.contiguous(), workspace)
+        launch("argmax_rows", out, logits if v == 1 or logits.stride(1) == 1 else logits.contiguous(), workspace,
+               advance=advance)
     return out
+
+
+def _argmax_rows_into_reference(out, logits, advance):
+    out.copy_(reference.argmax_rows(logits))
+    if advance is not None:
+        advance.add_(1)
 
 
 @torch.library.custom_op("trtllm::argmax_rows", mutates_args=())
@@ -257,10 +265,29 @@ def _(logits):
     return torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
 
 
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+@torch.library.custom_op("trtllm::argmax_rows_into", mutates_args=("out", "advance"))
+def _argmax_rows_into(out: torch.Tensor, logits: torch.Tensor, advance: Optional[torch.Tensor]) -> None:
+    _argmax_rows_into_reference(out, logits, advance)
+
+
+@_argmax_rows_into.register_kernel("cuda")
+def _(out, logits, advance):
+    _compiled(lambda o, x, a: _argmax_rows_cuda(x, o, a), _argmax_rows_into_reference, out, logits, advance)
+
+
+def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None,
+                advance: Optional[torch.Tensor] = None) -> torch.Tensor:
     """int32 [B]: the index of each row's first largest logit (logits [B, V], float32/16 or
-    bfloat16, any row stride), torch.argmax's answer (NaN counts as the largest)."""
-    return torch.ops.trtllm.argmax_rows(logits)
+    bfloat16, any row stride), torch.argmax's answer (NaN counts as the largest). With `out`
+    (int32 [B]) written there; with `advance` (int32 [B]) each of its entries + 1 in the same
+    launch, so that a greedy decode step in a CUDA graph leaves the next step's sequence
+    lengths in place. Returns the tokens."""
+    if out is None and advance is None:
+        return torch.ops.trtllm.argmax_rows(logits)
+    if out is None:
+        out = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+    torch.ops.trtllm.argmax_rows_into(out, logits, advance)
+    return out
 
 
 # ---- decode_attention ---------------------------------------------------------------------------

@@ -11,11 +11,14 @@ holds the batch; a CUDA graph computes the positions from the lengths itself. Ro
 bucket past the real batch are padding: they point at a scratch KV block of their own, so
 they never touch another sequence's cache.
 
-Greedy steps (`step_greedy`, CUDA): a second graph of the bucket also takes each row's argmax
-and writes it into the token buffer, where the next step reads its input: a batch that goes
-on decoding greedily needs no copy of its tokens, and no sampling launches, between replays.
-Between two replays of a batch-1 step of the INT4 8B engine there had been ten small GPU
-operations (copies, the positions, the argmax's two kernels), 31.5 us of a 2.08 ms step.
+Greedy steps (`step_greedy`, CUDA): a second graph of the bucket also takes each row's argmax,
+writes it into the token buffer, where the next step reads its input, and adds one to each
+row's length: a batch that goes on decoding greedily needs no copy of its tokens, no sampling
+launches and, while no row gains a KV block, no copy of its lengths or block tables between
+replays. The buffers' contents are tracked on the host (what the queued work leaves in them),
+and a step copies only what differs. Between two replays of a batch-1 step of the INT4 8B
+engine there had been ten small GPU operations (copies, the positions, the argmax's two
+kernels), 31.5 us of a 2.08 ms step.
 """
 from __future__ import annotations
 
@@ -66,6 +69,10 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph | HostTape] = {}
         self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # CUDA: the step, then its argmax
         self.memory_pool = None if self.on_cpu else torch.cuda.graph_pool_handle()
+        # (rows, lengths, block tables) as host tensors: what rows [:rows] of the input buffers
+        # hold once the queued work is done (a greedy replay leaves the lengths one higher), an
+        # entry None where that is not known (inputs given on the device, a direct replay).
+        self._held: tuple[int, torch.Tensor | None, torch.Tensor | None] | None = None
         self.plan_only: set[int] = set()  # CPU buckets whose step a tape refused: run as usual
         self.unverified: dict[int, int] = {}  # CPU buckets: replays still to check
         # Every graph ends by copying its output into this one buffer [max_batch_size, ...]
@@ -121,8 +128,8 @@ class DecodeGraphs:
             # Its own output is freed after capture: later graphs of the pool may reuse that
             # memory, as the copy has taken what this graph's step needs.
             self.output[:b].copy_(self.session.run(feed, check=False)[name])
-            if greedy:  # the next step's input tokens
-                self.input_ids[:b].copy_(argmax_rows(self.output[:b]))
+            if greedy:  # the next step's input tokens and lengths
+                argmax_rows(self.output[:b], out=self.input_ids[:b], advance=self.sequence_lengths[:b])
         (self.greedy_graphs if greedy else self.graphs)[b] = graph
 
     def _capture_tape(self, b: int):
@@ -174,7 +181,8 @@ class DecodeGraphs:
              block_tables: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab] of one decode step of n sequences (a view, valid until the next
         step; a non-last pipeline stage's hidden states [n, hidden]). Lengths and block tables
-        from pinned host memory (or the device); `input_ids` may be `step_greedy`'s tokens."""
+        on the host (copied where they differ from what the buffers hold) or the device;
+        `input_ids` may be `step_greedy`'s tokens."""
         n, b = self._inputs(input_ids, sequence_lengths, block_tables)
         if b not in self.graphs and b not in self.plan_only:
             self._capture(b)
@@ -196,16 +204,27 @@ class DecodeGraphs:
         if b not in self.greedy_graphs:
             self._capture(b, greedy=True)
         self.greedy_graphs[b].replay()
+        if self._held is not None and self._held[1] is not None:  # the graph advanced them
+            self._held = (n, self._held[1] + 1, self._held[2])
         return self.output[:n], self.input_ids[:n]
 
+    def replay(self, b: int, greedy: bool = False) -> None:
+        """Replay bucket b's graph on whatever its buffers hold (benchmarks: the inputs set by a
+        `step` before). A greedy replay advances the lengths each time."""
+        self._held = None
+        (self.greedy_graphs if greedy else self.graphs)[b].replay()
+
     def _inputs(self, input_ids, sequence_lengths, block_tables) -> tuple[int, int]:
-        """The step's inputs into the buffers: (rows, bucket)."""
+        """The step's inputs into the buffers: (rows, bucket). Host lengths and tables equal to
+        what the buffers already hold are not copied."""
         n = input_ids.shape[0]
         b = self.bucket(n)
         if input_ids.data_ptr() != self.input_ids.data_ptr():  # else: the last greedy step's tokens
             self.input_ids[:n].copy_(input_ids, non_blocking=True)
-        self.sequence_lengths[:n].copy_(sequence_lengths, non_blocking=True)
-        self.block_tables[:n].copy_(block_tables, non_blocking=True)
+        held = self._held if self._held is not None and self._held[0] == n else (n, None, None)
+        lengths = self._held_or_copied(sequence_lengths, held[1], self.sequence_lengths[:n])
+        tables = self._held_or_copied(block_tables, held[2], self.block_tables[:n])
+        self._held = (n, lengths, tables)
         if b > n:  # padding rows: one token at position 0 of the scratch block
             self.input_ids[n:b].zero_()
             self.sequence_lengths[n:b].fill_(1)
@@ -213,3 +232,15 @@ class DecodeGraphs:
         if self.on_cpu:  # a CUDA graph computes the positions itself
             torch.sub(self.sequence_lengths[:b], 1, out=self.position_ids[:b])
         return n, b
+
+    def _held_or_copied(self, value: torch.Tensor, held: torch.Tensor | None,
+                        buffer: torch.Tensor) -> torch.Tensor | None:
+        """Copy `value` into `buffer` unless it equals `held` (what the buffer holds). Returns
+        what the buffer holds afterwards as a host tensor, or None when `value` is on the GPU."""
+        on_host = value.device.type == "cpu"
+        if on_host and held is not None and torch.equal(value, held):
+            return held
+        if on_host and not self.on_cpu and not value.is_pinned():
+            value = value.pin_memory()  # a copy from pageable memory would wait for the queued steps
+        buffer.copy_(value, non_blocking=True)
+        return value if on_host else None

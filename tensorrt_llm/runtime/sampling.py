@@ -15,6 +15,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -314,20 +315,27 @@ def _argmax_chunk(vocab: int) -> int:
                 next((c for c in range(1023, 511, -1) if vocab % c == 0), 1024))
 
 
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None,
+                advance: Optional[torch.Tensor] = None) -> torch.Tensor:
     """int32 [B]: each row's first largest logit, torch.argmax's answer (NaN counts as the
-    largest), on the path of every greedy decode step. On a GPU the compiled kernels
-    (kernels.argmax_rows: blocks over chunks of each row, then the best chunk); without them two
-    passes of PyTorch: the largest of every chunk of about a thousand logits (torch.max over
-    [B, chunks, width], the first index on ties), then the first best chunk. torch.argmax
-    reduces a row in one long pass: 28 us for a 128,256-token vocabulary on an H100; the two
-    passes 25 us in five launches (two reductions, a gather, an add, a cast)."""
+    largest), on the path of every greedy decode step; written into `out` when given, and with
+    `advance` (int32 [B], a greedy step's sequence lengths) each entry + 1. On a GPU the compiled
+    kernels (kernels.argmax_rows: blocks over chunks of each row, then the best chunk, which also
+    writes `out` and advances); without them two passes of PyTorch: the largest of every chunk of
+    about a thousand logits (torch.max over [B, chunks, width], the first index on ties), then the
+    first best chunk. torch.argmax reduces a row in one long pass: 28 us for a 128,256-token
+    vocabulary on an H100; the two passes 25 us in five launches (two reductions, a gather, an
+    add, a cast)."""
     if logits.is_cuda and cuda_kernels_available():
-        return kernels.argmax_rows(logits)
+        return kernels.argmax_rows(logits, out, advance)
     width = _argmax_chunk(logits.shape[1])
     if not logits.is_cuda or logits.shape[1] < 2 * width:
-        return logits.argmax(dim=-1).int()
-    return argmax_by_chunks(logits, width)
+        tokens = logits.argmax(dim=-1).int()
+    else:
+        tokens = argmax_by_chunks(logits, width)
+    if advance is not None:
+        advance.add_(1)
+    return tokens if out is None else out.copy_(tokens)
 
 
 def argmax_by_chunks(logits: torch.Tensor, width: int) -> torch.Tensor:

@@ -61,10 +61,6 @@ class StepRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
-    def _pinned(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor a copy to the device reads without waiting for queued work."""
-        return t.pin_memory() if self._pin else t
-
     def run(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int]]:
         """Logits [L, V] and, per row, how many of those rows are its (0, 1, or n for
         "all"), in row order."""
@@ -98,12 +94,11 @@ class StepRunner:
         if decode_only:
             host_lengths = torch.tensor([r.start + 1 for r in rows], dtype=torch.int32)
             graphs = self.decode_graphs
-            if graphs is not None:  # straight from pinned memory into the recordings' inputs
-                lengths, tables = self._pinned(host_lengths), self._pinned(host_tables)
+            if graphs is not None:  # from the host straight into the recordings' inputs, where they differ
                 if greedy and not graphs.on_cpu:
-                    logits, tokens = graphs.step_greedy(input_ids, lengths, tables)
+                    logits, tokens = graphs.step_greedy(input_ids, host_lengths, host_tables)
                     return logits, counts, tokens
-                return graphs.step(input_ids, lengths, tables), counts, None
+                return graphs.step(input_ids, host_lengths, host_tables), counts, None
             return self._decode(input_ids, self.to_device(host_lengths), self.to_device(host_tables),
                                 host_lengths), counts, None
         tables = self.to_device(host_tables)

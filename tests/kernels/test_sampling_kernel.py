@@ -154,6 +154,20 @@ def test_argmax_rows_on_the_cpu_is_torch_argmax():
     torch.library.opcheck(torch.ops.trtllm.argmax_rows.default, (logits,))
 
 
+def test_argmax_rows_into_a_buffer_advances_the_lengths_on_the_cpu():
+    """out= and advance= (a greedy decode step's tokens and lengths) through the custom op."""
+    logits = random_logits(5, 300, seed=5)
+    out = torch.full((7,), -1, dtype=torch.int32)
+    lengths = torch.arange(10, 17, dtype=torch.int32)
+    got = kernels.argmax_rows(logits, out=out[:5], advance=lengths[:5])
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got.long(), logits.argmax(dim=-1))
+    assert out[5:].tolist() == [-1, -1] and lengths.tolist() == [11, 12, 13, 14, 15, 15, 16]
+    assert torch.equal(argmax_rows(logits, advance=lengths[:2]).long(), logits.argmax(dim=-1))
+    assert lengths[:2].tolist() == [12, 13]
+    torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default, (out[:5].clone(), logits, lengths[:5].clone()))
+    torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default, (out[:5].clone(), logits, None))
+
+
 def test_compiled_module_checks_arguments_before_any_launch():
     if not kernels.bindings_available():
         pytest.fail("tensorrt_llm.bindings is not built: run `python build_wheel.py` first")
@@ -396,3 +410,22 @@ def test_argmax_rows_kernel_is_torch_argmax(compiled, seed, vocab, dtype):
     got = kernels.argmax_rows(strided)
     assert got.dtype == torch.int32 and torch.equal(got.long(), want), f"seed={seed}"
     assert torch.equal(argmax_rows(strided).long(), want)  # the runtime's greedy choice takes the kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 9, 40])
+def test_argmax_rows_kernel_writes_out_and_advances(compiled, seed, rows, dtype):
+    """The kernel's out= (a view into a larger buffer) and advance= (each entry + 1 by the same
+    launch, entries past the rows untouched), as a greedy decode graph uses them."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, 128256, generator=gen).to(dtype).cuda()
+    out = torch.full((rows + 3,), -1, dtype=torch.int32, device="cuda")
+    lengths = torch.randint(1, 1000, (rows + 3,), generator=gen, dtype=torch.int32).cuda()
+    before = lengths.clone()
+    got = kernels.argmax_rows(logits, out=out[:rows], advance=lengths[:rows])
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got.long(), logits.argmax(dim=-1))
+    assert out[rows:].tolist() == [-1] * 3
+    assert torch.equal(lengths[:rows], before[:rows] + 1) and torch.equal(lengths[rows:], before[rows:])
+    kernels.argmax_rows(logits, out=out[:rows])  # out= alone leaves the lengths
+    assert torch.equal(lengths[:rows], before[:rows] + 1)

@@ -91,3 +91,41 @@ def test_graphs_captured_up_front_are_the_ones_the_steps_replay(engine_dir):
     captured = dict(graphs.graphs), dict(graphs.greedy_graphs)
     runner.generate([list(range(3, 20)), list(range(30, 40))], max_new_tokens=8)
     assert (graphs.graphs, graphs.greedy_graphs) == captured
+
+
+def host_to_device_copies(fn) -> int:
+    """How many host-to-device copies the GPU ran during fn()."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if "HtoD" in e.name)
+
+
+def test_a_greedy_batch_that_keeps_its_blocks_copies_no_inputs(engine_dir):
+    """A greedy replay advances the lengths on the device, so the next step of the same rows
+    (lengths one higher, the same block tables, its input the last step's tokens) copies nothing
+    from the host, and its tokens are the argmax of a plain step on the same inputs; a step
+    whose tables differ copies those only."""
+    runner = ModelRunner.from_dir(engine_dir, device="cuda")
+    graphs = runner.executor.runner.decode_graphs
+    graphs.capture([2])
+    tables = torch.zeros(2, graphs.block_tables.shape[1], dtype=torch.int32)
+    tables[:, :2] = torch.tensor([[1, 2], [3, 4]])
+    lengths = torch.tensor([5, 12], dtype=torch.int32)
+    inputs = [torch.tensor([7, 9], dtype=torch.int32)]
+    assert host_to_device_copies(lambda: graphs.step_greedy(inputs[0].cuda(), lengths, tables)) == 2
+    inputs.append(graphs.input_ids[:2].cpu())
+    assert graphs.sequence_lengths[:2].tolist() == (lengths + 1).tolist()
+    for step in range(1, 4):  # as the executor steps a batch that goes on decoding greedily
+        assert host_to_device_copies(
+            lambda: graphs.step_greedy(graphs.input_ids[:2], lengths + step, tables)) == 0, f"step {step}"
+        assert graphs.sequence_lengths[:2].tolist() == (lengths + step + 1).tolist()
+        inputs.append(graphs.input_ids[:2].cpu())
+    moved = tables.clone()
+    moved[1, 2] = 5  # row 1 gains a block: the tables are copied, the lengths (as held) are not
+    assert host_to_device_copies(lambda: graphs.step_greedy(graphs.input_ids[:2], lengths + 4, moved)) == 1
+    assert graphs.block_tables[1, :3].tolist() == [3, 4, 5]
+    # The same steps again as plain steps, every input copied: the same tokens.
+    for step in range(4):
+        logits = graphs.step(inputs[step].cuda(), lengths + step, tables)
+        assert torch.equal(logits.argmax(dim=-1).int().cpu(), inputs[step + 1]), f"step {step}"

@@ -158,6 +158,7 @@ void launchTopKTopPSample(TopKTopPSampleParams const& p, void* stream);
 // a block into the workspace, then the best chunk of each row.
 struct ArgmaxRowsParams {
     int32_t* out;                   // [batch] token ids
+    int32_t* advance;               // [batch] or null: each entry + 1 (a greedy step's sequence lengths)
     void const* logits;             // [batch, vocab], row stride logitsRowStride, last dim contiguous
     unsigned long long* workspace;  // [argmaxRowsWorkspace(batch, vocab)]
     int64_t batch;
