@@ -113,7 +113,8 @@ def test_a_greedy_batch_that_keeps_its_blocks_copies_no_inputs(engine_dir):
     tables[:, :2] = torch.tensor([[1, 2], [3, 4]])
     lengths = torch.tensor([5, 12], dtype=torch.int32)
     inputs = [torch.tensor([7, 9], dtype=torch.int32)]
-    assert host_to_device_copies(lambda: graphs.step_greedy(inputs[0].cuda(), lengths, tables)) == 2
+    first = inputs[0].cuda()
+    assert host_to_device_copies(lambda: graphs.step_greedy(first, lengths, tables)) == 2
     inputs.append(graphs.input_ids[:2].cpu())
     assert graphs.sequence_lengths[:2].tolist() == (lengths + 1).tolist()
     for step in range(1, 4):  # as the executor steps a batch that goes on decoding greedily
