@@ -224,6 +224,91 @@ __device__ void stageBlockIds(DecodeAttentionParams const& p, Chunk const& c, in
     __syncthreads();
 }
 
+// stageBlock's form for rows of 8-element packs (float16 / bfloat16 q and K/V of a cache of T) that
+// are rotated NeoX-wise over the whole head or not at all: a thread loads a q (or new K) pack and
+// its rotation partner D/2 further on, or a new V pack, with their cos and sin, rotates them in
+// registers, stores them to shared memory and (owner) writes them into the cache itself, in 16-byte
+// stores. One block barrier ends it where the general form takes three (staged, rotated, written).
+// The same values as the general form: the same products, sums and roundings.
+template <typename T, typename C, int D, int THREADS, bool IDS_STAGED>
+__device__ void stageRotatedPacks(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group,
+                                  Shared const& sh, T const* q, T const* kIn, T const* vIn) {
+    constexpr int H = D / 16;  // packs of 8 in half a row
+    static_assert(THREADS >= (kDecodeAttentionMaxGroup + 3) * H, "a thread a pack pair (q, K) or pack (V)");
+    using P = Pack<T, 8>;
+    int const i = static_cast<int>(threadIdx.x);
+    int const qItems = group * H;
+    int const kEnd = qItems + (c.owner ? H : 0);
+    int const vEnd = kEnd + (c.owner ? 2 * H : 0);
+    int const kind = i < qItems ? 0 : i < kEnd ? 1 : i < vEnd ? 2 : 3;  // q pair, K pair, V pack, none
+    int const item = kind == 0 ? i : kind == 1 ? i - qItems : i - kEnd;
+    int const j = (kind == 0 ? item % H : item) * 8;  // the pack's first dim in its row (pairs: low half)
+    T const* src = kind == 0 ? q + (item / H) * D + j : kind == 1 ? kIn + j : vIn + j;
+    int32_t const* table = p.blockTables + b * p.maxBlocks;
+    auto blockId = [&](int64_t block) { return (block >= 0 && block < p.numBlocks) ? static_cast<int>(block) : -1; };
+    // Every load first, then the stores (see stageBlock).
+    P x1, x2;
+    float4 cosSin[4];  // cos of dims j .. j + 7, then their sin
+    int64_t ownBlock = -1;
+    int64_t firstId = -1;
+    if (kind < 3) x1 = *reinterpret_cast<P const*>(src);
+    if (kind < 2) x2 = *reinterpret_cast<P const*>(src + D / 2);
+    if (kind < 2 && c.rotary) {
+        float4 const* row = reinterpret_cast<float4 const*>(p.cosSin + static_cast<int64_t>(c.qPos) * p.rotaryDim);
+        cosSin[0] = row[j / 4];
+        cosSin[1] = row[j / 4 + 1];
+        cosSin[2] = row[(D / 2 + j) / 4];
+        cosSin[3] = row[(D / 2 + j) / 4 + 1];
+    }
+    if (!IDS_STAGED && (kind == 1 || kind == 2)) {
+        int64_t const blockInSeq = c.qPos >> c.tpbShift;
+        ownBlock = blockInSeq < p.maxBlocks ? table[blockInSeq] : -1;
+    }
+    if (!IDS_STAGED && i < c.numBlocks) firstId = c.firstBlock + i < p.maxBlocks ? table[c.firstBlock + i] : -1;
+    int const block = IDS_STAGED ? ((kind == 1 || kind == 2) ? sh.blocks[(c.qPos >> c.tpbShift) - c.firstBlock] : -1)
+                                 : blockId(ownBlock);
+    C* kDst = (kind == 1 || kind == 2) && block >= 0 ? const_cast<C*>(kRowOf<C, D>(p, c, block, kvh, c.qPos)) : nullptr;
+    if (kind < 2) {
+        float const* cs = reinterpret_cast<float const*>(cosSin);
+        float lo[8], hi[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float const x1e = toFloat(x1.v[e]);
+            float const x2e = toFloat(x2.v[e]);
+            lo[e] = c.rotary ? x1e * cs[e] - x2e * cs[8 + e] : x1e;
+            hi[e] = c.rotary ? x2e * cs[e] + x1e * cs[8 + e] : x2e;
+        }
+        float* dst = kind == 0 ? sh.q + (item / H) * D + j : sh.k + j;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            dst[e] = lo[e];
+            dst[D / 2 + e] = hi[e];
+        }
+        if (kDst != nullptr) {
+            P a, bb;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                a.v[e] = fromFloat<T>(lo[e]);
+                bb.v[e] = fromFloat<T>(hi[e]);
+            }
+            *reinterpret_cast<P*>(kDst + j) = a;
+            *reinterpret_cast<P*>(kDst + D / 2 + j) = bb;
+        }
+    } else if (kind == 2) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sh.v[j + e] = toFloat(x1.v[e]);
+        if (kDst != nullptr) *reinterpret_cast<P*>(kDst + p.kvHeads * p.tokensPerBlock * D + j) = x1;
+    }
+    if constexpr (!IDS_STAGED) {
+        if (i < c.numBlocks) sh.blocks[i] = blockId(firstId);
+        for (int n = i + THREADS; n < c.numBlocks; n += THREADS) {  // chunks of many blocks
+            int64_t const blockInSeq = c.firstBlock + n;
+            sh.blocks[n] = blockId(blockInSeq < p.maxBlocks ? table[blockInSeq] : -1);
+        }
+    }
+    __syncthreads();  // q ready, the new row in the cache
+}
+
 // IDS_STAGED: sh.blocks holds the chunk's block ids already (stageBlockIds).
 template <typename T, typename C, int D, int THREADS, bool IDS_STAGED = false>
 __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b, int kvh, int group,
@@ -238,6 +323,13 @@ __device__ void stageBlock(DecodeAttentionParams const& p, Chunk const& c, int b
     T const* vIn = c.owner ? static_cast<T const*>(p.vNew) + b * p.vNewTokenStride + kvh * D : nullptr;
     auto isAligned = [](T const* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
     bool const packed = isAligned(q) && (!c.owner || (isAligned(kIn) && isAligned(vIn)));
+    if constexpr (!kIsKvCode<C> && V == 8 && (D == 64 || D == 128) && THREADS >= (kDecodeAttentionMaxGroup + 3) * D / 16) {
+        if (packed && (!c.rotary || (p.isNeox && p.rotaryDim == D
+                                     && (reinterpret_cast<uintptr_t>(p.cosSin) & 15u) == 0))) {
+            stageRotatedPacks<T, C, D, THREADS, IDS_STAGED>(p, c, b, kvh, group, sh, q, kIn, vIn);
+            return;
+        }
+    }
 
     int32_t const* table = p.blockTables + b * p.maxBlocks;
     int const i0 = c.firstBlock + static_cast<int>(threadIdx.x);
@@ -351,25 +443,44 @@ __device__ __forceinline__ void storeOutput(DecodeAttentionParams const& p, int6
 // in natural-log units, sum of exponentials statS[w][g][1], weighted sum accS[w][g][:]) and
 // stores the head's output; with several splits, the split's partial instead, and the last
 // block of this (sequence, KV head) to finish merges the splits' partials: no second kernel.
-// The caller has written accS/statS; every thread of the block calls this.
+// The caller has written accS/statS (statS's maxima are overwritten with the parts' weights); every
+// thread of the block calls this.
 template <typename T, int D, int MAXG>
-__device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS, float const* statS, int parts,
+__device__ void mergeAndStore(DecodeAttentionParams const& p, float const* accS, float* statS, int parts,
                               int b, int kvh, int split, int splits, int group) {
     __syncthreads();
     float const inverse = p.codeScale ? __frcp_rn(*p.codeScale) : 1.f;
-    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-        int const g = i / D;
-        int const d = i - g * D;
+    // Each head's part weights c_w = exp(m_w - max) and denominator sum_w c_w l_w, once (a thread a
+    // head, in place of its parts' maxima) rather than by every thread of its D outputs: the same
+    // values, summed in the same order, so the same bits. A part of no positions gets -1: skipped.
+    __shared__ float headS[MAXG][2];  // max, denominator
+    if (threadIdx.x < group) {
+        int const g = threadIdx.x;
         float mAll = -FLT_MAX;
         for (int w = 0; w < parts; ++w) mAll = fmaxf(mAll, statS[(w * MAXG + g) * 2]);
-        float num = 0.f;
         float den = 0.f;
         for (int w = 0; w < parts; ++w) {
             float const lw = statS[(w * MAXG + g) * 2 + 1];
-            if (lw == 0.f) continue;
-            float const c = __expf(statS[(w * MAXG + g) * 2] - mAll);
-            num += c * accS[(w * MAXG + g) * D + d];
-            den += c * lw;
+            float c = -1.f;
+            if (lw != 0.f) {
+                c = __expf(statS[(w * MAXG + g) * 2] - mAll);
+                den += c * lw;
+            }
+            statS[(w * MAXG + g) * 2] = c;
+        }
+        headS[g][0] = mAll;
+        headS[g][1] = den;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+        int const g = i / D;
+        int const d = i - g * D;
+        float const mAll = headS[g][0];
+        float const den = headS[g][1];
+        float num = 0.f;
+        for (int w = 0; w < parts; ++w) {
+            float const c = statS[(w * MAXG + g) * 2];
+            if (c >= 0.f) num += c * accS[(w * MAXG + g) * D + d];
         }
         int const h = kvh * group + g;
         float const normalised = den > 0.f ? num / den : 0.f;
