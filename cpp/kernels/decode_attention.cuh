@@ -752,8 +752,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decodeAttentionMmaKernel(Dec
     // DecodeAttentionParams::earlyCacheLoads), this step's own row patched in from shared memory
     // after the owner writes it; one block-table-first round trip is off the chain.
     // Not the instance held to 168 registers (three four-warp blocks an SM): the early tiles' registers
-    // would spill there.
-    constexpr bool kEarly = TILE_BLOCKS && !PIPE && !kCodes && WARPS * 32 * MINB <= 256;
+    // would spill there. Twelve warps of one tile (one block an SM, 170 registers a thread at most)
+    // take them in 166 registers, as eight do.
+    constexpr bool kEarly = TILE_BLOCKS && !PIPE && !kCodes && (WARPS * 32 * MINB <= 256 || (MINB == 1 && WARPS <= 12));
     bool const early = kEarly && p.earlyCacheLoads && p.kNew != nullptr;
     if (!early) {
         waitForPreviousKernel();  // see launchKernel
@@ -1163,7 +1164,7 @@ void launchFourWarps(DecodeAttentionParams const& p, cudaStream_t stream) {
 // of two tiles per iteration (224 registers, 8 blocks per multiprocessor): a block's fixed part
 // (staging, merging) then holds up one warp only, and the other blocks' loads overlap it; with
 // fewer blocks (long sequences, small batches: the caller's splits fill the GPU) four-warp blocks
-// share a chunk, eight-warp blocks where the pairs are few (below). Measured on an H100 (the 8B
+// share a chunk, twelve-warp blocks where the pairs are few (below). Measured on an H100 (the 8B
 // shape of benchmarks/bench_decode_attention.py, bf16, fused write + RoPE, tokens per block 32;
 // microseconds at b512 L192 / b512 L96 / b512 L512 / b256 L192):
 //   1 warp x 2 tiles, 8 blocks per SM   160.5 / 100.2 / 372.3 / 83.9   (chosen)
@@ -1173,8 +1174,8 @@ void launchFourWarps(DecodeAttentionParams const& p, cudaStream_t stream) {
 //   4 warps x 1 tile, 3 blocks          168.8 / 120.7 / 385.3 / 92.7
 // (before the O^T = V^T P^T layout and the one-round-trip staging, 2 warps x 2 tiles: 192.5 /
 // 137.7 / 403.5 / 105). CUDA cores: 265 us at b512 L192 (64 threads); b32 L192 20.2 (256).
-// With few (sequence, KV head) pairs (small batches; their splits then fill the GPU), eight
-// warps share a chunk: each walks fewer tiles, and nothing else waits for the multiprocessor.
+// With few (sequence, KV head) pairs (small batches; their splits then fill the GPU), eight (now
+// twelve) warps share a chunk: each walks fewer tiles, and nothing else waits for the multiprocessor.
 // H100, microseconds at b1 L160 / b1 L600 / b1 L2100 / b4 L200 / SmolLM2 b1 L150 (8 to 48 blocks
 // at work), 4 warps -> 8 warps x 2 tiles: 8.51 -> 6.52 / 16.00 -> 12.12
 // / 24.16 -> 16.22 / 9.10 -> 7.30 / 6.60 -> 5.08 (8 x 1 tile: 7.36 / 12.40 / 16.65 / 8.17 / 5.59;
@@ -1186,7 +1187,10 @@ void launchFourWarps(DecodeAttentionParams const& p, cudaStream_t stream) {
 // 1 tiles at 129 positions 2.0383 -> 2.0159, 176 2.0403 -> 2.0292, 1,024 2.2950 -> 2.2762, 2,048
 // 2.3691 -> 2.3445 (12 x 1 at the last three: 2.0481, 2.2878, 2.3537; at 129, 16 x 1, held to 128
 // registers: 2.0644, and 4 x 2: 2.0769; at 176 and 1,024, 6 x 1 1.015x and 1.047x 8 x 1's, 4 x 1
-// 1.030x and 1.116x). So half-precision caches take 8 x 1, with or without the
+// 1.030x and 1.116x). So half-precision caches took 8 x 1. 12 x 1 had no early loads then (the
+// instance rule kept them to 256 threads); given them, and with the merge's part weights computed
+// once a head, 12 x 1 is the faster (2026-12-02, H200, same method: 192 positions 1.7971 -> 1.7939,
+// 1,024 positions 2.0535 -> 2.0509), so half-precision caches take 12 x 1, with or without the
 // early loads (not measured without them): the two launches stay one kernel, the same bits. 1-byte
 // codes, which have no early loads, keep 8 x 2.
 // 1-byte codes between those two (b32 L2080: 256 pairs, two blocks of four warps per SM) load
@@ -1216,7 +1220,7 @@ void launchTyped(DecodeAttentionParams const& p, cudaStream_t stream) {
                     if constexpr (kIsKvCode<C>) {
                         launchMma<T, C, D, 8, 2, 1>(p, stream);
                     } else {
-                        launchMma<T, C, D, 8, 1, 1>(p, stream);
+                        launchMma<T, C, D, 12, 1, 1>(p, stream);
                     }
                 } else {
                     launchFourWarps<T, C, D>(p, stream);
