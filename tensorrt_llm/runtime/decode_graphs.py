@@ -240,7 +240,14 @@ class DecodeGraphs:
         on_host = value.device.type == "cpu"
         if on_host and held is not None and torch.equal(value, held):
             return held
-        if on_host and not self.on_cpu and not value.is_pinned():
-            value = value.pin_memory()  # a copy from pageable memory would wait for the queued steps
+        if not on_host:
+            buffer.copy_(value, non_blocking=True)
+            return None
+        # A copy of our own, which the caller cannot change afterwards; on a GPU in pinned memory,
+        # since a copy from pageable memory would wait for the queued steps.
+        if self.on_cpu or value.is_pinned():  # (pin_memory() keeps a pinned tensor as it is)
+            value = value.clone()
+        if not self.on_cpu:
+            value = value.pin_memory()
         buffer.copy_(value, non_blocking=True)
-        return value if on_host else None
+        return value

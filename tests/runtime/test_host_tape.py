@@ -159,6 +159,27 @@ def test_a_tape_whose_replay_differs_from_the_step_is_dropped(engine_dir):
     assert graphs.plan_only == {1} and 1 not in graphs.graphs
 
 
+@pytest.mark.skipif(not bindings_available(), reason="tensorrt_llm.bindings is not built")
+def test_decode_steps_copy_only_the_host_inputs_their_buffers_do_not_hold(engine_dir):
+    """DecodeGraphs copies host lengths and block tables into its buffers only where they differ
+    from what the buffers hold, and compares against a copy of its own: a caller's tensor changed
+    in place after a step is copied again at the next."""
+    graphs = ModelRunner.from_dir(engine_dir, device="cpu").executor.runner.decode_graphs
+    tokens = torch.tensor([5, 9], dtype=torch.int32)
+    lengths = torch.tensor([3, 6], dtype=torch.int32)
+    tables = torch.zeros(2, graphs.block_tables.shape[1], dtype=torch.int32)
+    tables[:, 0] = torch.tensor([1, 2])
+    graphs.step(tokens, lengths, tables)
+    graphs.block_tables[1, 3] = 7  # not what the step held: an equal table is not copied over it
+    graphs.step(tokens, lengths.clone(), tables.clone())
+    assert graphs.block_tables[1, 3] == 7
+    lengths += 1  # in place, the same objects as the first step's
+    tables[1, 1] = 3
+    graphs.step(tokens, lengths, tables)
+    assert graphs.sequence_lengths[:2].tolist() == [4, 7]
+    assert torch.equal(graphs.block_tables[:2], tables)
+
+
 def test_host_tapes_are_refused_off_the_cpu(engine_dir):
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="use_host_tape needs the CPU"):
