@@ -96,9 +96,10 @@ def main():
     # own, so that the replays below attend over the whole batch. The plain graph is timed: the
     # greedy one (which the steps replay) advances the lengths at every replay.
     n = args.batch
-    decode_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
-                     torch.full((n,), args.input_len + args.steps, dtype=torch.int32, device=dev),
-                     torch.arange(n * blocks_per_seq, dtype=torch.int32, device=dev).view(n, blocks_per_seq))
+    full_length = (torch.zeros(n, dtype=torch.int32, device=dev),
+                   torch.full((n,), args.input_len + args.steps, dtype=torch.int32, device=dev),
+                   torch.arange(n * blocks_per_seq, dtype=torch.int32, device=dev).view(n, blocks_per_seq))
+    decode_graphs.step(*full_length)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     decode_graphs.replay(bucket)
     start.record()
@@ -112,9 +113,7 @@ def main():
     if replay_timeline(functools.partial(decode_graphs.replay, bucket)):
         # The greedy graph's kernels, to find its replays in a run: a few replays (the max_seq_len
         # margin holds the lengths they add).
-        decode_graphs.step(torch.zeros(n, dtype=torch.int32, device=dev),
-                           torch.full((n,), args.input_len + args.steps, dtype=torch.int32, device=dev),
-                           torch.arange(n * blocks_per_seq, dtype=torch.int32, device=dev).view(n, blocks_per_seq))
+        decode_graphs.step(*full_length)
         greedy_kernels = replay_timeline(functools.partial(decode_graphs.replay, bucket, greedy=True),
                                          replays=3, show=False)
         step_timeline(graphs, prompts, greedy_kernels, args.steps)
