@@ -313,7 +313,7 @@ ONNX_OPS = {
     "unsqueeze": lambda g, x, *, dim: g.op("Unsqueeze", x, g.const([dim])),
     "squeeze": lambda g, x, *, dim: g.op("Squeeze", x, g.const([dim])),
     "gather": lambda g, x, index, *, dim: g.op("GatherElements", x, index, axis=dim),
-    "index_select": lambda g, x, index, *, dim: g.op("Gather", x, index, axis=dim),
+    "index_select": lambda g, x, index, *, dim, increasing=False: g.op("Gather", x, index, axis=dim),
     "cast": lambda g, x, *, dtype: g.op("Cast", x, to=ONNX_DTYPES[dtype]),
     "where": lambda g, cond, a, b: g.op("Where", cond, a, b),
     "argmax": lambda g, x, *, dim, keepdim=False: g.op("ArgMax", x, axis=dim, keepdims=int(keepdim)),

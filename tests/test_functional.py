@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from tensorrt_llm import Network, net_guard
+from tensorrt_llm import Network, default_net, net_guard
 from tensorrt_llm import functional as F
 from tensorrt_llm.functional import Tensor
+from tensorrt_llm.ops import OPS
 from tensorrt_llm.reference_executor import ReferenceExecutor
 
 DYN = ("n", (1, 3, 16))  # the range every dynamic dim in these tests gets
@@ -222,6 +223,8 @@ def test_embedding_gather_index_select_argmax_cast_where():
     rows = torch.tensor([4, 0], dtype=torch.int64)
     out, got = evaluate(lambda t, i: F.index_select(t, 0, i), X, rows)
     close(got, X[rows])
+    _, got = evaluate(lambda t, i: F.index_select(t, 0, i, increasing=True), X, torch.tensor([1, 3]))
+    close(got, X[[1, 3]])
     out, got = evaluate(lambda t: F.argmax(t, -1, keepdim=True), X)
     assert out.dtype == "int64" and out.shape == (-1, 1)
     assert torch.equal(got, X.argmax(-1, keepdim=True))
@@ -365,3 +368,17 @@ def test_rope_cache_rejects_unknown_scaling():
     with pytest.raises(ValueError, match="yarn"):
         F.rope_cos_sin_cache(8, 4, scaling={"type": "yarn", "factor": 2.0})
     assert math.isclose(float(F.rope_cos_sin_cache(4, 4)[3, 0]), math.cos(3.0), rel_tol=1e-6)
+
+
+def test_index_select_of_every_row_in_order_is_its_input_uncopied():
+    """increasing=True and an index as long as the dim: x itself (a decode step's gather of
+    its rows' logits); any other length gathers; no index reads outside x either way."""
+    impl = OPS["index_select"].impls_on(torch.device("cpu"))["reference"]
+    x = torch.randn(4, 3)
+    assert impl(x, torch.arange(4), dim=0, increasing=True) is x
+    assert torch.equal(impl(x, torch.tensor([0, 2]), dim=0, increasing=True), x[[0, 2]])
+    assert torch.equal(impl(x, torch.tensor([3, 2, 1, 0]), dim=0), x.flip(0))  # no promise: a gather
+    with pytest.raises(ValueError, match="index_select: increasing must be a bool"):
+        with net_guard(Network()):
+            F.index_select(default_net().add_input("x", "float32", [4, 3]), 0,
+                           default_net().add_input("i", "int64", [2]), increasing=1)

@@ -117,8 +117,9 @@ class DecoderModelForCausalLM(PretrainedModel):
             sent = F.send(hidden, peer=m.next_pp_rank())
             default_net().mark_output(sent, "hidden_states")
             return sent
-        # Only the rows whose logits are asked for go through ln_f and lm_head.
-        hidden = F.index_select(hidden, 0, last_token_ids)
+        # Only the rows whose logits are asked for go through ln_f and lm_head: last_token_ids is
+        # strictly increasing (docs/architecture.md), so a decode step's, one a row, copies nothing.
+        hidden = F.index_select(hidden, 0, last_token_ids, increasing=True)
         if self.transformer.ln_f is not None:  # None: post-norm layers end normed
             hidden = self.transformer.ln_f(hidden)
         if self.config.share_embedding_table:

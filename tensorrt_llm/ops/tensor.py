@@ -240,16 +240,28 @@ gather.implementation(REFERENCE)(lambda x, index, *, dim: torch.gather(x, dim, i
 
 
 @define
-def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
+def index_select(x: Tensor, dim: int, index: Tensor, *, increasing: bool = False) -> Tensor:
+    """The slices of x along `dim` that index names, in its order. `increasing`: the caller
+    promises a strictly increasing index within x's extent, so an index as long as that extent
+    names every slice in order and the result is x itself, with no copy (an LLM's decode step,
+    whose every row asks for its logits). An index that breaks the promise gives wrong rows,
+    never a read outside x."""
     dim = norm_dim("index_select", dim, x.ndim)
     check_int("index_select", index, "index")
     if index.ndim != 1:
         raise ValueError(f"index_select: index must be 1-D, got {list(index.shape)}")
+    if not isinstance(increasing, bool):
+        raise ValueError(f"index_select: increasing must be a bool, got {increasing!r}")
     shape = x.shape[:dim] + index.shape + x.shape[dim + 1:]
-    return add_layer("index_select", [x, index], [(x.dtype, shape)], dim=dim)
+    attrs = {"increasing": True} if increasing else {}
+    return add_layer("index_select", [x, index], [(x.dtype, shape)], dim=dim, **attrs)
 
 
-index_select.implementation(REFERENCE)(lambda x, index, *, dim: torch.index_select(x, dim, index))
+@index_select.implementation(REFERENCE)
+def index_select_reference(x, index, *, dim, increasing=False):
+    if increasing and index.shape[0] == x.shape[dim]:
+        return x
+    return torch.index_select(x, dim, index)
 
 
 @define
