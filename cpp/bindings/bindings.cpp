@@ -414,6 +414,15 @@ void checkArgmaxRows(Call& c) {
     c.shape("out", {batch});
     c.shape("workspace", {argmaxRowsWorkspace(batch, c["logits"].size(1))});
     if (c.has("advance")) c.shape("advance", {batch});
+    c.together("host_out", "host_slot");
+    if (c.has("host_out")) {
+        TensorArg const& host = c["host_out"];
+        if (host.size(0) != 2 || host.size(1) < batch) {
+            throw std::invalid_argument(host.describe() + " must be [2, W] with W >= the " + std::to_string(batch)
+                                        + " rows");
+        }
+        c.shape("host_slot", {1});
+    }
 }
 
 void launchArgmaxRowsEntry(Call const& c) {
@@ -422,6 +431,9 @@ void launchArgmaxRowsEntry(Call const& c) {
     setSamplingLogits(p, c["logits"]);
     p.workspace = static_cast<unsigned long long*>(c["workspace"].data());
     p.advance = static_cast<int32_t*>(const_cast<void*>(c.ptr("advance")));
+    p.hostOut = static_cast<int32_t*>(const_cast<void*>(c.ptr("host_out")));
+    p.hostStride = c.has("host_out") ? c["host_out"].stride(0) : 0;
+    p.hostSlot = static_cast<int32_t*>(const_cast<void*>(c.ptr("host_slot")));
     if (p.batch == 0) return;
     if constexpr (kCudaKernels) launchArgmaxRows(p, c.stream());
 }
@@ -1065,10 +1077,14 @@ std::vector<Entry> entries() {
         {"argmax_rows",
          "out[b] = the index of row b's first largest logit (logits [B, V]; NaN counts as the largest, as in "
          "torch.argmax): greedy decoding's token. workspace: int64 [B * ceil(V / 4096)], the rows' chunk maxima. "
-         "advance (optional, int32 [B]): each entry + 1 by the same launch (a greedy step's sequence lengths).",
+         "advance (optional, int32 [B]): each entry + 1 by the same launch (a greedy step's sequence lengths). "
+         "host_out (optional, int32 [2, W >= B], page-locked host memory) with host_slot (int32 [1]): out also "
+         "written to host_out[host_slot % 2], and host_slot + 1 (successive launches alternate between the rows).",
          {tensor("out").dtypes({kInt32}).contiguous(), tensor("logits").rank(2).floats().lastDimContiguous(),
           tensor("workspace").dtypes({DType::kInt64}).contiguous().written(),
-          optionalTensor("advance").dtypes({kInt32}).contiguous().written(), stream()},
+          optionalTensor("advance").dtypes({kInt32}).contiguous().written(), stream(),
+          optionalTensor("host_out").dtypes({kInt32}).rank(2).lastDimContiguous().written().pinnedHost(),
+          optionalTensor("host_slot").dtypes({kInt32}).contiguous().written()},
          checkArgmaxRows, launchArgmaxRowsEntry},
         {"decode_attention",
          "Attention of one query token per sequence (q [B, H, D]) over its paged K/V cache (q's dtype, or int8 / "

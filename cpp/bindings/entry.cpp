@@ -159,6 +159,7 @@ private:
                 case Arg::Kind::kTensor:
                     if (value.is_none() && a.optional_) return;
                     c.tensors_.emplace(name, toTensorArg(value, name.c_str()));
+                    c.tensors_[name].pinnedHost = a.pinnedHost_;
                     return;
                 case Arg::Kind::kReal: c.reals_[name] = value.cast<double>(); return;
                 case Arg::Kind::kInteger: c.integers_[name] = value.cast<int64_t>(); return;

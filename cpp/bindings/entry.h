@@ -60,6 +60,8 @@ public:
     Arg& lastDimContiguous() { layout_ = Layout::kLastDimContiguous; return *this; }
     Arg& contiguous() { layout_ = Layout::kContiguous; return *this; }
     Arg& written() { written_ = true; return *this; }  // the kernel writes it: no overlapping elements
+    // A CPU tensor in page-locked memory, which the kernel writes over the bus (checked with the driver).
+    Arg& pinnedHost() { pinnedHost_ = true; return *this; }
 
 private:
     friend class Binder;
@@ -71,6 +73,7 @@ private:
     std::string dtypeOf_, shapeOf_;
     Layout layout_ = Layout::kAny;
     bool written_ = false;
+    bool pinnedHost_ = false;
 };
 
 Arg tensor(char const* name);

@@ -176,6 +176,13 @@ int checkSameCudaDevice(char const* op, std::vector<TensorArg const*> const& ten
     int device = -2;
     TensorArg const* first = nullptr;
     for (TensorArg const* t : tensors) {
+        if (t->pinnedHost) {
+            if (t->device >= 0) {
+                throw std::invalid_argument(std::string(op) + ": " + t->describe()
+                                            + " must be a pinned host (CPU) tensor");
+            }
+            continue;
+        }
         if (t->device < 0) {
             throw std::invalid_argument(std::string(op) + ": " + t->describe() + " must be a CUDA tensor");
         }
@@ -193,7 +200,12 @@ int checkSameCudaDevice(char const* op, std::vector<TensorArg const*> const& ten
 DeviceScope::DeviceScope(int device, std::vector<TensorArg const*> const& tensors, uintptr_t stream) {
     std::vector<NamedPointer> pointers;
     for (TensorArg const* t : tensors) {
-        pointers.push_back({t->name, t->numel() > 0 ? t->data() : nullptr});
+        int64_t bytes = 0;  // pinnedHost: the span the kernel may reach, first to last element
+        if (t->numel() > 0) {
+            bytes = dtypeSize(t->dtype);
+            for (int d = 0; d < t->dim(); ++d) bytes += (t->shape[d] - 1) * t->strides[d] * dtypeSize(t->dtype);
+        }
+        pointers.push_back({t->name, t->numel() > 0 ? t->data() : nullptr, t->pinnedHost, bytes});
     }
     previous_ = prepareDevice(device, pointers, reinterpret_cast<void*>(stream));
 }

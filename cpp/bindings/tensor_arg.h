@@ -21,6 +21,7 @@ struct TensorArg {
     std::vector<int64_t> shape;
     std::vector<int64_t> strides;
     int device = -1;
+    bool pinnedHost = false;  // an argument the kernel reaches in page-locked host memory (Arg::pinnedHost)
 
     int dim() const { return static_cast<int>(shape.size()); }
     int64_t numel() const;

@@ -42,7 +42,7 @@ int prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* s
     } restore{current, device};
 
     // Pointer checks query the driver; skip them while the stream is being captured into a CUDA
-    // graph (the Python wrapper has checked the tensors' devices already).
+    // graph (the Python wrapper has checked the tensors' devices, and pinned ones, already).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
     if (err != cudaSuccess) throwCuda(err, "cudaStreamIsCapturing (is the stream valid?)");
@@ -53,6 +53,20 @@ int prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* s
 
     for (auto const& np : pointers) {
         if (np.ptr == nullptr) continue;  // empty tensors
+        if (np.pinnedHost) {  // its first and last bytes: page-locked host memory (pageable memory: cudaMemoryTypeUnregistered)
+            for (char const* at : {static_cast<char const*>(np.ptr), static_cast<char const*>(np.ptr) + np.bytes - 1}) {
+                cudaPointerAttributes attr{};
+                err = cudaPointerGetAttributes(&attr, at);
+                if (err != cudaSuccess) {
+                    cudaGetLastError();
+                    throwCuda(err, np.name + ": cudaPointerGetAttributes");
+                }
+                if (attr.type != cudaMemoryTypeHost) {
+                    throw std::invalid_argument(np.name + " is not page-locked host memory (pin it: tensor.pin_memory())");
+                }
+            }
+            continue;
+        }
         cudaPointerAttributes attr{};
         err = cudaPointerGetAttributes(&attr, np.ptr);
         if (err != cudaSuccess) {

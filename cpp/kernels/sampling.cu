@@ -357,7 +357,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // chunks. One block a row was slower: 19.3 us for a 128,256-logit row on an H100 (one
 // multiprocessor pulling half a megabyte), against 17 for the five launches. With `advance`, the
 // second launch also adds one to each row's entry: a greedy decode step replayed from a CUDA
-// graph leaves the next step's sequence lengths in place, with no copy from the host.
+// graph leaves the next step's sequence lengths in place, with no copy from the host. With
+// `hostOut`, the second launch is one block that also writes the tokens into page-locked host
+// memory, the row *hostSlot % 2, and adds one to *hostSlot once every warp has read it: the
+// host reads a greedy graph's tokens with no copy between replays (a copy to the host and its
+// event after each replay had cost the INT4 8B engine's batch-1 step ~10 us on an H200).
 constexpr int kArgmaxThreads = 256;
 
 __device__ __forceinline__ Mass argmaxPacked(float v, int64_t i) {
@@ -398,18 +402,27 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 __global__ void argmaxFinishKernel(int32_t* __restrict__ out, int32_t* __restrict__ advance,
-                                   Mass const* __restrict__ best, int64_t rows, int chunks) {
+                                   Mass const* __restrict__ best, int64_t rows, int chunks,
+                                   int32_t* __restrict__ hostOut, int64_t hostStride, int32_t* __restrict__ hostSlot) {
     waitForPreviousKernel();  // see launchKernel
     allowNextKernel();
-    int64_t const row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
-    if (row >= rows) return;  // the whole warp
     int const lane = threadIdx.x % 32;
-    Mass b = 0;
-    for (int c = lane; c < chunks; c += 32) b = best[row * chunks + c] > b ? best[row * chunks + c] : b;
-    b = warpMax(b);
-    if (lane == 0) {
-        out[row] = static_cast<int32_t>(indexOf(b));
-        if (advance != nullptr) advance[row] += 1;
+    int32_t* const host = hostOut != nullptr ? hostOut + (*hostSlot & 1) * hostStride : nullptr;
+    int64_t const warps = int64_t{gridDim.x} * (blockDim.x / 32);
+    for (int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32; row < rows; row += warps) {
+        Mass b = 0;
+        for (int c = lane; c < chunks; c += 32) b = best[row * chunks + c] > b ? best[row * chunks + c] : b;
+        b = warpMax(b);
+        if (lane == 0) {
+            int32_t const token = static_cast<int32_t>(indexOf(b));
+            out[row] = token;
+            if (advance != nullptr) advance[row] += 1;
+            if (host != nullptr) host[row] = token;
+        }
+    }
+    if (hostOut != nullptr) {  // one block (launchArgmaxRows): the slot moves on once every warp has read it
+        __syncthreads();
+        if (threadIdx.x == 0) *hostSlot += 1;
     }
 }
 
@@ -427,9 +440,14 @@ void launchArgmaxRows(ArgmaxRowsParams const& p, void* stream) {
                      static_cast<int>(chunks));
     });
     constexpr int kRowsPerBlock = 8;  // a warp a row
-    launchKernel("argmax_rows", argmaxFinishKernel, static_cast<unsigned>((p.batch + kRowsPerBlock - 1) / kRowsPerBlock),
-                 kRowsPerBlock * 32, 0, s, p.out, p.advance, static_cast<Mass const*>(p.workspace), p.batch,
-                 static_cast<int>(chunks));
+    // hostOut: one block of up to 32 warps, each taking rows warp, warp + 32, ...
+    unsigned const blocks =
+        p.hostOut != nullptr ? 1u : static_cast<unsigned>((p.batch + kRowsPerBlock - 1) / kRowsPerBlock);
+    unsigned const threads =
+        p.hostOut != nullptr ? static_cast<unsigned>(std::min<int64_t>(p.batch, 32) * 32) : kRowsPerBlock * 32;
+    launchKernel("argmax_rows", argmaxFinishKernel, blocks, threads, 0, s, p.out, p.advance,
+                 static_cast<Mass const*>(p.workspace), p.batch, static_cast<int>(chunks), p.hostOut, p.hostStride,
+                 p.hostSlot);
 }
 
 void launchTopKTopPSample(TopKTopPSampleParams const& p, void* stream) {

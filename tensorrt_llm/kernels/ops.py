@@ -232,7 +232,7 @@ def top_k_top_p_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 
 # ---- argmax_rows ---------------------------------------------------------------------------------
 
-def _argmax_rows_cuda(logits, out=None, advance=None):
+def _argmax_rows_cuda(logits, out=None, advance=None, host_out=None, host_slot=None):
     b, v = logits.shape
     if out is None:
         out = torch.empty(b, dtype=torch.int32, device=logits.device)
@@ -240,14 +240,18 @@ def _argmax_rows_cuda(logits, out=None, advance=None):
         # One entry per block of the binding's ARGMAX_CHUNK logits of a row (it checks the size).
         workspace = torch.empty(b * -(-v // get_bindings().ARGMAX_CHUNK), dtype=torch.int64, device=logits.device)
         launch("argmax_rows", out, logits if v == 1 or logits.stride(1) == 1 else logits.contiguous(), workspace,
-               advance=advance)
+               advance=advance, host_out=host_out, host_slot=host_slot)
     return out
 
 
-def _argmax_rows_into_reference(out, logits, advance):
+def _argmax_rows_into_reference(out, logits, advance, host_out=None, host_slot=None):
     out.copy_(reference.argmax_rows(logits))
     if advance is not None:
         advance.add_(1)
+    if host_out is not None:  # the slot read back: a reference, not the kernel's copy-free path
+        slot = int(host_slot.item()) % 2
+        host_out[slot, :out.shape[0]].copy_(out)
+        host_slot.add_(1)
 
 
 @torch.library.custom_op("trtllm::argmax_rows", mutates_args=())
@@ -265,28 +269,38 @@ def _(logits):
     return torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
 
 
-@torch.library.custom_op("trtllm::argmax_rows_into", mutates_args=("out", "advance"))
-def _argmax_rows_into(out: torch.Tensor, logits: torch.Tensor, advance: Optional[torch.Tensor]) -> None:
-    _argmax_rows_into_reference(out, logits, advance)
+@torch.library.custom_op("trtllm::argmax_rows_into", mutates_args=("out", "advance", "host_out", "host_slot"))
+def _argmax_rows_into(out: torch.Tensor, logits: torch.Tensor, advance: Optional[torch.Tensor],
+                      host_out: Optional[torch.Tensor], host_slot: Optional[torch.Tensor]) -> None:
+    _argmax_rows_into_reference(out, logits, advance, host_out, host_slot)
 
 
 @_argmax_rows_into.register_kernel("cuda")
-def _(out, logits, advance):
-    _compiled(lambda o, x, a: _argmax_rows_cuda(x, o, a), _argmax_rows_into_reference, out, logits, advance)
+def _(out, logits, advance, host_out, host_slot):
+    _compiled(lambda o, x, a, h, s: _argmax_rows_cuda(x, o, a, h, s), _argmax_rows_into_reference, out, logits,
+              advance, host_out, host_slot)
 
 
 def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None,
-                advance: Optional[torch.Tensor] = None) -> torch.Tensor:
+                advance: Optional[torch.Tensor] = None, host_out: Optional[torch.Tensor] = None,
+                host_slot: Optional[torch.Tensor] = None) -> torch.Tensor:
     """int32 [B]: the index of each row's first largest logit (logits [B, V], float32/16 or
     bfloat16, any row stride), torch.argmax's answer (NaN counts as the largest). With `out`
     (int32 [B]) written there; with `advance` (int32 [B]) each of its entries + 1 in the same
     launch, so that a greedy decode step in a CUDA graph leaves the next step's sequence
-    lengths in place. Returns the tokens."""
-    if out is None and advance is None:
+    lengths in place. With `host_out` (int32 [2, W >= B], pinned host memory) and `host_slot`
+    (int32 [1] on the GPU) the tokens are also written to host_out[host_slot % 2] and host_slot
+    + 1, by the same launch: a graph's tokens reach the host with no copy queued after it
+    (successive launches alternate between the two rows). Returns the tokens."""
+    if (host_out is None) != (host_slot is None):
+        raise ValueError("argmax_rows: host_out and host_slot go together")
+    if host_out is not None and (host_out.is_cuda or not host_out.is_pinned()):
+        raise ValueError("argmax_rows: host_out must be pinned host memory (tensor.pin_memory())")
+    if out is None and advance is None and host_out is None:
         return torch.ops.trtllm.argmax_rows(logits)
     if out is None:
         out = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
-    torch.ops.trtllm.argmax_rows_into(out, logits, advance)
+    torch.ops.trtllm.argmax_rows_into(out, logits, advance, host_out, host_slot)
     return out
 
 

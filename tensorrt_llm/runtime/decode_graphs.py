@@ -18,14 +18,20 @@ launches and, while no row gains a KV block, no copy of its lengths or block tab
 replays. The buffers' contents are tracked on the host (what the queued work leaves in them),
 and a step copies only what differs. Between two replays of a batch-1 step of the INT4 8B
 engine there had been ten small GPU operations (copies, the positions, the argmax's two
-kernels), 31.5 us of a 2.08 ms step.
+kernels), 31.5 us of a 2.08 ms step. The argmax also writes the tokens into pinned host memory
+(two rows, used in turn), so no copy to the host follows the replay: that copy and its event
+had cost ~10 us a step (H200, the INT4 8B engine's greedy graph at batch 1: 1.8036 ms a replay
+alone, 1.8118 with them).
 """
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 import torch
 
 from ..logger import logger
 from ..ops.attention_cuda import cache_written_before_launch
+from ..ops.launch import cuda_kernels_available
 from .host_tape import HostTape, TapeRefused
 from .sampling import argmax_rows
 from .session import Session
@@ -33,6 +39,14 @@ from .session import Session
 # The first replays of each host tape are checked against the step run as usual (a value the
 # step read into Python unseen would be frozen into the tape: host_tape.py).
 VERIFY_STEPS = 2
+
+
+class GreedyTokens(NamedTuple):
+    """A greedy step's tokens: on the device (the next step's input buffer) and, where the graph
+    writes them there too, a pinned host view, filled once the step's work is done and valid
+    until the greedy step after next (None: copy them)."""
+    device: torch.Tensor
+    host: Optional[torch.Tensor]
 
 
 def batch_buckets(max_batch_size: int, small=(1, 2, 4)) -> list[int]:
@@ -68,6 +82,13 @@ class DecodeGraphs:
         self.max_batch_size = max_batch_size
         self.graphs: dict[int, torch.cuda.CUDAGraph | HostTape] = {}
         self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # CUDA: the step, then its argmax
+        # The greedy graphs' tokens, also in pinned host memory: row token_slot % 2 of host_tokens,
+        # token_slot then + 1 (on the device, by the argmax); _greedy_replays counts the same on the host.
+        self.host_tokens = self.token_slot = None
+        if not self.on_cpu and cuda_kernels_available():
+            self.host_tokens = torch.zeros((2, n), dtype=torch.int32, pin_memory=True)
+            self.token_slot = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._greedy_replays = 0
         self.memory_pool = None if self.on_cpu else torch.cuda.graph_pool_handle()
         # (rows, lengths, block tables) as host tensors: what rows [:rows] of the input buffers
         # hold once the queued work is done (a greedy replay leaves the lengths one higher), an
@@ -128,8 +149,9 @@ class DecodeGraphs:
             # Its own output is freed after capture: later graphs of the pool may reuse that
             # memory, as the copy has taken what this graph's step needs.
             self.output[:b].copy_(self.session.run(feed, check=False)[name])
-            if greedy:  # the next step's input tokens and lengths
-                argmax_rows(self.output[:b], out=self.input_ids[:b], advance=self.sequence_lengths[:b])
+            if greedy:  # the next step's input tokens and lengths (and the tokens for the host)
+                argmax_rows(self.output[:b], out=self.input_ids[:b], advance=self.sequence_lengths[:b],
+                            host_out=self.host_tokens, host_slot=self.token_slot)
         (self.greedy_graphs if greedy else self.graphs)[b] = graph
 
     def _capture_tape(self, b: int):
@@ -194,25 +216,36 @@ class DecodeGraphs:
         return self.output[:n]
 
     def step_greedy(self, input_ids: torch.Tensor, sequence_lengths: torch.Tensor,
-                    block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`step` with each row's argmax taken in the graph (CUDA): (logits [n, vocab], tokens
-        int32 [n]), both views valid until the next step. The tokens are the token buffer the
-        next step reads: passed back as its `input_ids`, they are not copied."""
+                    block_tables: torch.Tensor) -> tuple[torch.Tensor, GreedyTokens]:
+        """`step` with each row's argmax taken in the graph (CUDA): logits [n, vocab] (a view
+        valid until the next step) and the tokens, int32 [n]: on the device, the token buffer the
+        next step reads (passed back as its `input_ids`, not copied), and in pinned host memory."""
         if self.on_cpu:
             raise ValueError("step_greedy replays CUDA graphs")
         n, b = self._inputs(input_ids, sequence_lengths, block_tables)
         if b not in self.greedy_graphs:
             self._capture(b, greedy=True)
         self.greedy_graphs[b].replay()
+        host = self._greedy_replayed()
         if self._held is not None and self._held[1] is not None:  # the graph advanced them
             self._held = (n, self._held[1] + 1, self._held[2])
-        return self.output[:n], self.input_ids[:n]
+        return self.output[:n], GreedyTokens(self.input_ids[:n], None if host is None else host[:n])
+
+    def _greedy_replayed(self) -> Optional[torch.Tensor]:
+        """After a greedy replay: the host row its argmax writes."""
+        if self.host_tokens is None:
+            return None
+        row = self.host_tokens[self._greedy_replays % 2]
+        self._greedy_replays += 1
+        return row
 
     def replay(self, b: int, greedy: bool = False) -> None:
         """Replay bucket b's graph on whatever its buffers hold (benchmarks: the inputs set by a
         `step` before). A greedy replay advances the lengths each time."""
         self._held = None
         (self.greedy_graphs if greedy else self.graphs)[b].replay()
+        if greedy:
+            self._greedy_replayed()
 
     def _inputs(self, input_ids, sequence_lengths, block_tables) -> tuple[int, int]:
         """The step's inputs into the buffers: (rows, bucket). Host lengths and tables equal to

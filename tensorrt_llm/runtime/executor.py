@@ -37,6 +37,7 @@ import torch
 
 from ..errors import RequestError
 from .admission import Admission
+from .decode_graphs import GreedyTokens
 from .kv_cache_manager import KVCacheManager
 from .pipeline import InFlightLogits
 from .request import ModelLimits, Request, RequestState
@@ -222,9 +223,10 @@ class Executor:
         self.stats.peak_used_blocks = max(self.stats.peak_used_blocks, self.kv_cache.num_used_blocks)
 
     def _sample(self, scheduled_rows, rows: list[StepInput], logits: torch.Tensor,
-                counts: list[int], greedy_tokens: Optional[torch.Tensor] = None) -> _Launched:
+                counts: list[int], greedy_tokens: Optional[GreedyTokens] = None) -> _Launched:
         """The step's context logits collected and its sampling rows' tokens drawn (on their
-        way to the host); `greedy_tokens`: every row's argmax, taken with the step."""
+        way to the host); `greedy_tokens`: every row's argmax, taken with the step (with a pinned
+        host view the step fills itself: nothing is copied)."""
         sampling_rows, sampled = [], []
         offset = 0
         for row, step_input, count in zip(scheduled_rows, rows, counts):
@@ -250,15 +252,18 @@ class Executor:
             for i, r in enumerate(sampled):
                 if r.return_generation_logits:
                     r.generation_logits.append(rows_logits[i].float().clone())
-        if greedy_tokens is not None and len(sampling_rows) == greedy_tokens.shape[0]:
-            out = Sampled(greedy_tokens)
+        filled = {}  # name -> a host tensor the step fills itself
+        if greedy_tokens is not None and len(sampling_rows) == greedy_tokens.device.shape[0]:
+            out = Sampled(greedy_tokens.device)
+            if greedy_tokens.host is not None:  # valid until the greedy step after next: read at resolve
+                filled["tokens"] = greedy_tokens.host
         else:
             out = self.sampler.sample(rows_logits, sampled)
-        launched = _Launched(sampled, out.tokens)
+        launched = _Launched(sampled, out.tokens, dict(filled))
         pin = self.device.type == "cuda"
         for name in ("tokens", "log_probs", "top_ids", "top_log_probs"):
             value = getattr(out, name)
-            if value is not None:
+            if value is not None and name not in filled:
                 host = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
                 host.copy_(value, non_blocking=pin)
                 launched.host[name] = host

@@ -316,7 +316,8 @@ def _argmax_chunk(vocab: int) -> int:
 
 
 def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None,
-                advance: Optional[torch.Tensor] = None) -> torch.Tensor:
+                advance: Optional[torch.Tensor] = None, host_out: Optional[torch.Tensor] = None,
+                host_slot: Optional[torch.Tensor] = None) -> torch.Tensor:
     """int32 [B]: each row's first largest logit, torch.argmax's answer (NaN counts as the
     largest), on the path of every greedy decode step; written into `out` when given, and with
     `advance` (int32 [B], a greedy step's sequence lengths) each entry + 1. On a GPU the compiled
@@ -325,9 +326,11 @@ def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None,
     about a thousand logits (torch.max over [B, chunks, width], the first index on ties), then the
     first best chunk. torch.argmax reduces a row in one long pass: 28 us for a 128,256-token
     vocabulary on an H100; the two passes 25 us in five launches (two reductions, a gather, an
-    add, a cast)."""
+    add, a cast). `host_out` and `host_slot`: kernels.argmax_rows's (the compiled kernels only)."""
     if logits.is_cuda and cuda_kernels_available():
-        return kernels.argmax_rows(logits, out, advance)
+        return kernels.argmax_rows(logits, out, advance, host_out, host_slot)
+    if host_out is not None:
+        raise ValueError("argmax_rows: host_out needs the compiled CUDA kernels")
     width = _argmax_chunk(logits.shape[1])
     if not logits.is_cuda or logits.shape[1] < 2 * width:
         tokens = logits.argmax(dim=-1).int()

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from .decode_graphs import DecodeGraphs
+from .decode_graphs import DecodeGraphs, GreedyTokens
 from .kv_cache_manager import KVCacheManager
 from .pipeline import InFlightLogits, LogitsExchange
 from .session import Session
@@ -69,10 +69,11 @@ class StepRunner:
             output = self.logits_exchange.start(output, sum(counts), slot=0).wait()
         return output, counts
 
-    def run_greedy(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int], Optional[torch.Tensor]]:
+    def run_greedy(self, rows: list[StepInput]) -> tuple[torch.Tensor, list[int], Optional[GreedyTokens]]:
         """`run` for rows that all sample greedily from unprocessed logits: also each row's
-        argmax (int32 [L], a view valid until the next step) where a CUDA graph of the step took
-        it (decodes only, one pipeline stage), else None (the caller samples)."""
+        argmax (decode_graphs.GreedyTokens: int32 [L] on the device, a view valid until the next
+        step, and its pinned host copy) where a CUDA graph of the step took it (decodes only, one
+        pipeline stage), else None (the caller samples)."""
         if self.logits_exchange is not None:
             return (*self.run(rows), None)
         return self._forward(rows, greedy=True)

@@ -126,7 +126,85 @@ def test_a_greedy_batch_that_keeps_its_blocks_copies_no_inputs(engine_dir):
     moved[1, 2] = 5  # row 1 gains a block: the tables are copied, the lengths (as held) are not
     assert host_to_device_copies(lambda: graphs.step_greedy(graphs.input_ids[:2], lengths + 4, moved)) == 1
     assert graphs.block_tables[1, :3].tolist() == [3, 4, 5]
+    # Each greedy step's tokens also reached its pinned host row (the rows used in turn).
+    assert graphs._greedy_replays == 5 and int(graphs.token_slot) == 5
+    torch.testing.assert_close(graphs.host_tokens[0, :2], graphs.input_ids[:2].cpu())  # the fifth step's
+    assert graphs.host_tokens[1, :2].tolist() == inputs[4].tolist()  # the fourth's
     # The same steps again as plain steps, every input copied: the same tokens.
     for step in range(4):
         logits = graphs.step(inputs[step].cuda(), lengths + step, tables)
         assert torch.equal(logits.argmax(dim=-1).int().cpu(), inputs[step + 1]), f"step {step}"
+
+
+def device_to_host_copies(fn) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if "DtoH" in e.name)
+
+
+def test_greedy_decode_steps_queue_no_copy_of_their_tokens(engine_dir):
+    """The greedy graph writes each step's tokens into pinned host memory itself, so an
+    executor's greedy decode steps queue no device-to-host copy; the tokens are those of the
+    same request run without graphs. Steps that sample still copy theirs."""
+    def steps(use_cuda_graph, request):
+        ex = ModelRunner.from_dir(engine_dir, device="cuda", use_cuda_graph=use_cuda_graph).executor
+        r = Request(**request)
+        ex.add_request(r)
+        for _ in range(3):  # the prompt's step, then decode steps (the first captures the graphs)
+            ex.step()
+
+        def rest():
+            while ex.has_work:
+                ex.step()
+        return r, device_to_host_copies(rest)
+    r, copies = steps(True, dict(SPECS["a"][1]))
+    assert copies == 0
+    alone, _ = steps(False, dict(SPECS["a"][1]))
+    assert r.output_token_ids == alone.output_token_ids and len(r.output_token_ids) == 24
+    _, copies = steps(True, dict(SPECS["sampled"][1]))
+    assert copies > 0
+
+
+def test_argmax_rows_writes_pinned_host_rows_in_turn():
+    """argmax_rows(host_out=, host_slot=): the tokens in host_out[slot % 2], slot + 1; a pageable
+    or device host_out is refused."""
+    from tensorrt_llm.kernels import cuda_kernels_available
+    from tensorrt_llm.runtime.sampling import argmax_rows
+    if not cuda_kernels_available():
+        pytest.skip("needs the compiled CUDA kernels")
+    logits = torch.randn(37, 1000, device="cuda")
+    host = torch.full((2, 40), -1, dtype=torch.int32, pin_memory=True)
+    slot = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for turn in range(3):
+        tokens = argmax_rows(logits * (turn + 1) - turn, host_out=host, host_slot=slot)
+        torch.cuda.synchronize()
+        assert host[turn % 2, :37].tolist() == tokens.tolist() == logits.argmax(-1).tolist()
+        assert int(slot) == turn + 1
+    assert host[:, 37:].eq(-1).all()
+    with pytest.raises(ValueError, match="host_out must be pinned host memory"):
+        argmax_rows(logits, host_out=torch.zeros(2, 40, dtype=torch.int32), host_slot=slot)
+    with pytest.raises(ValueError, match="host_out must be pinned host memory"):
+        argmax_rows(logits, host_out=torch.zeros(2, 40, dtype=torch.int32, device="cuda"), host_slot=slot)
+
+
+def test_the_binding_refuses_a_host_out_that_is_not_pinned_host_memory():
+    """The binding checks host_out with the driver (a kernel writing pageable memory would fault)."""
+    from tensorrt_llm.kernels import cuda_kernels_available
+    from tensorrt_llm.ops.launch import get_bindings, launch
+    if not cuda_kernels_available():
+        pytest.skip("needs the compiled CUDA kernels")
+    logits = torch.randn(2, 5000, device="cuda")
+    out = torch.empty(2, dtype=torch.int32, device="cuda")
+    workspace = torch.empty(2 * -(-5000 // get_bindings().ARGMAX_CHUNK), dtype=torch.int64, device="cuda")
+    slot = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="host_out is not page-locked host memory"):
+        launch("argmax_rows", out, logits, workspace, host_out=torch.zeros(2, 2, dtype=torch.int32), host_slot=slot)
+    with pytest.raises(ValueError, match="host_out .* must be a pinned host"):
+        launch("argmax_rows", out, logits, workspace, host_out=torch.zeros(2, 2, dtype=torch.int32, device="cuda"),
+               host_slot=slot)
+    with pytest.raises(ValueError, match=r"host_out .* must be \[2, W\] with W >= the 2 rows"):
+        launch("argmax_rows", out, logits, workspace, host_out=torch.zeros(2, 1, dtype=torch.int32).pin_memory(),
+               host_slot=slot)
+    with pytest.raises(ValueError, match="host_out and host_slot must be given together"):
+        launch("argmax_rows", out, logits, workspace, host_out=torch.zeros(2, 2, dtype=torch.int32).pin_memory())

@@ -44,10 +44,13 @@ void launchFp8GemmWgmma(void* out, void const* codes, void const* qweight, void 
 // managed) memory of that device; launches nothing. Returns the device that was current before
 // (give it to restoreDevice after the launch: PyTorch's runtime shares the thread's current
 // context). Throws std::invalid_argument naming the tensor when a pointer is not on `device`,
-// std::runtime_error on CUDA errors (no GPU, no driver, ...).
+// std::runtime_error on CUDA errors (no GPU, no driver, ...). A pointer marked `pinnedHost` must
+// instead be page-locked host memory (which a kernel writes over the bus), all `bytes` of it.
 struct NamedPointer {
     std::string name;
     void const* ptr;
+    bool pinnedHost = false;
+    int64_t bytes = 0;
 };
 int prepareDevice(int device, std::vector<NamedPointer> const& pointers, void* stream);
 void restoreDevice(int previous) noexcept;
@@ -159,6 +162,12 @@ void launchTopKTopPSample(TopKTopPSampleParams const& p, void* stream);
 struct ArgmaxRowsParams {
     int32_t* out;                   // [batch] token ids
     int32_t* advance;               // [batch] or null: each entry + 1 (a greedy step's sequence lengths)
+    // Or null: out is also written to row *hostSlot % 2 of hostOut ([2][hostStride], page-locked host
+    // memory: the host reads the tokens once the launch is done, with no copy queued after it), and
+    // *hostSlot (device) + 1, so that successive launches alternate between the rows.
+    int32_t* hostOut;
+    int64_t hostStride;
+    int32_t* hostSlot;
     void const* logits;             // [batch, vocab], row stride logitsRowStride, last dim contiguous
     unsigned long long* workspace;  // [argmaxRowsWorkspace(batch, vocab)]
     int64_t batch;
