@@ -93,12 +93,16 @@ def test_graphs_captured_up_front_are_the_ones_the_steps_replay(engine_dir):
     assert (graphs.graphs, graphs.greedy_graphs) == captured
 
 
-def host_to_device_copies(fn) -> int:
-    """How many host-to-device copies the GPU ran during fn()."""
+def copies(fn, direction="HtoD") -> int:
+    """How many copies of `direction` (HtoD: host to device, DtoH: back) the GPU ran during fn()."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if "HtoD" in e.name)
+    return sum(1 for e in prof.events() if direction in e.name)
+
+
+def host_to_device_copies(fn) -> int:
+    return copies(fn, "HtoD")
 
 
 def test_a_greedy_batch_that_keeps_its_blocks_copies_no_inputs(engine_dir):
@@ -136,13 +140,6 @@ def test_a_greedy_batch_that_keeps_its_blocks_copies_no_inputs(engine_dir):
         assert torch.equal(logits.argmax(dim=-1).int().cpu(), inputs[step + 1]), f"step {step}"
 
 
-def device_to_host_copies(fn) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if "DtoH" in e.name)
-
-
 def test_greedy_decode_steps_queue_no_copy_of_their_tokens(engine_dir):
     """The greedy graph writes each step's tokens into pinned host memory itself, so an
     executor's greedy decode steps queue no device-to-host copy; the tokens are those of the
@@ -157,7 +154,7 @@ def test_greedy_decode_steps_queue_no_copy_of_their_tokens(engine_dir):
         def rest():
             while ex.has_work:
                 ex.step()
-        return r, device_to_host_copies(rest)
+        return r, copies(rest, "DtoH")
     r, copies = steps(True, dict(SPECS["a"][1]))
     assert copies == 0
     alone, _ = steps(False, dict(SPECS["a"][1]))

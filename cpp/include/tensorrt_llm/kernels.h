@@ -162,9 +162,9 @@ void launchTopKTopPSample(TopKTopPSampleParams const& p, void* stream);
 struct ArgmaxRowsParams {
     int32_t* out;                   // [batch] token ids
     int32_t* advance;               // [batch] or null: each entry + 1 (a greedy step's sequence lengths)
-    // Or null: out is also written to row *hostSlot % 2 of hostOut ([2][hostStride], page-locked host
-    // memory: the host reads the tokens once the launch is done, with no copy queued after it), and
-    // *hostSlot (device) + 1, so that successive launches alternate between the rows.
+    // hostOut null, or out is also written to row *hostSlot % 2 of hostOut ([2][hostStride], page-locked
+    // host memory: the host reads the tokens once the launch is done, with no copy queued after it),
+    // and *hostSlot (device) + 1, so that successive launches alternate between the rows.
     int32_t* hostOut;
     int64_t hostStride;
     int32_t* hostSlot;
