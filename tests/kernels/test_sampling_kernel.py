@@ -166,6 +166,12 @@ def test_argmax_rows_into_a_buffer_advances_the_lengths_on_the_cpu():
     assert lengths[:2].tolist() == [12, 13]
     torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default, (out[:5].clone(), logits, lengths[:5].clone()))
     torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default, (out[:5].clone(), logits, None))
+    # With a host row pair and its slot (a greedy graph's tokens for the host): row slot % 2, slot + 1.
+    host, slot = torch.full((2, 6), -1, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    torch.ops.trtllm.argmax_rows_into(out[:5], logits, None, host, slot)
+    assert host[1, :5].tolist() == out[:5].tolist() and host[0].eq(-1).all() and slot.item() == 4
+    torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default,
+                          (out[:5].clone(), logits, lengths[:5].clone(), host.clone(), slot.clone()))
 
 
 def test_compiled_module_checks_arguments_before_any_launch():
