@@ -259,7 +259,7 @@ class Executor:
                 filled["tokens"] = greedy_tokens.host
         else:
             out = self.sampler.sample(rows_logits, sampled)
-        launched = _Launched(sampled, out.tokens, dict(filled))
+        launched = _Launched(sampled, out.tokens, filled)
         pin = self.device.type == "cuda"
         for name in ("tokens", "log_probs", "top_ids", "top_log_probs"):
             value = getattr(out, name)

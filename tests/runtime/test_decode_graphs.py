@@ -155,12 +155,12 @@ def test_greedy_decode_steps_queue_no_copy_of_their_tokens(engine_dir):
             while ex.has_work:
                 ex.step()
         return r, copies(rest, "DtoH")
-    r, copies = steps(True, dict(SPECS["a"][1]))
-    assert copies == 0
+    r, queued = steps(True, dict(SPECS["a"][1]))
+    assert queued == 0
     alone, _ = steps(False, dict(SPECS["a"][1]))
     assert r.output_token_ids == alone.output_token_ids and len(r.output_token_ids) == 24
-    _, copies = steps(True, dict(SPECS["sampled"][1]))
-    assert copies > 0
+    _, queued = steps(True, dict(SPECS["sampled"][1]))
+    assert queued > 0
 
 
 def test_argmax_rows_writes_pinned_host_rows_in_turn():
