@@ -271,12 +271,12 @@ def _(logits):
 
 @torch.library.custom_op("trtllm::argmax_rows_into", mutates_args=("out", "advance", "host_out", "host_slot"))
 def _argmax_rows_into(out: torch.Tensor, logits: torch.Tensor, advance: Optional[torch.Tensor],
-                      host_out: Optional[torch.Tensor] = None, host_slot: Optional[torch.Tensor] = None) -> None:
+                      host_out: Optional[torch.Tensor], host_slot: Optional[torch.Tensor]) -> None:
     _argmax_rows_into_reference(out, logits, advance, host_out, host_slot)
 
 
 @_argmax_rows_into.register_kernel("cuda")
-def _(out, logits, advance, host_out=None, host_slot=None):
+def _(out, logits, advance, host_out, host_slot):
     _compiled(lambda o, x, a, h, s: _argmax_rows_cuda(x, o, a, h, s), _argmax_rows_into_reference, out, logits,
               advance, host_out, host_slot)
 

@@ -164,8 +164,9 @@ def test_argmax_rows_into_a_buffer_advances_the_lengths_on_the_cpu():
     assert out[5:].tolist() == [-1, -1] and lengths.tolist() == [11, 12, 13, 14, 15, 15, 16]
     assert torch.equal(argmax_rows(logits, advance=lengths[:2]).long(), logits.argmax(dim=-1))
     assert lengths[:2].tolist() == [12, 13]
-    torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default, (out[:5].clone(), logits, lengths[:5].clone()))
-    torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default, (out[:5].clone(), logits, None))
+    torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default,
+                          (out[:5].clone(), logits, lengths[:5].clone(), None, None))
+    torch.library.opcheck(torch.ops.trtllm.argmax_rows_into.default, (out[:5].clone(), logits, None, None, None))
     # With a host row pair and its slot (a greedy graph's tokens for the host): row slot % 2, slot + 1.
     host, slot = torch.full((2, 6), -1, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
     torch.ops.trtllm.argmax_rows_into(out[:5], logits, None, host, slot)
