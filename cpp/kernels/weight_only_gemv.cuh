@@ -594,10 +594,10 @@ __device__ __forceinline__ float normScale(Params const& p, float const* sqSum, 
 
 // NORM: each sum times its row's inverse RMS (normScale of sqSum's kSteps; worked out on the
 // block's first tile into `inv`, which starts negative, and kept).
-template <typename T, bool FP8, int NT, bool NORM = false>
-__device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarps][NT * 8][kMmaRows],
-                                          float const (&acc)[NT][4], int64_t n0, float inputScale,
-                                          float const* sqSum = nullptr, int kSteps = 0, float* inv = nullptr) {
+// A tile's end in two halves, a block barrier between them (storeTile): each warp's sums into red,
+// then the reduction; DUAL tiles write both halves' sums before one barrier.
+template <int NT>
+__device__ __forceinline__ void writeTileSums(float (&red)[kMmaWarps][NT * 8][kMmaRows], float const (&acc)[NT][4]) {
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -606,7 +606,11 @@ __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarp
         red[warp][nt * 8 + 2 * t][g + 8] = acc[nt][2];
         red[warp][nt * 8 + 2 * t + 1][g + 8] = acc[nt][3];
     }
-    __syncthreads();
+}
+
+template <typename T, bool FP8, int NT, bool NORM = false>
+__device__ __forceinline__ void reduceTile(Params const& p, float const (&red)[kMmaWarps][NT * 8][kMmaRows], int64_t n0,
+                                           float inputScale, float const* sqSum, int kSteps, float* inv) {
     int const r = threadIdx.x % kMmaRows;
     int64_t const n = n0 + r;
     for (int m = threadIdx.x / kMmaRows; m < p.m && m < NT * 8 && n < p.n; m += kMmaWarps * 32 / kMmaRows) {
@@ -623,20 +627,23 @@ __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarp
     }
 }
 
+template <typename T, bool FP8, int NT, bool NORM = false>
+__device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarps][NT * 8][kMmaRows],
+                                          float const (&acc)[NT][4], int64_t n0, float inputScale,
+                                          float const* sqSum = nullptr, int kSteps = 0, float* inv = nullptr) {
+    writeTileSums<NT>(red, acc);
+    __syncthreads();
+    reduceTile<T, FP8, NT, NORM>(p, red, n0, inputScale, sqSum, kSteps, inv);
+}
+
 // GATED's end of a tile: its rows 0..7 are the gate rows base .. base + 7 and its rows 8..15
 // the up rows n / 2 + base .. (issued so by the kernel's rowOf). Each output is reduced, scaled
 // and rounded as storeTile does, and output feature base + r is silu(gate) * up of the rounded
 // pair, as act_and_mul computes it: the same bits as the linear, then the activation kernel.
 template <typename T, bool FP8, bool NORM = false>
-__device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMmaWarps][8][kMmaRows],
-                                               float const (&acc)[1][4], int64_t base, float inputScale,
-                                               float const* sqSum = nullptr, int kSteps = 0, float* inv = nullptr) {
-    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    red[warp][2 * t][g] = acc[0][0];
-    red[warp][2 * t + 1][g] = acc[0][1];
-    red[warp][2 * t][g + 8] = acc[0][2];
-    red[warp][2 * t + 1][g + 8] = acc[0][3];
-    __syncthreads();
+__device__ __forceinline__ void reduceGatedTile(Params const& p, float const (&red)[kMmaWarps][8][kMmaRows],
+                                                int64_t base, float inputScale, float const* sqSum, int kSteps,
+                                                float* inv) {
     // Thread (m, r) of the block's 16 x 16: x row m, tile row r. Every thread takes part in the
     // shuffle; rows of x past 7 compute row 7's sums and store nothing.
     static_assert(kMmaWarps * 32 == 16 * kMmaRows, "one thread per x row (of 16) and tile row");
@@ -657,6 +664,15 @@ __device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMm
     if (r < 8 && m < p.m) {
         static_cast<T*>(p.out)[m * p.outRowStride + base + r] = fromFloat<T>(activate<Activation::kSilu>(v) * up);
     }
+}
+
+template <typename T, bool FP8, bool NORM = false>
+__device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMmaWarps][8][kMmaRows],
+                                               float const (&acc)[1][4], int64_t base, float inputScale,
+                                               float const* sqSum = nullptr, int kSteps = 0, float* inv = nullptr) {
+    writeTileSums<1>(red, acc);
+    __syncthreads();
+    reduceGatedTile<T, FP8, NORM>(p, red, base, inputScale, sqSum, kSteps, inv);
 }
 
 // MASKED: groups of 1 or 2 packs (a k-step spans several groups); its own instance, as the masked
@@ -1156,10 +1172,15 @@ __device__ __forceinline__ void fp8XForMma(Params const& p, T* xShared, float in
 }
 
 template <typename T, int BITS, int MINB, bool PAIRS, bool HALF_X, bool FP8 = false, bool GATED = false,
-          bool NORM = false, bool STAGED = false>
+          bool NORM = false, bool STAGED = false, bool DUAL = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedKernel(Params p) {
     static_assert(!FP8 || (BITS == 8 && !HALF_X), "FP8: byte codes, its own x");
     static_assert(!STAGED || (BITS == 4 && !PAIRS), "STAGED: INT4's group scales and zeros");
+    static_assert(!DUAL || STAGED, "DUAL: the STAGED kernel's tiles two at a time");
+    // DUAL: the block's unit is two adjacent tiles of 16 rows (sub-tiles 0 and 1; n a multiple of
+    // 32), each k-step's codes of both in one item, both summed against the same x and x sums.
+    constexpr int SUBS = DUAL ? 2 : 1;
+    constexpr int kUnitRows = SUBS * kMmaRows;
     static_assert(!NORM || (BITS == 4 && std::is_same_v<T, __nv_bfloat16>), "NORM: INT4, bfloat16 x");
     constexpr int STAGES = kPipeSlots<PAIRS>;
     constexpr int AHEAD = PAIRS ? STAGES - 2 : STAGES - 1;  // items issued beyond the next one used
@@ -1171,24 +1192,26 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     // The warp's k-steps of a tile (warp, warp + 8, ...), the block's tiles, and so its items.
     int const perTile = warp < kSteps ? (kSteps - warp + kMmaWarps - 1) / kMmaWarps : 0;
-    int64_t const firstRow = static_cast<int64_t>(blockIdx.x) * kMmaRows;
-    int64_t const tileStride = int64_t{gridDim.x} * kMmaRows;
+    int64_t const firstRow = static_cast<int64_t>(blockIdx.x) * kUnitRows;
+    int64_t const tileStride = int64_t{gridDim.x} * kUnitRows;
     int const tiles = firstRow < p.n ? static_cast<int>((p.n - firstRow + tileStride - 1) / tileStride) : 0;
     int const items = tiles * perTile;
 
     extern __shared__ __align__(16) unsigned char pipeShared[];
     static_assert((STAGES & (STAGES - 1)) == 0, "slots counted modulo a power of two");
-    uint4 const* ring = reinterpret_cast<uint4 const*>(pipeShared) + warp * STAGES * 64;
+    uint4 const* ring = reinterpret_cast<uint4 const*>(pipeShared) + warp * STAGES * 64 * SUBS;
     // The lane's place in the warp's slot 0, as cp.async's shared-memory address.
     uint32_t const ringLane = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
     // STAGED: the tiles' scales and zeros (stagedScaleBytes) after the ring, then x
     int const sStride = stagedStride(p.groups);
-    float* staged = reinterpret_cast<float*>(pipeShared + pipeRingBytes(STAGES));
-    T* xShared = reinterpret_cast<T*>(pipeShared + pipeRingBytes(STAGES) + (STAGED ? stagedScaleBytes(p.groups) : 0));
+    int const subFloats = 2 * kMmaRows * sStride;  // a sub-tile's scale and zero rows in a buffer
+    float* staged = reinterpret_cast<float*>(pipeShared + SUBS * pipeRingBytes(STAGES));
+    T* xShared = reinterpret_cast<T*>(pipeShared + SUBS * pipeRingBytes(STAGES) +
+                                      (STAGED ? SUBS * stagedScaleBytes(p.groups) : 0));
     float* xSum = reinterpret_cast<float*>(xShared + p.m * xStride);  // INT4: [kSteps][8]; HALF_X: xScale
     float* sqSum = xSum + kSteps * 8;                                 // NORM: [kSteps][8]
     float inv = -1.f;                                                 // NORM: this thread's row's, once known
-    __shared__ float red[kMmaWarps][8][kMmaRows];
+    __shared__ float red[SUBS][kMmaWarps][8][kMmaRows];
     float const* scales = static_cast<float const*>(p.scales);
     float const* zeros = static_cast<float const*>(p.zeros);
 
@@ -1196,11 +1219,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     // predicate of its row. The block's tile `tile` row `r` (0 .. 15); GATED (n a multiple of 16):
     // tile i's rows are the gate rows 8i .. 8i + 7 and the up rows n / 2 + 8i .., so that one
     // tile holds both halves of its 8 outputs, and the tiles balance over the blocks as before.
+    // DUAL: r in [0, 32), sub-tile r / 16.
     auto rowOf = [&](int tile, int r) {
-        int64_t const row = firstRow + tile * tileStride + r;
+        int64_t const tileRow = firstRow + tile * tileStride + (DUAL ? r / kMmaRows * kMmaRows : 0);
+        int const rr = DUAL ? r % kMmaRows : r;
+        int64_t const row = tileRow + rr;
         if constexpr (GATED) {
-            int64_t const base = (firstRow + tile * tileStride) / 2;
-            return r < 8 ? base + r : p.n / 2 + base + r - 8;
+            int64_t const base = tileRow / 2;
+            return rr < 8 ? base + rr : p.n / 2 + base + rr - 8;
         }
         return row < p.n ? row : p.n - 1;
     };
@@ -1226,13 +1252,24 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         packIndex(p, rowOf(1, g + 8), issuePack, numPacks) - packIndex(p, rowOf(0, g + 8), issuePack, numPacks);
     uint4 const* tileA = issueA;
     uint4 const* tileB = issueB;
+    // DUAL: sub-tile 1's codes from sub-tile 0's, the same distance at every tile and k-step (n a
+    // multiple of 32: GATED's gate and up rows of a unit are whole halves of stored tiles)
+    int64_t const subDeltaA =
+        DUAL ? packIndex(p, rowOf(0, kMmaRows + g), issuePack, numPacks) - packIndex(p, rowOf(0, g), issuePack, numPacks) : 0;
+    int64_t const subDeltaB = DUAL ? packIndex(p, rowOf(0, kMmaRows + g + 8), issuePack, numPacks) -
+                                         packIndex(p, rowOf(0, g + 8), issuePack, numPacks)
+                                   : 0;
     auto issue = [&]() {
         if (issued < static_cast<unsigned>(items)) {
             bool const inK = issuePack < numPacks;
-            uint32_t const slot = ringLane + (issued % STAGES) * (64 * sizeof(uint4));
+            uint32_t const slot = ringLane + (issued % STAGES) * (SUBS * 64 * sizeof(uint4));
             // past k: src-size 0 reads nothing, so the address need not be valid
             copyAsync16Or0(slot, issueA, inK);
             copyAsync16Or0(slot + 32 * sizeof(uint4), issueB, inK);
+            if constexpr (DUAL) {
+                copyAsync16Or0(slot + 64 * sizeof(uint4), issueA + subDeltaA, inK);
+                copyAsync16Or0(slot + 96 * sizeof(uint4), issueB + subDeltaB, inK);
+            }
             if (++issueC == perTile) {
                 issueC = 0;
                 ++issueTile;
@@ -1273,14 +1310,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         int const which = threadIdx.x / (8 * kMmaRows), r = threadIdx.x / 8 % kMmaRows;
         bool const wide = p.groups % 4 == 0;
         int const pieces = wide ? p.groups >> 2 : p.groups;
-        float const* src = (which ? zeros : scales) + rowOf(tile, r) * p.groups;
-        float* dst = staged + (tile & 1) * 2 * kMmaRows * sStride + (which * kMmaRows + r) * sStride;
-        for (int c = threadIdx.x % 8; c < pieces; c += 8) {
-            if (wide) {
-                copyAsync16(dst + 4 * c, src + 4 * c);
-            } else {
-                uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + c));
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src + c) : "memory");
+#pragma unroll
+        for (int sub = 0; sub < SUBS; ++sub) {
+            float const* src = (which ? zeros : scales) + rowOf(tile, sub * kMmaRows + r) * p.groups;
+            float* dst = staged + ((tile & 1) * SUBS + sub) * subFloats + (which * kMmaRows + r) * sStride;
+            for (int c = threadIdx.x % 8; c < pieces; c += 8) {
+                if (wide) {
+                    copyAsync16(dst + 4 * c, src + 4 * c);
+                } else {
+                    uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + c));
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src + c) : "memory");
+                }
             }
         }
     };
@@ -1339,7 +1379,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         // STAGED: the next tile's scales join this tile's first k-step's group of copies, landed by
         // its k-step AHEAD (or, for warps of fewer k-steps a tile, by the wait at the tile's end).
         stageScales(tile + 1);
-        float const* sRowA = staged + (tile & 1) * 2 * kMmaRows * sStride + g * sStride;  // STAGED: row g's scales
+        // STAGED: row g's scales (DUAL: sub-tile 1's subFloats further on)
+        float const* sRowA = staged + (tile & 1) * SUBS * subFloats + g * sStride;
         // Where rows g and g + 8 start in scales and zeros, as 32-bit element offsets (launchPipelinedGemv
         // keeps n x groups below 2^31): the k-steps' loads add their group to them. From 64-bit row
         // pointers the compiler recomputed two 64-bit products every k-step, out of registers.
@@ -1348,12 +1389,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         // One scale a row: read once per tile (INT4 has groups; FP8 applies its own at the end).
         bool const perChannel = BITS == 8 && !FP8 && p.groups == 1;
         float sa = perChannel ? __ldg(scales + offA) : 0.f, sb = perChannel ? __ldg(scales + offB) : 0.f;
-        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-        // The codes and x of item `item` (k-step `step` of this tile), into registers.
-        auto load = [&](unsigned item, int step, uint4& wa, uint4& wb, uint4 (&xs)[1][XW]) {
-            uint4 const* slot = ring + lane + (item % STAGES) * 64;
-            wa = slot[0];
-            wb = slot[32];
+        float accs[SUBS][1][4] = {};
+        // The codes (of each sub-tile) and x of item `item` (k-step `step` of this tile), into registers.
+        auto load = [&](unsigned item, int step, uint4 (&wa)[SUBS], uint4 (&wb)[SUBS], uint4 (&xs)[1][XW]) {
+            uint4 const* slot = ring + lane + (item % STAGES) * 64 * SUBS;
+#pragma unroll
+            for (int sub = 0; sub < SUBS; ++sub) {
+                wa[sub] = slot[64 * sub];
+                wb[sub] = slot[64 * sub + 32];
+            }
             // INT4's rows are padded to whole k-steps; INT8's past k read zeros
             bool const inK = BITS == 4 || 4 * step + t < numPacks;
             if constexpr (STAGED) {
@@ -1369,8 +1413,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
                 for (int j = 0; j < XW; ++j) xs[0][j] = xOk && inK ? xLane[4 * XW * step + j] : make_uint4(0, 0, 0, 0);
             }
         };
-        // k-step `step`'s sum, added to acc.
-        auto accumulate = [&](uint4 const& wa, uint4 const& wb, uint4 const (&xs)[1][XW], int step) {
+        // k-step `step`'s sum, added to acc (STAGED: scales from sRow).
+        auto accumulate = [&](float (&acc)[1][4], float const* sRow, uint4 const& wa, uint4 const& wb,
+                              uint4 const (&xs)[1][XW], int step) {
             if constexpr (FP8) {
                 mmaStepFp8<1>(wa, wb, xs, acc);  // x staged as codes
                 return;
@@ -1378,8 +1423,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             int const group = (4 * step) >> p.groupShift;
             int const ia = offA + group, ib = offB + group;  // the k-step's scale (and zero) of rows g, g + 8
             if (STAGED) {
-                sa = sRowA[group];
-                sb = sRowA[8 * sStride + group];
+                sa = sRow[group];
+                sb = sRow[8 * sStride + group];
             } else if (!perChannel) {
                 sa = __ldg(scales + ia);
                 sb = __ldg(scales + ib);
@@ -1388,8 +1433,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
                 // Codes as offset + code, with no subtraction (see biasedCodePair4):
                 //     sum_k x_k (c_k s + z) = s sum_k x_k (c_k + O) + (z - O s) sum_k x_k.
                 constexpr float O = MmaTraits<T>::kOffset4;
-                float const ca = (STAGED ? sRowA[kMmaRows * sStride + group] : __ldg(zeros + ia)) - O * sa;
-                float const cb = (STAGED ? sRowA[(kMmaRows + 8) * sStride + group] : __ldg(zeros + ib)) - O * sb;
+                float const ca = (STAGED ? sRow[kMmaRows * sStride + group] : __ldg(zeros + ia)) - O * sa;
+                float const cb = (STAGED ? sRow[(kMmaRows + 8) * sStride + group] : __ldg(zeros + ib)) - O * sb;
                 float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
@@ -1430,26 +1475,40 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
                 issue();
                 copyAsyncWait<AHEAD>();
                 int const step = warp + kMmaWarps * c;
-                uint4 wa0, wb0, wa1, wb1, xs0[1][XW], xs1[1][XW];
+                uint4 wa0[SUBS], wb0[SUBS], wa1[SUBS], wb1[SUBS], xs0[1][XW], xs1[1][XW];
                 load(used, step, wa0, wb0, xs0);
                 load(used + 1, step + kMmaWarps, wa1, wb1, xs1);
-                accumulate(wa0, wb0, xs0, step);
-                accumulate(wa1, wb1, xs1, step + kMmaWarps);
+                accumulate(accs[0], sRowA, wa0[0], wb0[0], xs0, step);
+                accumulate(accs[0], sRowA, wa1[0], wb1[0], xs1, step + kMmaWarps);
             }
         }
         for (; c < perTile; ++c, ++used) {
             issue();  // into the slot used last
             copyAsyncWait<AHEAD>();
             int const step = warp + kMmaWarps * c;
-            uint4 wa, wb, xs[1][XW];
+            uint4 wa[SUBS], wb[SUBS], xs[1][XW];
             load(used, step, wa, wb, xs);
-            accumulate(wa, wb, xs, step);
+#pragma unroll
+            for (int sub = 0; sub < SUBS; ++sub) accumulate(accs[sub], sRowA + sub * subFloats, wa[sub], wb[sub], xs, step);
         }
-        if constexpr (GATED) {
-            storeGatedTile<T, FP8, NORM>(p, red, acc, (firstRow + tile * tileStride) / 2, inputScale, sqSum, kSteps,
-                                         &inv);
+        int64_t const tileRow = firstRow + tile * tileStride;
+        if constexpr (DUAL) {  // both sub-tiles' sums, one barrier, both reductions
+            writeTileSums<1>(red[0], accs[0]);
+            writeTileSums<1>(red[1], accs[1]);
+            __syncthreads();
+#pragma unroll
+            for (int sub = 0; sub < SUBS; ++sub) {
+                int64_t const subRow = tileRow + sub * kMmaRows;
+                if constexpr (GATED) {
+                    reduceGatedTile<T, FP8, NORM>(p, red[sub], subRow / 2, inputScale, sqSum, kSteps, &inv);
+                } else {
+                    reduceTile<T, FP8, 1, NORM>(p, red[sub], subRow, inputScale, sqSum, kSteps, &inv);
+                }
+            }
+        } else if constexpr (GATED) {
+            storeGatedTile<T, FP8, NORM>(p, red[0], accs[0], tileRow / 2, inputScale, sqSum, kSteps, &inv);
         } else {
-            storeTile<T, FP8, 1, NORM>(p, red, acc, firstRow + tile * tileStride, inputScale, sqSum, kSteps, &inv);
+            storeTile<T, FP8, 1, NORM>(p, red[0], accs[0], tileRow, inputScale, sqSum, kSteps, &inv);
         }
         if (STAGED && perTile <= AHEAD) {  // the next tile's scales (see stageScales above) landed
             copyAsyncCommit();
@@ -1457,6 +1516,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
         }
         __syncthreads();  // red is read before the next tile writes it; STAGED: the next tile's scales are in
     }
+}
+
+// Whether an INT4 layer of `tiles` tiles takes the STAGED kernel's DUAL form (two tiles a block at a
+// time). TRTLLM_GEMV_DUAL=0 / 1: never / wherever it serves; unset: layers of more than 8 tiles an SM.
+// Read at every launch (a probe: ab_load_switches captures a graph per setting).
+bool dualGemvWanted(int64_t tiles) {
+    char const* env = std::getenv("TRTLLM_GEMV_DUAL");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    if (env != nullptr && std::strcmp(env, "1") == 0) return true;
+    return tiles > int64_t{8} * multiprocessors();
 }
 
 // Whether INT8 / INT4 GEMVs of up to 8 rows may take the pipelined kernel: yes unless TRTLLM_GEMV_PIPELINE=0
@@ -1471,8 +1540,9 @@ bool pipelinedGemvEnabled() {
 
 // The pipelined kernel's dynamic shared memory for q: the ring, STAGED's scale buffers, x, the
 // k-steps' sums, act-order's raw rows (the kernel's carving, in that order).
-template <typename T, int BITS, bool PAIRS, bool HALF_X, bool NORM, bool STAGED>
+template <typename T, int BITS, bool PAIRS, bool HALF_X, bool NORM, bool STAGED, bool DUAL = false>
 size_t pipeSharedBytes(Params const& q) {
+    constexpr size_t kSubs = DUAL ? 2 : 1;
     int64_t const kSteps = (q.k / kCodes<BITS> + 3) / 4;
     // INT4: x's rows padded with zeros to whole k-steps (the kernel's xStride)
     int64_t const xRow = BITS == 4 ? kSteps * 4 * kCodes<BITS> : q.k;
@@ -1481,32 +1551,32 @@ size_t pipeSharedBytes(Params const& q) {
     size_t const sumBytes = kPerStep ? (NORM ? 2 : 1) * static_cast<size_t>(kSteps) * 8 * sizeof(float) : 0;
     // act-order's rows in x's order (stageRawX)
     size_t const rawBytes = q.perm != nullptr ? static_cast<size_t>(q.m) * static_cast<size_t>(q.k) * sizeof(T) : 0;
-    size_t const stagedBytes = STAGED ? stagedScaleBytes(q.groups) : 0;
-    return pipeRingBytes(kPipeSlots<PAIRS>) + stagedBytes + xBytes + sumBytes + rawBytes;
+    size_t const stagedBytes = STAGED ? kSubs * stagedScaleBytes(q.groups) : 0;
+    return kSubs * pipeRingBytes(kPipeSlots<PAIRS>) + stagedBytes + xBytes + sumBytes + rawBytes;
 }
 
 // The pipelined kernel compiled for at least MINB blocks an SM, on a grid of the blocks that fit at
 // once (at most one a tile); blocksPerSm > 0: no more than that many an SM (by shared memory).
 template <typename T, int BITS, bool FP8, int MINB, bool PAIRS, bool HALF_X = false, bool GATED = false,
-          bool NORM = false, bool STAGED = false>
+          bool NORM = false, bool STAGED = false, bool DUAL = false>
 void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream, int blocksPerSm = 0) {
     if constexpr (BITS == 8 && !FP8 && std::is_same_v<T, __nv_bfloat16> && !HALF_X) {
         if (q.m <= kHalfXRows || tiles >= int64_t{kHalfXTilesPerSm} * multiprocessors()) {
             return launchPipelined<T, BITS, FP8, MINB, PAIRS, true, GATED>(q, tiles, stream, blocksPerSm);
         }
     }
-    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM, STAGED>;
-    constexpr size_t ring = pipeRingBytes(kPipeSlots<PAIRS>);
+    auto kernel = weightOnlyGemvPipelinedKernel<T, BITS, MINB, PAIRS, HALF_X, FP8, GATED, NORM, STAGED, DUAL>;
+    constexpr size_t ring = (DUAL ? 2 : 1) * pipeRingBytes(kPipeSlots<PAIRS>);
     constexpr bool kPerStep = BITS == 4 || HALF_X;  // xSum (INT4) or xScale (HALF_X)
     constexpr size_t kSums = NORM ? 2 : 1;           // NORM: sqSum after xSum
-    size_t smem = pipeSharedBytes<T, BITS, PAIRS, HALF_X, NORM, STAGED>(q);
+    size_t smem = pipeSharedBytes<T, BITS, PAIRS, HALF_X, NORM, STAGED, DUAL>(q);
     if (blocksPerSm > 0) smem = sharedBytesForBlocksPerSm(kernel, smem, blocksPerSm);
     constexpr size_t kMaxSum =
         kPerStep ? kSums * (kMaxPipeX / sizeof(T) / (4 * kCodes<BITS>)) * 8 * sizeof(float) : 0;
     constexpr size_t kMaxRaw = BITS == 4 ? kMaxPipeX : 0;
     // INT4's padding: under a k-step (128 values) a row, 8 rows
     constexpr size_t kMaxX = kMaxPipeX + (BITS == 4 ? 8 * 4 * kCodes<BITS> * sizeof(T) : 0);
-    static_assert(ring + kMaxX + kMaxSum + kMaxRaw + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
+    static_assert(ring + kMaxX + kMaxSum + kMaxRaw + (DUAL ? 2 : 1) * sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
     // STAGED: launchPipelinedGemv has checked that smem fits
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1561,6 +1631,12 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
             auto const address = [](void const* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
             bool const aligned = ((address(q.scales) | address(q.zeros)) & 15u) == 0;
             size_t const staged = pipeSharedBytes<T, 4, false, false, NORM, true>(q);
+            size_t const dualStaged = pipeSharedBytes<T, 4, false, false, NORM, true, true>(q);
+            if (aligned && q.n % (2 * kMmaRows) == 0 && dualGemvWanted(tiles) &&
+                dualStaged + 2 * sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024) {
+                launchPipelined<T, BITS, FP8, 2, false, false, GATED, NORM, true, true>(q, tiles / 2, stream);
+                return true;
+            }
             if (aligned && staged + sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024) {
                 launchPipelined<T, BITS, FP8, 3, false, false, GATED, NORM, true>(q, tiles, stream,
                                                                                  tiles > twoRounds ? 0 : 2);
