@@ -5,7 +5,8 @@
 //
 // The GEMV (decode, up to 32 rows of x per read of the weight, 16 for INT4; more rows loop over tiles).
 // INT8 / INT4, up to 8 rows with float32 scales: the pipelined kernel (weightOnlyGemvPipelinedKernel,
-// described above it), the codes streamed through shared memory. Elsewhere:
+// described above it), the codes streamed through shared memory; INT4 at one row takes two tiles of
+// 16 rows at a time where n allows (its DUAL form, launchPipelinedGemv says why). Elsewhere:
 // float16 / bfloat16 activations take the tensor-core kernel (weightOnlyGemvMmaKernel, described
 // above it): x read straight from L1 / L2 (INT4 with at most 16 KB of x: from a copy in shared
 // memory, SHARED_X), each lane's 16-byte packs
@@ -1518,14 +1519,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
     }
 }
 
-// Whether an INT4 layer of `tiles` tiles takes the STAGED kernel's DUAL form (two tiles a block at a
-// time). TRTLLM_GEMV_DUAL=0 / 1: never / wherever it serves; unset: layers of more than 8 tiles an SM.
-// Read at every launch (a probe: ab_load_switches captures a graph per setting).
-bool dualGemvWanted(int64_t tiles) {
+// Whether INT4 layers take the STAGED kernel's DUAL form (two tiles a block at a time) where it
+// serves: yes unless TRTLLM_GEMV_DUAL=0. Read at every launch, so that ab_load_switches can put the
+// two forms side by side in one process.
+bool dualGemvWanted() {
     char const* env = std::getenv("TRTLLM_GEMV_DUAL");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    if (env != nullptr && std::strcmp(env, "1") == 0) return true;
-    return tiles > int64_t{8} * multiprocessors();
+    return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 // Whether INT8 / INT4 GEMVs of up to 8 rows may take the pipelined kernel: yes unless TRTLLM_GEMV_PIPELINE=0
@@ -1631,8 +1630,20 @@ bool launchPipelinedGemv(Params const& q, unsigned tiles, cudaStream_t stream) {
             auto const address = [](void const* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
             bool const aligned = ((address(q.scales) | address(q.zeros)) & 15u) == 0;
             size_t const staged = pipeSharedBytes<T, 4, false, false, NORM, true>(q);
+            // DUAL at one row of x where n is whole units of 32 rows (two blocks an SM: a unit's ring
+            // slots and scale buffers are twice a tile's). A unit's k-step is 2 KB of codes for one
+            // set of x loads, x sums, ring waits and loop counters, and its end one barrier pair for
+            // 32 rows: the gated k-step's SASS went from ~160 to ~115 instructions a KB of codes.
+            // o and down (256 tiles) become 128 units, one block on each of 128 SMs, with room beside
+            // it for the next kernel's blocks to start under programmatic launch. H200, the INT4 g128
+            // 8B engine's batch-1 graph (ab_load_switches.py, 8 rounds of 64 replays, medians, ms,
+            // logits equal), single tiles -> DUAL: 1.7987 -> 1.7547, 1.7995 -> 1.7541, 1.7993 ->
+            // 1.7549; DUAL only where a layer has more than 8 tiles an SM (gate_up, the LM head)
+            // 1.7906. Alone (bench_weight_only_gemv.py, us): qkv 6.74 -> 6.28, o 4.99 -> 4.91,
+            // gate_up 19.9 -> 18.9, down and the LM head unchanged. At 4 rows DUAL was slower (the
+            // engine's batch-4 graph 2.3378 -> 2.4347 ms), so more rows keep single tiles.
             size_t const dualStaged = pipeSharedBytes<T, 4, false, false, NORM, true, true>(q);
-            if (aligned && q.n % (2 * kMmaRows) == 0 && dualGemvWanted(tiles) &&
+            if (aligned && q.m == 1 && q.n % (2 * kMmaRows) == 0 && dualGemvWanted() &&
                 dualStaged + 2 * sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024) {
                 launchPipelined<T, BITS, FP8, 2, false, false, GATED, NORM, true, true>(q, tiles / 2, stream);
                 return true;

@@ -302,6 +302,46 @@ def test_act_order_gather_in_the_gemv_is_the_gemv_of_the_gathered_x(gen, needs_k
 
 
 @gpu
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("form", ["plain", "gated", "norm", "add_norm_gated"])
+def test_int4_dual_tiles_give_the_single_tiles_bits(gen, needs_kernels, monkeypatch, form, tiled):
+    """One row of x: the STAGED INT4 kernel takes two adjacent tiles of 16 rows at a time (DUAL)
+    where n is a multiple of 32. Each output is the same sum in the same order as one tile at a
+    time (TRTLLM_GEMV_DUAL=0, read at every launch), so the bits are equal; n = 528 keeps single
+    tiles either way. The profiler shows the two launches ran different kernels where DUAL serves."""
+    k = 4096
+    gated, norm, residual = "gated" in form, "norm" in form, form.startswith("add")
+    for n in (1024, 528):
+        qweight, scales, zeros = _on_device(_weight(gen, "int4", 128, n, k, torch.float32))
+        if tiled:
+            qweight = tile_codes(qweight)
+        x = (4 * torch.randn(1, k, generator=gen)).to(torch.bfloat16).to(DEVICE)
+        kw = {"norm_weight": (1 + 0.5 * torch.randn(k, generator=gen)).to(torch.bfloat16).to(DEVICE)} if norm else {}
+        if residual:
+            kw.update(residual=torch.randn(1, k, generator=gen).to(torch.bfloat16).to(DEVICE))
+
+        def run():
+            out = torch.empty(1, n // 2 if gated else n, dtype=x.dtype, device=DEVICE)
+            extra = dict(kw, residual_out=torch.empty_like(x)) if residual else kw
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                launch("weight_only_gemv", out, x, qweight.view(torch.int32), scales, zeros, None, "int4", 128,
+                       tiled, gated, 1e-5, **extra)
+                torch.cuda.synchronize()
+            names = {e.name for e in prof.events() if "weightOnlyGemv" in e.name}
+            return out, extra.get("residual_out"), names
+
+        monkeypatch.delenv("TRTLLM_GEMV_DUAL", raising=False)
+        dual, dual_total, dual_kernels = run()
+        monkeypatch.setenv("TRTLLM_GEMV_DUAL", "0")
+        single, single_total, single_kernels = run()
+        assert dual_kernels and single_kernels
+        assert (dual_kernels != single_kernels) == (n % 32 == 0), (n, dual_kernels, single_kernels)
+        assert torch.equal(dual, single), f"{form} n={n}"
+        if residual:
+            assert torch.equal(dual_total, single_total)
+
+
+@gpu
 @pytest.mark.parametrize("case", ["int8_k_not_packs", "misaligned_weight"])
 def test_unserved_calls_run_the_reference(gen, needs_kernels, case):
     dtype = torch.bfloat16
