@@ -1577,9 +1577,19 @@ void launchPipelined(Params const& q, unsigned tiles, cudaStream_t stream, int b
     constexpr size_t kMaxX = kMaxPipeX + (BITS == 4 ? 8 * 4 * kCodes<BITS> * sizeof(T) : 0);
     static_assert(ring + kMaxX + kMaxSum + kMaxRaw + (DUAL ? 2 : 1) * sizeof(float) * kMmaWarps * 8 * kMmaRows <= 227 * 1024,
                   "the pipelined GEMV's shared memory beyond an H100 block's");
-    // STAGED: launchPipelinedGemv has checked that smem fits
+    // STAGED: launchPipelinedGemv has checked that smem fits. The kernel's limit is the most any call
+    // takes, within what the device lets a block opt into beside the static `red`: on an A100 (163 KB)
+    // that most is beyond it, and a refused limit would leave every launch above 48 KB refused too.
+    // On H100 / H200 (227 KB) the static_assert above keeps the most within it: no clamp.
+    static size_t const staticBytes = [&] {
+        cudaFuncAttributes attributes{};
+        cudaFuncGetAttributes(&attributes, kernel);
+        return attributes.sharedSizeBytes;
+    }();
+    size_t const optIn = static_cast<size_t>(deviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+    size_t const cap = optIn > staticBytes ? optIn - staticBytes : 0;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(std::max(ring + kMaxX + kMaxSum + kMaxRaw, smem)));
+                         static_cast<int>(std::max(smem, std::min(ring + kMaxX + kMaxSum + kMaxRaw, cap))));
     unsigned const blocks = static_cast<unsigned>(
         std::min<int64_t>(tiles, int64_t{residentBlocks(kernel, kMmaWarps * 32, smem)} * multiprocessors()));
     launchKernel(FP8 ? "fp8_gemv" : "weight_only_gemv", kernel, blocks, kMmaWarps * 32, smem, stream, q);
