@@ -593,8 +593,6 @@ __device__ __forceinline__ float normScale(Params const& p, float const* sqSum, 
     return rsqrtf(sum / static_cast<float>(p.k) + p.norm.eps);
 }
 
-// NORM: each sum times its row's inverse RMS (normScale of sqSum's kSteps; worked out on the
-// block's first tile into `inv`, which starts negative, and kept).
 // A tile's end in two halves, a block barrier between them (storeTile): each warp's sums into red,
 // then the reduction; DUAL tiles write both halves' sums before one barrier.
 template <int NT>
@@ -609,6 +607,8 @@ __device__ __forceinline__ void writeTileSums(float (&red)[kMmaWarps][NT * 8][kM
     }
 }
 
+// NORM: each sum times its row's inverse RMS (normScale of sqSum's kSteps; worked out on the
+// block's first tile into `inv`, which starts negative, and kept).
 template <typename T, bool FP8, int NT, bool NORM = false>
 __device__ __forceinline__ void reduceTile(Params const& p, float const (&red)[kMmaWarps][NT * 8][kMmaRows], int64_t n0,
                                            float inputScale, float const* sqSum, int kSteps, float* inv) {
@@ -639,8 +639,9 @@ __device__ __forceinline__ void storeTile(Params const& p, float (&red)[kMmaWarp
 
 // GATED's end of a tile: its rows 0..7 are the gate rows base .. base + 7 and its rows 8..15
 // the up rows n / 2 + base .. (issued so by the kernel's rowOf). Each output is reduced, scaled
-// and rounded as storeTile does, and output feature base + r is silu(gate) * up of the rounded
-// pair, as act_and_mul computes it: the same bits as the linear, then the activation kernel.
+// and rounded as reduceTile does (after writeTileSums and a block barrier), and output feature
+// base + r is silu(gate) * up of the rounded pair, as act_and_mul computes it: the same bits as
+// the linear, then the activation kernel.
 template <typename T, bool FP8, bool NORM = false>
 __device__ __forceinline__ void reduceGatedTile(Params const& p, float const (&red)[kMmaWarps][8][kMmaRows],
                                                 int64_t base, float inputScale, float const* sqSum, int kSteps,
@@ -665,15 +666,6 @@ __device__ __forceinline__ void reduceGatedTile(Params const& p, float const (&r
     if (r < 8 && m < p.m) {
         static_cast<T*>(p.out)[m * p.outRowStride + base + r] = fromFloat<T>(activate<Activation::kSilu>(v) * up);
     }
-}
-
-template <typename T, bool FP8, bool NORM = false>
-__device__ __forceinline__ void storeGatedTile(Params const& p, float (&red)[kMmaWarps][8][kMmaRows],
-                                               float const (&acc)[1][4], int64_t base, float inputScale,
-                                               float const* sqSum = nullptr, int kSteps = 0, float* inv = nullptr) {
-    writeTileSums<1>(red, acc);
-    __syncthreads();
-    reduceGatedTile<T, FP8, NORM>(p, red, base, inputScale, sqSum, kSteps, inv);
 }
 
 // MASKED: groups of 1 or 2 packs (a k-step spans several groups); its own instance, as the masked
@@ -1493,23 +1485,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) weightOnlyGemvPipelinedK
             for (int sub = 0; sub < SUBS; ++sub) accumulate(accs[sub], sRowA + sub * subFloats, wa[sub], wb[sub], xs, step);
         }
         int64_t const tileRow = firstRow + tile * tileStride;
-        if constexpr (DUAL) {  // both sub-tiles' sums, one barrier, both reductions
-            writeTileSums<1>(red[0], accs[0]);
-            writeTileSums<1>(red[1], accs[1]);
-            __syncthreads();
+        // Every sub-tile's sums, one barrier, every sub-tile's reduction.
 #pragma unroll
-            for (int sub = 0; sub < SUBS; ++sub) {
-                int64_t const subRow = tileRow + sub * kMmaRows;
-                if constexpr (GATED) {
-                    reduceGatedTile<T, FP8, NORM>(p, red[sub], subRow / 2, inputScale, sqSum, kSteps, &inv);
-                } else {
-                    reduceTile<T, FP8, 1, NORM>(p, red[sub], subRow, inputScale, sqSum, kSteps, &inv);
-                }
+        for (int sub = 0; sub < SUBS; ++sub) writeTileSums<1>(red[sub], accs[sub]);
+        __syncthreads();
+#pragma unroll
+        for (int sub = 0; sub < SUBS; ++sub) {
+            int64_t const subRow = tileRow + sub * kMmaRows;
+            if constexpr (GATED) {
+                reduceGatedTile<T, FP8, NORM>(p, red[sub], subRow / 2, inputScale, sqSum, kSteps, &inv);
+            } else {
+                reduceTile<T, FP8, 1, NORM>(p, red[sub], subRow, inputScale, sqSum, kSteps, &inv);
             }
-        } else if constexpr (GATED) {
-            storeGatedTile<T, FP8, NORM>(p, red[0], accs[0], tileRow / 2, inputScale, sqSum, kSteps, &inv);
-        } else {
-            storeTile<T, FP8, 1, NORM>(p, red[0], accs[0], tileRow, inputScale, sqSum, kSteps, &inv);
         }
         if (STAGED && perTile <= AHEAD) {  // the next tile's scales (see stageScales above) landed
             copyAsyncCommit();
